@@ -1,0 +1,95 @@
+// nanobind glue for hf2q._core: argument conversion and GIL release only.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "../kernels/checked_ops.h"
+#include "../kernels/kernels.h"
+#include "../kernels/thread_pool.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using RoBytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using RwBytes = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using RoU32 = nb::ndarray<const std::uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using RwU16 = nb::ndarray<std::uint16_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "hf2q native core: conversion kernels and device buffers";
+
+  m.def(
+      "bf16_to_f32",
+      [](RoBytes src, RwBytes out) {
+        nb::gil_scoped_release nogil;
+        hf2q::ops::bf16_to_f32(src.data(), src.size(), out.data(), out.size());
+      },
+      "src"_a.noconvert(), "out"_a.noconvert());
+  m.def(
+      "f16_to_f32",
+      [](RoBytes src, RwBytes out) {
+        nb::gil_scoped_release nogil;
+        hf2q::ops::f16_to_f32(src.data(), src.size(), out.data(), out.size());
+      },
+      "src"_a.noconvert(), "out"_a.noconvert());
+  m.def(
+      "quantize_q8_0",
+      [](RoBytes src, int src_type, RwBytes out) {
+        hf2q::kernels::Q8Result r;
+        {
+          nb::gil_scoped_release nogil;
+          r = hf2q::ops::quantize_q8_0(static_cast<hf2q::kernels::SrcType>(src_type), src.data(),
+                                       src.size(), out.data(), out.size());
+        }
+        const long long first = r.first_nonfinite == hf2q::kernels::kNoIndex
+                                    ? -1
+                                    : static_cast<long long>(r.first_nonfinite);
+        return std::make_pair(first, static_cast<unsigned long long>(r.inf_scales));
+      },
+      "src"_a.noconvert(), "src_type"_a, "out"_a.noconvert(),
+      "Returns (first non-finite flat index or -1, number of +Inf scales).");
+  m.def(
+      "dequantize_q8_0",
+      [](RoBytes src, RwBytes out) {
+        nb::gil_scoped_release nogil;
+        hf2q::ops::dequantize_q8_0(src.data(), src.size(), out.data(), out.size());
+      },
+      "src"_a.noconvert(), "out"_a.noconvert());
+  m.def(
+      "f32_to_f16_rne",
+      [](RoU32 src, RwU16 out) {
+        if (src.size() != out.size()) throw std::invalid_argument("src and out sizes differ");
+        nb::gil_scoped_release nogil;
+        for (std::size_t i = 0; i < src.size(); ++i) {
+          float f;
+          std::memcpy(&f, src.data() + i, 4);
+          out.data()[i] = hf2q::kernels::f32_to_f16_rne(f);
+        }
+      },
+      "src"_a.noconvert(), "out"_a.noconvert(),
+      "Scalar float32 bits -> float16 bits (the Q8_0 scale conversion); for tests.");
+
+  m.def("get_num_threads", &hf2q::get_num_threads);
+  m.def("set_num_threads", [](int n) {
+    if (n < 1) throw std::invalid_argument("number of threads must be >= 1, got " + std::to_string(n));
+    nb::gil_scoped_release nogil;
+    hf2q::set_num_threads(n);
+  }, "n"_a);
+  m.def("simd_isa", [] { return std::string(hf2q::kernels::isa_name(hf2q::kernels::active_isa())); });
+  m.def("best_isa", [] { return std::string(hf2q::kernels::isa_name(hf2q::kernels::best_isa())); });
+  m.def("set_simd_enabled", &hf2q::kernels::set_simd_enabled, "enabled"_a);
+  m.def("simd_enabled", &hf2q::kernels::simd_enabled);
+
+  m.attr("SRC_F32") = static_cast<int>(hf2q::kernels::SrcType::F32);
+  m.attr("SRC_F16") = static_cast<int>(hf2q::kernels::SrcType::F16);
+  m.attr("SRC_BF16") = static_cast<int>(hf2q::kernels::SrcType::BF16);
+}

@@ -1,0 +1,26 @@
+// Size- and alignment-checked entry points over raw byte ranges: the layer
+// the Python bindings (and later the device uploads) call. Every size is
+// validated with overflow-safe arithmetic before any memory is touched;
+// violations throw std::invalid_argument (ValueError in Python).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace hf2q::ops {
+
+void bf16_to_f32(const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes);
+void f16_to_f32(const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes);
+kernels::Q8Result quantize_q8_0(kernels::SrcType type, const void* src, std::size_t src_bytes,
+                                void* dst, std::size_t dst_bytes);
+void dequantize_q8_0(const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes);
+
+// Overflow-checked helpers shared with the device layer.
+bool checked_mul(std::size_t a, std::size_t b, std::size_t* out);
+bool checked_add(std::size_t a, std::size_t b, std::size_t* out);
+// Q8_0 byte length of `numel` elements; throws unless numel % 32 == 0.
+std::size_t q8_0_bytes(std::size_t numel);
+
+}  // namespace hf2q::ops

@@ -1,0 +1,141 @@
+// Run-time ISA selection and the thread-parallel entry points of kernels.h.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels_internal.h"
+#include "thread_pool.h"
+
+namespace hf2q::kernels {
+namespace {
+
+Isa detect_isa() {
+#if defined(HF2Q_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  // libgcc/compiler-rt also check that the OS saves YMM state (XGETBV).
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::Avx2;
+  return Isa::Scalar;
+#elif defined(__aarch64__)
+  return Isa::Neon;
+#else
+  return Isa::Scalar;
+#endif
+}
+
+bool env_forces_scalar() {
+  const char* v = std::getenv("HF2Q_FORCE_SCALAR");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+const Isa g_best_isa = detect_isa();
+std::atomic<bool> g_simd_enabled{!env_forces_scalar()};
+
+// Work split: enough items per chunk that waking a thread (~10 us) is noise,
+// small enough that two threads balance on a few-MiB tensor.
+constexpr std::size_t kDecodeGrain = 1u << 17;          // elements (512 KiB of f32 out)
+constexpr std::size_t kQuantGrain = (1u << 17) / kQ8BlockElems;  // blocks
+
+}  // namespace
+
+Isa best_isa() { return g_best_isa; }
+Isa active_isa() { return g_simd_enabled.load(std::memory_order_relaxed) ? g_best_isa : Isa::Scalar; }
+void set_simd_enabled(bool enabled) { g_simd_enabled.store(enabled); }
+bool simd_enabled() { return g_simd_enabled.load(); }
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Avx2: return "avx2";
+    case Isa::Neon: return "neon";
+    case Isa::Scalar: break;
+  }
+  return "scalar";
+}
+
+void bf16_to_f32_range(const std::uint16_t* src, float* dst, std::size_t n) {
+  switch (active_isa()) {
+#if defined(HF2Q_HAVE_AVX2)
+    case Isa::Avx2: return avx2::bf16_to_f32(src, dst, n);
+#endif
+#if defined(__aarch64__)
+    case Isa::Neon: return neon::bf16_to_f32(src, dst, n);
+#endif
+    default: return scalar::bf16_to_f32(src, dst, n);
+  }
+}
+
+void f16_to_f32_range(const std::uint16_t* src, float* dst, std::size_t n) {
+  switch (active_isa()) {
+#if defined(HF2Q_HAVE_AVX2)
+    case Isa::Avx2: return avx2::f16_to_f32(src, dst, n);
+#endif
+#if defined(__aarch64__)
+    case Isa::Neon: return neon::f16_to_f32(src, dst, n);
+#endif
+    default: return scalar::f16_to_f32(src, dst, n);
+  }
+}
+
+Q8Result quantize_q8_0_range(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
+  switch (active_isa()) {
+#if defined(HF2Q_HAVE_AVX2)
+    case Isa::Avx2: return avx2::quantize_q8_0(type, src, dst, nblocks);
+#endif
+#if defined(__aarch64__)
+    case Isa::Neon: return neon::quantize_q8_0(type, src, dst, nblocks);
+#endif
+    default: return scalar::quantize_q8_0(type, src, dst, nblocks);
+  }
+}
+
+void dequantize_q8_0_range(const std::uint8_t* src, float* dst, std::size_t nblocks) {
+  switch (active_isa()) {
+#if defined(HF2Q_HAVE_AVX2)
+    case Isa::Avx2: return avx2::dequantize_q8_0(src, dst, nblocks);
+#endif
+#if defined(__aarch64__)
+    case Isa::Neon: return neon::dequantize_q8_0(src, dst, nblocks);
+#endif
+    default: return scalar::dequantize_q8_0(src, dst, nblocks);
+  }
+}
+
+void bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
+  parallel_for(n, kDecodeGrain, [&](std::size_t b, std::size_t e) { bf16_to_f32_range(src + b, dst + b, e - b); });
+}
+
+void f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
+  parallel_for(n, kDecodeGrain, [&](std::size_t b, std::size_t e) { f16_to_f32_range(src + b, dst + b, e - b); });
+}
+
+Q8Result quantize_q8_0(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
+  const std::size_t elem_size = type == SrcType::F32 ? 4 : 2;
+  const auto* base = static_cast<const std::uint8_t*>(src);
+  std::atomic<std::size_t> first_bad{kNoIndex};
+  std::atomic<std::size_t> inf_scales{0};
+  parallel_for(nblocks, kQuantGrain, [&](std::size_t b, std::size_t e) {
+    const Q8Result r = quantize_q8_0_range(type, base + b * kQ8BlockElems * elem_size,
+                                           dst + b * kQ8BlockBytes, e - b);
+    inf_scales.fetch_add(r.inf_scales, std::memory_order_relaxed);
+    if (r.first_nonfinite != kNoIndex) {
+      // Keep the smallest index over all chunks: deterministic for any thread count.
+      const std::size_t idx = b * kQ8BlockElems + r.first_nonfinite;
+      std::size_t cur = first_bad.load();
+      while (idx < cur && !first_bad.compare_exchange_weak(cur, idx)) {
+      }
+    }
+  });
+  Q8Result out;
+  out.first_nonfinite = first_bad.load();
+  out.inf_scales = inf_scales.load();
+  return out;
+}
+
+void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks) {
+  parallel_for(nblocks, kQuantGrain, [&](std::size_t b, std::size_t e) {
+    dequantize_q8_0_range(src + b * kQ8BlockBytes, dst + b * kQ8BlockElems, e - b);
+  });
+}
+
+}  // namespace hf2q::kernels

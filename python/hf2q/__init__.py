@@ -1,0 +1,60 @@
+"""hf2q: HuggingFace safetensors checkpoints to inference-ready weights in device memory."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version as _pkg_version
+
+from . import _core, ops, reference
+from .errors import (
+    ConfigError,
+    DeviceError,
+    DtypeMismatchError,
+    ExtraTensorError,
+    Hf2qError,
+    ManifestError,
+    MissingTensorError,
+    NonFiniteError,
+    SafetensorsError,
+    ScaleOverflowWarning,
+    ShapeMismatchError,
+)
+
+try:
+    __version__ = _pkg_version("hf2q")
+except PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0+unknown"
+
+
+def get_num_threads() -> int:
+    """Threads the native kernels use (the calling thread included)."""
+    return int(_core.get_num_threads())
+
+
+def set_num_threads(n: int) -> None:
+    """Set the threads the native kernels use; ``n >= 1``. The default is the
+    number of CPUs this process may run on, or ``HF2Q_NUM_THREADS``."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"number of threads must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"number of threads must be >= 1, got {n}")
+    _core.set_num_threads(n)
+
+
+__all__ = [
+    "__version__",
+    "ops",
+    "reference",
+    "get_num_threads",
+    "set_num_threads",
+    "Hf2qError",
+    "NonFiniteError",
+    "ScaleOverflowWarning",
+    "SafetensorsError",
+    "ConfigError",
+    "ManifestError",
+    "MissingTensorError",
+    "ExtraTensorError",
+    "DtypeMismatchError",
+    "ShapeMismatchError",
+    "DeviceError",
+]

@@ -1,0 +1,131 @@
+"""Input normalisation and ``out`` validation shared by :mod:`hf2q.ops`,
+:mod:`hf2q.reference` and the device uploads."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .errors import NonFiniteError
+
+if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
+    raise ImportError("hf2q supports little-endian hosts only")
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+U8 = np.dtype(np.uint8)
+U16 = np.dtype(np.uint16)
+# 16-bit dtypes whose bytes are taken as raw little-endian halves.
+HALF_DTYPES = (U16, np.dtype(np.int16), F16, BF16)
+QUANT_SOURCE_DTYPES = (F32, F16, BF16)
+
+
+def as_byte_array(src: Any, what: str = "src") -> np.ndarray:
+    """A C-contiguous buffer or ndarray as an ndarray, without copying."""
+    if isinstance(src, np.ndarray):
+        arr = src
+    else:
+        try:
+            mv = memoryview(src)
+        except TypeError:
+            raise TypeError(
+                f"{what} must be a bytes-like object or numpy.ndarray, got {type(src).__name__}"
+            ) from None
+        if not mv.c_contiguous:
+            raise ValueError(f"{what} must be C-contiguous")
+        arr = np.frombuffer(mv, dtype=U8) if mv.nbytes else np.empty(0, dtype=U8)
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous (got strides {arr.strides} for shape {arr.shape})")
+    return arr
+
+
+def half_source(src: Any, what: str = "src") -> tuple[np.ndarray, tuple[int, ...]]:
+    """16-bit little-endian input as (flat uint8 view, element shape)."""
+    arr = as_byte_array(src, what)
+    if arr.dtype == U8:
+        if arr.size % 2:
+            raise ValueError(f"{what} holds {arr.size} bytes: 16-bit input needs an even byte length")
+        shape: tuple[int, ...] = (arr.size // 2,)
+    elif arr.dtype in HALF_DTYPES:
+        shape = tuple(arr.shape)
+    else:
+        raise TypeError(
+            f"{what} must hold little-endian 16-bit values (uint16, float16, bfloat16 or raw uint8 "
+            f"bytes), got dtype {arr.dtype}"
+        )
+    return arr.reshape(-1).view(U8), shape
+
+
+def quant_source(src: Any, what: str = "src") -> tuple[np.ndarray, np.dtype]:
+    """Validate a quantizer input: C-contiguous F32/F16/BF16 with last axis % 32 == 0."""
+    if not isinstance(src, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray of float32, float16 or bfloat16, got {type(src).__name__}")
+    if src.dtype not in QUANT_SOURCE_DTYPES:
+        raise TypeError(f"{what} must have dtype float32, float16 or bfloat16, got {src.dtype}")
+    if not src.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    if src.ndim == 0 or src.shape[-1] % 32 != 0:
+        raise ValueError(
+            f"Q8_0 quantizes along the last axis in blocks of 32: shape {tuple(src.shape)} "
+            "needs a last dimension that is a multiple of 32"
+        )
+    return src, src.dtype
+
+
+def q8_0_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of the Q8_0 bytes of a tensor of `shape` (last axis / 32 * 34), as gguf-py."""
+    return (*shape[:-1], shape[-1] // 32 * 34)
+
+
+def q8_source(blocks: Any, what: str = "blocks") -> tuple[np.ndarray, tuple[int, ...]]:
+    """Q8_0 bytes as (flat uint8 view, shape of the dequantized result)."""
+    arr = as_byte_array(blocks, what)
+    if arr.dtype != U8:
+        raise TypeError(f"{what} must hold raw Q8_0 bytes (uint8), got dtype {arr.dtype}")
+    if arr.ndim == 0 or arr.shape[-1] % 34 != 0:
+        raise ValueError(
+            f"Q8_0 data of shape {tuple(arr.shape)}: the last dimension must be a multiple of 34 bytes"
+        )
+    return arr.reshape(-1), (*arr.shape[:-1], arr.shape[-1] // 34 * 32)
+
+
+def check_out(out: Any, dtype: np.dtype, count: int, what: str = "out") -> np.ndarray:
+    """Validate a caller-supplied output array; return it unchanged."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray of {dtype}, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"{what} must have dtype {dtype}, got {out.dtype}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError(f"{what} must be writeable (got a read-only array)")
+    if not out.flags.aligned:
+        raise ValueError(f"{what} must be aligned to its dtype")
+    if out.size != count:
+        raise ValueError(f"{what} must hold {count} elements of {dtype}, got {out.size} (shape {out.shape})")
+    return out
+
+
+def value_class(v: float) -> str:
+    if np.isnan(v):
+        return "nan"
+    return "+inf" if v > 0 else "-inf"
+
+
+def nonfinite_error(src: np.ndarray, index: int, tensor: str | None) -> NonFiniteError:
+    flat = src.reshape(-1)
+    cls = value_class(float(flat[index]))
+    multi = tuple(int(i) for i in np.unravel_index(index, src.shape)) if src.ndim > 1 else None
+    where = f" in '{tensor}'" if tensor else ""
+    pos = f" {multi}" if multi is not None else ""
+    return NonFiniteError(
+        f"non-finite input{where} at flat index {index}{pos}: {cls}",
+        index=index,
+        multi_index=multi,
+        value_class=cls,
+        tensor=tensor,
+    )

@@ -1,0 +1,125 @@
+"""Native conversion kernels: BF16/F16 -> F32 decode and ggml Q8_0.
+
+Every function is multi-threaded (:func:`hf2q.set_num_threads`), uses AVX2/F16C
+or NEON where the CPU has them, and releases the GIL. Results are
+bit-identical to :mod:`hf2q.reference` for every input, and Q8_0 bytes equal
+ggml's ``quantize_row_q8_0_ref`` (and gguf-py's quantizer) for finite input.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._arrays import (
+    BF16,
+    F16,
+    F32,
+    U8,
+    check_out,
+    half_source,
+    nonfinite_error,
+    q8_0_shape,
+    q8_source,
+    quant_source,
+)
+from .errors import ScaleOverflowWarning
+
+__all__ = [
+    "bf16_to_f32",
+    "f16_to_f32",
+    "quantize_q8_0",
+    "dequantize_q8_0",
+    "simd_isa",
+    "best_isa",
+    "set_simd_enabled",
+]
+
+_SRC_TYPE = {F32: _core.SRC_F32, F16: _core.SRC_F16, BF16: _core.SRC_BF16}
+
+
+def _decode(fn: Any, src: Any, out: np.ndarray | None) -> np.ndarray:
+    raw, shape = half_source(src)
+    count = raw.size // 2
+    result = np.empty(shape, dtype=F32) if out is None else check_out(out, F32, count)
+    fn(raw, result.reshape(-1).view(U8))
+    return result
+
+
+def bf16_to_f32(src: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """Widen bfloat16 values to float32 (``bits << 16``, exact).
+
+    ``src``: any C-contiguous buffer of little-endian 16-bit values: bytes,
+    memoryview, or an ndarray of uint16 / ``ml_dtypes.bfloat16`` / float16, or
+    uint8 raw bytes of even length. Returns ``out`` (or a new array shaped like
+    a typed ``src``; 1-D for raw bytes).
+    """
+    return _decode(_core.bf16_to_f32, src, out)
+
+
+def f16_to_f32(src: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """Widen IEEE float16 values to float32 (exact; subnormals, +-Inf kept; NaN
+    payload kept with the quiet bit set, as hardware converters do).
+    ``src`` and ``out`` as for :func:`bf16_to_f32`."""
+    return _decode(_core.f16_to_f32, src, out)
+
+
+def quantize_q8_0(src: np.ndarray, out: np.ndarray | None = None, *, name: str | None = None) -> np.ndarray:
+    """Quantize to ggml Q8_0 blocks (34 bytes per 32 values), byte-identical to
+    ggml's ``quantize_row_q8_0_ref`` for finite input.
+
+    ``src``: C-contiguous float32, float16 or ``ml_dtypes.bfloat16`` array whose
+    last dimension is a multiple of 32 (BF16/F16 are widened inside the kernel,
+    with no float32 staging array). Returns uint8 of shape
+    ``src.shape[:-1] + (src.shape[-1] // 32 * 34,)`` (gguf-py's layout), or
+    ``out``, which may have any shape holding ``numel / 32 * 34`` bytes.
+
+    Raises :class:`hf2q.NonFiniteError` on NaN/Inf input, naming the first bad
+    flat index (and ``name`` when given). Scales that overflow float16 are
+    stored as +Inf, like the reference, with a :class:`hf2q.ScaleOverflowWarning`.
+    """
+    arr, dtype = quant_source(src)
+    nbytes = arr.size // 32 * 34
+    result = np.empty(q8_0_shape(arr.shape), dtype=U8) if out is None else check_out(out, U8, nbytes)
+    first_bad, inf_scales = _core.quantize_q8_0(arr.reshape(-1).view(U8), _SRC_TYPE[dtype], result.reshape(-1))
+    if first_bad >= 0:
+        raise nonfinite_error(arr, first_bad, name)
+    if inf_scales:
+        where = f"'{name}'" if name else "tensor"
+        warnings.warn(
+            f"{where}: {inf_scales} Q8_0 block scale(s) overflow float16 (|x| >= 8321040) and are "
+            "stored as +Inf, as ggml's reference quantizer does",
+            ScaleOverflowWarning,
+            stacklevel=2,
+        )
+    return result
+
+
+def dequantize_q8_0(blocks: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """Q8_0 bytes to float32: ``y = q * f16(d)`` (exact). ``blocks``: uint8
+    array whose last dimension is a multiple of 34, or a bytes-like object.
+    Returns shape ``blocks.shape[:-1] + (last // 34 * 32,)``, or ``out``."""
+    raw, shape = q8_source(blocks)
+    count = raw.size // 34 * 32
+    result = np.empty(shape, dtype=F32) if out is None else check_out(out, F32, count)
+    _core.dequantize_q8_0(raw, result.reshape(-1).view(U8))
+    return result
+
+
+def simd_isa() -> str:
+    """The instruction set the kernels use now: ``"avx2"``, ``"neon"`` or ``"scalar"``."""
+    return str(_core.simd_isa())
+
+
+def best_isa() -> str:
+    """The best instruction set this CPU offers to hf2q."""
+    return str(_core.best_isa())
+
+
+def set_simd_enabled(enabled: bool) -> None:
+    """Testing hook: ``False`` forces the scalar kernels process-wide (also set
+    by ``HF2Q_FORCE_SCALAR=1`` at import). Results are identical either way."""
+    _core.set_simd_enabled(bool(enabled))

@@ -1,0 +1,123 @@
+"""Pure-numpy reference implementations: the parity oracle for the native
+kernels, and a readable specification of what they compute.
+
+They take the same inputs as :mod:`hf2q.ops` and return bit-identical results;
+they are slow and allocate freely.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._arrays import F32, check_out, half_source, nonfinite_error, q8_0_shape, q8_source, quant_source
+
+__all__ = ["bf16_to_f32", "f16_to_f32", "quantize_q8_0", "dequantize_q8_0", "f32_to_f16_bits"]
+
+
+def _u16(src: Any) -> tuple[np.ndarray, tuple[int, ...]]:
+    raw, shape = half_source(src)
+    return raw.view(np.uint16).astype(np.uint32), shape
+
+
+def _finish(bits: np.ndarray, shape: tuple[int, ...], out: np.ndarray | None) -> np.ndarray:
+    values = bits.astype(np.uint32).view(F32).reshape(shape)
+    if out is None:
+        return values
+    check_out(out, F32, values.size)
+    out.reshape(-1)[...] = values.reshape(-1)
+    return out
+
+
+def bf16_to_f32(src: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """bfloat16 is the top half of a float32: ``bits << 16``."""
+    h, shape = _u16(src)
+    return _finish(h << 16, shape, out)
+
+
+def f16_bits_to_f32_bits(h: np.ndarray) -> np.ndarray:
+    """IEEE binary16 bits (uint32 array) to binary32 bits, field by field."""
+    sign = (h & 0x8000) << 16
+    exp = (h >> 10) & 0x1F
+    mant = h & 0x3FF
+    normal = sign | ((exp + 112) << 23) | (mant << 13)
+    # Subnormal (and zero): mant * 2^-24, exact in float32.
+    sub = sign | (mant.astype(np.float32) * np.float32(2.0**-24)).view(np.uint32)
+    # Inf keeps a zero mantissa; NaN keeps its payload and gets the quiet bit,
+    # as the F16C / arm64 hardware conversions do.
+    special = sign | 0x7F800000 | (mant << 13) | np.where(mant != 0, 0x00400000, 0).astype(np.uint32)
+    return np.where(exp == 0, sub, np.where(exp == 31, special, normal)).astype(np.uint32)
+
+
+def f16_to_f32(src: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """IEEE binary16 to binary32, exact (NaN payload kept, quiet bit set)."""
+    h, shape = _u16(src)
+    return _finish(f16_bits_to_f32_bits(h), shape, out)
+
+
+def f32_to_f16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 to binary16 bits, round to nearest even, overflow to Inf (numpy's
+    own conversion is exactly that for non-NaN input)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
+
+
+def _widen(src: np.ndarray) -> np.ndarray:
+    if src.dtype == F32:
+        return src.reshape(-1)
+    bits = src.reshape(-1).view(np.uint16).astype(np.uint32)
+    if src.dtype == np.float16:
+        return f16_bits_to_f32_bits(bits).view(F32)
+    return (bits << 16).view(F32)
+
+
+def _round_half_away(p: np.ndarray) -> np.ndarray:
+    t = np.trunc(p)
+    return t + np.where(np.abs(p - t) >= np.float32(0.5), np.copysign(np.float32(1.0), p), np.float32(0.0))
+
+
+def quantize_q8_0(src: np.ndarray, out: np.ndarray | None = None, *, name: str | None = None) -> np.ndarray:
+    """ggml ``quantize_row_q8_0_ref``, block by block of 32 along the last axis:
+
+    1. ``amax = max |x|``; 2. ``d = amax / 127`` (float32); 3. ``id = 1/d`` if
+    ``d != 0`` else 0 (the reciprocal of the rounded ``d``); 4. scale stored as
+    float16 (round to nearest even); 5. ``q = round_half_away(x * id)`` as int8,
+    0 where the product is not finite (``1/d`` overflowed).
+    Non-finite input raises :class:`hf2q.NonFiniteError` (first flat index).
+    """
+    arr, _ = quant_source(src)
+    x = _widen(arr)
+    bad = np.flatnonzero((x.view(np.uint32) & 0x7F800000) == 0x7F800000)
+    if bad.size:
+        raise nonfinite_error(arr, int(bad[0]), name)
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1, initial=np.float32(0.0))
+    d = (amax / np.float32(127.0)).astype(F32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, np.float32(1.0)), np.float32(0.0)).astype(F32)
+        p = (blocks * inv[:, None]).astype(F32)
+        q = np.where(np.isfinite(p), _round_half_away(p), np.float32(0.0)).astype(np.int8)
+    result = np.empty((blocks.shape[0], 34), dtype=np.uint8)
+    result[:, :2] = f32_to_f16_bits(d).reshape(-1, 1).view(np.uint8)
+    result[:, 2:] = q.view(np.uint8)
+    result = result.reshape(q8_0_shape(arr.shape))
+    if out is None:
+        return result
+    check_out(out, np.dtype(np.uint8), result.size)
+    out.reshape(-1)[...] = result.reshape(-1)
+    return out
+
+
+def dequantize_q8_0(blocks: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """``y = float(q) * float(d16)`` per block, in float32 (exact)."""
+    raw, shape = q8_source(blocks)
+    b = raw.reshape(-1, 34)
+    d = f16_bits_to_f32_bits(b[:, :2].copy().view(np.uint16).astype(np.uint32)).view(F32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = (b[:, 2:].view(np.int8).astype(F32) * d[:, None]).astype(F32).reshape(shape)
+    if out is None:
+        return y
+    check_out(out, F32, y.size)
+    out.reshape(-1)[...] = y.reshape(-1)
+    return out
