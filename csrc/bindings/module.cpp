@@ -24,6 +24,8 @@ using RwU16 = nb::ndarray<std::uint16_t, nb::ndim<1>, nb::c_contig, nb::device::
 
 }  // namespace
 
+void bind_device(nb::module_& m);
+
 NB_MODULE(_core, m) {
   m.doc() = "hf2q native core: conversion kernels and device buffers";
 
@@ -92,4 +94,6 @@ NB_MODULE(_core, m) {
   m.attr("SRC_F32") = static_cast<int>(hf2q::kernels::SrcType::F32);
   m.attr("SRC_F16") = static_cast<int>(hf2q::kernels::SrcType::F16);
   m.attr("SRC_BF16") = static_cast<int>(hf2q::kernels::SrcType::BF16);
+
+  bind_device(m);
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version as _pkg_version
 
 from . import _core, ops, reference
+from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
 from .errors import (
     ConfigError,
     DeviceError,
@@ -44,6 +45,12 @@ __all__ = [
     "__version__",
     "ops",
     "reference",
+    "Device",
+    "Buffer",
+    "Residency",
+    "VerifyReport",
+    "FileReadError",
+    "register_weight_buffer",
     "get_num_threads",
     "set_num_threads",
     "Hf2qError",

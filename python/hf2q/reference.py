@@ -113,7 +113,7 @@ def dequantize_q8_0(blocks: Any, out: np.ndarray | None = None) -> np.ndarray:
     """``y = float(q) * float(d16)`` per block, in float32 (exact)."""
     raw, shape = q8_source(blocks)
     b = raw.reshape(-1, 34)
-    d = f16_bits_to_f32_bits(b[:, :2].copy().view(np.uint16).astype(np.uint32)).view(F32)
+    d = f16_bits_to_f32_bits(b[:, :2].copy().view(np.uint16).reshape(-1).astype(np.uint32)).view(F32)
     with np.errstate(invalid="ignore", over="ignore"):
         y = (b[:, 2:].view(np.int8).astype(F32) * d[:, None]).astype(F32).reshape(shape)
     if out is None:

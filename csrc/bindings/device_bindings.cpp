@@ -1,0 +1,171 @@
+// nanobind glue for devices and buffers: argument conversion, GIL release,
+// zero-copy array views that keep their buffer alive. No logic.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "device/device.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using hf2q::device::BufferImpl;
+using hf2q::device::Device;
+using hf2q::device::DType;
+
+namespace {
+
+using RoBytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// A capsule owning one reference to the buffer: the owner of every view.
+nb::capsule keep_alive(const std::shared_ptr<BufferImpl>& buf) {
+  auto* ref = new std::shared_ptr<BufferImpl>(buf);
+  return nb::capsule(ref, [](void* p) noexcept { delete static_cast<std::shared_ptr<BufferImpl>*>(p); });
+}
+
+// Storage view: (dtype, shape) as numpy sees the bytes. bf16 -> uint16 (the
+// Python layer re-views it as ml_dtypes.bfloat16); q8_0 -> uint8 with the
+// last dimension in bytes (gguf-py's layout).
+nb::dlpack::dtype storage_dtype(DType t, bool dlpack_bf16) {
+  switch (t) {
+    case DType::F32: return nb::dtype<float>();
+    case DType::F16: return nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+    case DType::BF16:
+      return dlpack_bf16 ? nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1}
+                         : nb::dtype<std::uint16_t>();
+    case DType::I32: return nb::dtype<std::int32_t>();
+    case DType::U8:
+    case DType::Q8_0: return nb::dtype<std::uint8_t>();
+  }
+  return nb::dtype<std::uint8_t>();
+}
+
+std::vector<std::size_t> storage_shape(const BufferImpl& b) {
+  std::vector<std::size_t> shape(b.shape().begin(), b.shape().end());
+  if (b.dtype() == DType::Q8_0) shape.back() = shape.back() / 32 * 34;
+  return shape;
+}
+
+template <typename Framework>
+nb::ndarray<Framework> make_view(const std::shared_ptr<BufferImpl>& b, bool dlpack_bf16) {
+  const std::vector<std::size_t> shape = storage_shape(*b);
+  return nb::ndarray<Framework>(b->data(), shape.size(), shape.data(), keep_alive(b), nullptr,
+                                storage_dtype(b->dtype(), dlpack_bf16), nb::device::cpu::value);
+}
+
+nb::dict stats_dict(Device& d) {
+  const auto st = d.stats();
+  nb::dict out;
+  out["enabled"] = st.enabled;
+  out["count"] = st.count;
+  out["allocated_size"] = st.allocated_size;
+  out["locked_bytes"] = st.locked_bytes;
+  out["unwired_bytes"] = st.unwired_bytes;
+  out["sets"] = st.sets;
+  out["pending"] = st.pending;
+  out["requested"] = st.requested;
+  out["label"] = st.label;
+  return out;
+}
+
+std::pair<long long, unsigned long long> result_pair(const hf2q::device::UploadResult& r) {
+  const long long first = r.first_nonfinite == static_cast<std::size_t>(-1) ? -1 : static_cast<long long>(r.first_nonfinite);
+  return {first, static_cast<unsigned long long>(r.inf_scales)};
+}
+
+}  // namespace
+
+void bind_device(nb::module_& m) {
+  static nb::object device_error;
+  static nb::object file_read_error;
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const hf2q::device::DeviceError& e) {
+      nb::object cls = nb::module_::import_("hf2q.errors").attr("DeviceError");
+      PyErr_SetString(cls.ptr(), e.what());
+    } catch (const hf2q::device::FileReadError& e) {
+      nb::object cls = nb::module_::import_("hf2q.device").attr("FileReadError");
+      PyErr_SetString(cls.ptr(), e.what());
+    }
+  });
+
+  nb::class_<BufferImpl>(m, "NativeBuffer")
+      .def_prop_ro("dtype", [](const BufferImpl& b) { return std::string(hf2q::device::dtype_name(b.dtype())); })
+      .def_prop_ro("shape", [](const BufferImpl& b) { return b.shape(); })
+      .def_prop_ro("numel", &BufferImpl::numel)
+      .def_prop_ro("byte_len", &BufferImpl::byte_len)
+      .def_prop_ro("alloc_len", &BufferImpl::alloc_len)
+      .def_prop_ro("address", [](const BufferImpl& b) { return reinterpret_cast<std::uintptr_t>(b.data()); })
+      .def_prop_ro("device", [](const BufferImpl& b) { return b.device(); })
+      .def("numpy_view", [](std::shared_ptr<BufferImpl> b) { return make_view<nb::numpy>(b, false); })
+      .def("dlpack_view", [](std::shared_ptr<BufferImpl> b) { return make_view<nb::array_api>(b, true); });
+
+  nb::class_<Device>(m, "NativeDevice")
+      .def_static("open", &Device::open, "kind"_a)
+      .def_prop_ro("kind", [](const Device& d) { return d.info().kind; })
+      .def_prop_ro("name", [](const Device& d) { return d.info().name; })
+      .def_prop_ro("page_size", [](const Device& d) { return d.info().page_size; })
+      .def_prop_ro("max_buffer_len", [](const Device& d) { return d.info().max_buffer_len; })
+      .def_prop_ro("working_set_bytes", [](const Device& d) { return d.info().working_set_bytes; })
+      .def_prop_ro("wired_budget_bytes", [](const Device& d) { return d.info().wired_budget_bytes; })
+      .def_prop_ro("residency_enabled", &Device::residency_enabled)
+      .def(
+          "alloc",
+          [](Device& d, const std::vector<std::int64_t>& shape, const std::string& dtype) {
+            const DType t = hf2q::device::dtype_from_name(dtype);
+            nb::gil_scoped_release nogil;
+            return d.alloc(shape, t);
+          },
+          "shape"_a, "dtype"_a)
+      .def("register_buffer", [](Device& d, BufferImpl& b) { return d.register_buffer(b); }, "buf"_a)
+      .def("is_registered", &Device::is_registered, "buf"_a)
+      .def("is_locked", &Device::is_locked, "buf"_a)
+      .def("commit", [](Device& d) { nb::gil_scoped_release nogil; d.commit(); })
+      .def("request_residency", [](Device& d) { nb::gil_scoped_release nogil; d.request_residency(); })
+      .def("end_residency", [](Device& d) { nb::gil_scoped_release nogil; d.end_residency(); })
+      .def("stats", &stats_dict)
+      .def(
+          "write",
+          [](Device& d, BufferImpl& b, std::size_t elem_offset, RoBytes src, const std::string& src_dtype) {
+            const DType t = hf2q::device::dtype_from_name(src_dtype);
+            hf2q::device::UploadResult r;
+            {
+              nb::gil_scoped_release nogil;
+              r = d.write(b, elem_offset, src.data(), src.size(), t);
+            }
+            return result_pair(r);
+          },
+          "buf"_a, "elem_offset"_a, "src"_a.noconvert(), "src_dtype"_a)
+      .def(
+          "read_file",
+          [](Device& d, BufferImpl& b, std::size_t elem_offset, int fd, std::uint64_t file_offset, std::size_t nbytes,
+             const std::string& src_dtype) {
+            const DType t = hf2q::device::dtype_from_name(src_dtype);
+            hf2q::device::UploadResult r;
+            {
+              nb::gil_scoped_release nogil;
+              r = d.read_file(b, elem_offset, fd, file_offset, nbytes, t);
+            }
+            return result_pair(r);
+          },
+          "buf"_a, "elem_offset"_a, "fd"_a, "file_offset"_a, "nbytes"_a, "src_dtype"_a)
+      .def("checksums", [](Device& d, BufferImpl& b) {
+        std::vector<std::uint32_t> sums;
+        {
+          nb::gil_scoped_release nogil;
+          sums = d.device_checksums(b);
+        }
+        auto* heap = new std::vector<std::uint32_t>(std::move(sums));
+        nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<std::uint32_t>*>(p); });
+        const std::size_t n = heap->size();
+        return nb::ndarray<nb::numpy, std::uint32_t, nb::ndim<1>>(heap->data(), {n}, owner);
+      }, "buf"_a);
+
+  m.def("residency_disabled_by_env", &hf2q::device::residency_disabled_by_env);
+  m.def("inject_alloc_failure", &hf2q::device::inject_alloc_failure, "n"_a,
+        "Testing hook: the n-th allocation from now fails with DeviceError (0 disables).");
+  m.attr("VERIFY_GROUP") = hf2q::device::kVerifyGroup;
+}

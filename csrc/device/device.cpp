@@ -1,0 +1,448 @@
+#include "device.h"
+
+#include <errno.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/checked_ops.h"
+#include "kernels/kernels.h"
+#include "kernels/thread_pool.h"
+
+namespace hf2q::device {
+namespace {
+
+std::atomic<long> g_alloc_fail_countdown{0};
+
+constexpr std::size_t kCopyChunk = 8u << 20;         // bytes per parallel raw copy / pread
+constexpr std::size_t kConvertChunkElems = 1u << 20;  // source elements per conversion chunk
+constexpr std::size_t kAutoCommitPending = 64;       // staged adds before an implicit commit
+
+std::string mib(std::size_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%zu bytes (%.1f MiB)", bytes, static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+// Reads exactly len bytes at off; retries EINTR and short reads.
+void pread_full(int fd, std::uint8_t* dst, std::size_t len, std::uint64_t off) {
+  while (len > 0) {
+    const std::size_t want = std::min<std::size_t>(len, 1u << 30);
+    const ssize_t r = ::pread(fd, dst, want, static_cast<off_t>(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw FileReadError("read of " + std::to_string(want) + " bytes at offset " + std::to_string(off) +
+                          " failed: " + std::strerror(errno));
+    }
+    if (r == 0) {
+      throw FileReadError("unexpected end of file at offset " + std::to_string(off) + " with " +
+                          std::to_string(len) + " bytes still expected (file truncated or rewritten?)");
+    }
+    dst += r;
+    len -= static_cast<std::size_t>(r);
+    off += static_cast<std::uint64_t>(r);
+  }
+}
+
+enum class Op { Raw, Decode, Quantize };
+
+struct Plan {
+  Op op;
+  std::size_t n_elems;   // source elements
+  std::size_t dst_off;   // byte offset into the buffer
+  std::size_t dst_len;   // bytes written
+  std::size_t src_elem;  // bytes per source element (Q8_0 source: 0)
+};
+
+Plan plan_write(const BufferImpl& buf, std::size_t elem_offset, std::size_t src_bytes, DType src) {
+  const DType dst = buf.dtype();
+  Plan p{};
+  if (src == dst) {
+    p.op = Op::Raw;
+  } else if (dst == DType::F32 && (src == DType::BF16 || src == DType::F16)) {
+    p.op = Op::Decode;
+  } else if (dst == DType::Q8_0 && (src == DType::F32 || src == DType::F16 || src == DType::BF16)) {
+    p.op = Op::Quantize;
+  } else {
+    throw std::invalid_argument(std::string("cannot convert ") + dtype_name(src) + " to " + dtype_name(dst) +
+                                " (supported: same dtype, bf16/f16 -> f32, f32/f16/bf16 -> q8_0)");
+  }
+  if (src == DType::Q8_0) {
+    if (src_bytes % 34 != 0) throw std::invalid_argument("q8_0 source byte length must be a multiple of 34");
+    p.n_elems = src_bytes / 34 * 32;
+  } else {
+    p.src_elem = dtype_elem_size(src);
+    if (src_bytes % p.src_elem != 0) {
+      throw std::invalid_argument("source holds " + std::to_string(src_bytes) + " bytes: not a multiple of the " +
+                                  dtype_name(src) + " element size " + std::to_string(p.src_elem));
+    }
+    p.n_elems = src_bytes / p.src_elem;
+  }
+  std::size_t end = 0;
+  if (!ops::checked_add(elem_offset, p.n_elems, &end) || end > buf.numel()) {
+    throw std::invalid_argument("write of " + std::to_string(p.n_elems) + " elements at element " +
+                                std::to_string(elem_offset) + " overruns the buffer's " +
+                                std::to_string(buf.numel()) + " elements");
+  }
+  if (dst == DType::Q8_0 && p.n_elems % 32 != 0) {
+    throw std::invalid_argument("q8_0 writes need a multiple of 32 elements, got " + std::to_string(p.n_elems));
+  }
+  p.dst_off = element_byte_offset(dst, elem_offset);
+  p.dst_len = element_byte_offset(dst, p.n_elems);
+  return p;
+}
+
+kernels::SrcType src_type(DType t) {
+  switch (t) {
+    case DType::F16: return kernels::SrcType::F16;
+    case DType::BF16: return kernels::SrcType::BF16;
+    default: return kernels::SrcType::F32;
+  }
+}
+
+void atomic_min(std::atomic<std::size_t>& a, std::size_t v) {
+  std::size_t cur = a.load();
+  while (v < cur && !a.compare_exchange_weak(cur, v)) {
+  }
+}
+
+}  // namespace
+
+bool residency_disabled_by_env() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("HF2Q_NO_RESIDENCY");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return disabled;
+}
+
+void inject_alloc_failure(long n) { g_alloc_fail_countdown.store(n > 0 ? n : 0); }
+
+// ---------------------------------------------------------------- BufferImpl
+
+BufferImpl::BufferImpl(std::shared_ptr<Device> dev, DType dtype, std::vector<std::int64_t> shape,
+                       std::size_t byte_len, std::size_t alloc_len, void* ptr, void* handle)
+    : dev_(std::move(dev)),
+      dtype_(dtype),
+      shape_(std::move(shape)),
+      numel_(shape_numel(shape_)),
+      byte_len_(byte_len),
+      alloc_len_(alloc_len),
+      ptr_(ptr),
+      handle_(handle) {}
+
+BufferImpl::~BufferImpl() { dev_->release(*this); }
+
+// -------------------------------------------------------------------- Device
+
+std::shared_ptr<Device> Device::open(const std::string& kind) {
+  std::unique_ptr<Backend> backend;
+  if (kind == "host") {
+    backend = make_host_backend();
+  } else if (kind == "metal") {
+#if defined(HF2Q_HAVE_METAL)
+    std::string why;
+    backend = make_metal_backend(&why);
+    if (!backend) throw DeviceError("Metal device unavailable: " + why);
+#else
+    throw DeviceError("Metal device unavailable: this build of hf2q has no Metal backend (Metal exists only on Apple platforms)");
+#endif
+  } else {
+    throw std::invalid_argument("unknown device kind '" + kind + "' (expected 'host' or 'metal')");
+  }
+  return std::shared_ptr<Device>(new Device(std::move(backend)));
+}
+
+Device::Device(std::unique_ptr<Backend> backend)
+    : backend_(std::move(backend)), residency_enabled_(!residency_disabled_by_env()) {
+  if (residency_enabled_) {
+    sets_.resize(1);
+    if (backend_->set_create(0, "hf2q weights 0", 64)) {
+      sets_[0].created = true;
+    } else {
+      residency_enabled_ = false;
+      sets_.clear();
+    }
+  }
+}
+
+Device::~Device() {
+  for (std::size_t i = 0; i < sets_.size(); ++i) {
+    if (!sets_[i].created) continue;
+    backend_->set_end(static_cast<int>(i));
+    backend_->set_destroy(static_cast<int>(i));
+  }
+}
+
+std::shared_ptr<BufferImpl> Device::alloc(const std::vector<std::int64_t>& shape, DType dtype) {
+  const std::size_t byte_len = tensor_byte_len(dtype, shape);
+  if (byte_len == 0) throw std::invalid_argument("cannot allocate a zero-size buffer (shape has a 0 dimension)");
+  const std::size_t page = info().page_size;
+  std::size_t padded = 0;
+  if (!ops::checked_add(byte_len, page - 1, &padded)) throw std::overflow_error("buffer size overflows");
+  const std::size_t alloc_len = padded / page * page;
+  if (info().max_buffer_len != 0 && alloc_len > info().max_buffer_len) {
+    throw DeviceError("buffer of " + mib(alloc_len) + " exceeds the device's maximum buffer length of " +
+                      mib(info().max_buffer_len));
+  }
+  long countdown = g_alloc_fail_countdown.load();
+  while (countdown > 0 && !g_alloc_fail_countdown.compare_exchange_weak(countdown, countdown - 1)) {
+  }
+  if (countdown == 1) throw DeviceError("injected allocation failure (test hook) for " + mib(alloc_len));
+
+  void* handle = nullptr;
+  void* ptr = backend_->allocate(alloc_len, &handle);
+  std::shared_ptr<BufferImpl> buf;
+  try {
+    buf = std::make_shared<BufferImpl>(shared_from_this(), dtype, shape, byte_len, alloc_len, ptr, handle);
+  } catch (...) {
+    backend_->release(handle, ptr, alloc_len);
+    throw;
+  }
+  if (residency_enabled_) register_buffer(*buf);  // on failure ~BufferImpl releases
+  return buf;
+}
+
+int Device::choose_set_locked(std::size_t len) {
+  const std::size_t cap = info().set_cap_bytes;
+  for (std::size_t i = 0; i < sets_.size(); ++i) {
+    if (sets_[i].created && (cap == 0 || sets_[i].bytes + len <= cap || sets_[i].count == 0)) {
+      return static_cast<int>(i);
+    }
+  }
+  if (static_cast<int>(sets_.size()) < info().max_sets) {
+    const int idx = static_cast<int>(sets_.size());
+    sets_.emplace_back();
+    if (backend_->set_create(idx, "hf2q weights " + std::to_string(idx), 64)) {
+      sets_.back().created = true;
+      return idx;
+    }
+    sets_.pop_back();
+  }
+  // All sets full: the least filled one takes it (caps are a soft target).
+  int best = 0;
+  for (std::size_t i = 1; i < sets_.size(); ++i) {
+    if (sets_[i].bytes < sets_[static_cast<std::size_t>(best)].bytes) best = static_cast<int>(i);
+  }
+  return best;
+}
+
+bool Device::register_buffer(BufferImpl& buf) {
+  if (buf.device().get() != this) {
+    throw DeviceError(std::string("buffer belongs to another device (") + buf.device()->info().kind +
+                      "), not to this " + info().kind + " device");
+  }
+  if (!residency_enabled_) return false;
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = members_.find(&buf);
+  if (it != members_.end()) return it->second.set >= 0;
+  Member m;
+  m.len = buf.alloc_len();
+  const std::size_t budget = info().wired_budget_bytes;
+  if (budget != 0 && wired_bytes_ + m.len > budget) {
+    members_.emplace(&buf, m);  // tracked, usable, not wired
+    return false;
+  }
+  m.set = choose_set_locked(m.len);
+  backend_->set_add(m.set, buf.handle());
+  auto& s = sets_[static_cast<std::size_t>(m.set)];
+  s.bytes += m.len;
+  s.count += 1;
+  s.dirty = true;
+  if (!ended_) m.locked = backend_->wire(buf.handle(), buf.data(), m.len);
+  wired_bytes_ += m.len;
+  members_.emplace(&buf, m);
+  if (++pending_ >= kAutoCommitPending) commit_locked();
+  return true;
+}
+
+void Device::commit_locked() {
+  for (std::size_t i = 0; i < sets_.size(); ++i) {
+    auto& s = sets_[i];
+    if (!s.created) continue;
+    if (s.dirty) {
+      backend_->set_commit(static_cast<int>(i));
+      s.dirty = false;
+    }
+    // One standing request per set, after its first commit.
+    if (!s.requested && !ended_ && s.count > 0) {
+      backend_->set_request(static_cast<int>(i));
+      s.requested = true;
+    }
+  }
+  pending_ = 0;
+}
+
+void Device::commit() {
+  std::lock_guard<std::mutex> lk(mu_);
+  commit_locked();
+}
+
+void Device::request_residency() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!residency_enabled_) return;
+  ended_ = false;
+  for (auto& [buf, m] : members_) {
+    if (m.set >= 0 && !m.locked) m.locked = backend_->wire(buf->handle(), buf->data(), m.len);
+  }
+  for (auto& s : sets_) s.requested = false;
+  commit_locked();
+}
+
+void Device::end_residency() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [buf, m] : members_) {
+    if (m.locked) {
+      backend_->unwire(buf->handle(), buf->data(), m.len);
+      m.locked = false;
+    }
+  }
+  for (std::size_t i = 0; i < sets_.size(); ++i) {
+    if (sets_[i].created && sets_[i].requested) backend_->set_end(static_cast<int>(i));
+    sets_[i].requested = false;
+  }
+  ended_ = true;
+}
+
+ResidencyStats Device::stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (pending_ > 0) commit_locked();
+  ResidencyStats st;
+  st.enabled = residency_enabled_;
+  for (const auto& [buf, m] : members_) {
+    if (m.set < 0) {
+      st.unwired_bytes += m.len;
+      continue;
+    }
+    st.count += 1;
+    st.allocated_size += m.len;
+    if (m.locked) st.locked_bytes += m.len;
+  }
+  for (const auto& s : sets_) {
+    if (s.created && s.count > 0) st.sets += 1;
+    st.requested = st.requested || s.requested;
+  }
+  st.pending = pending_;
+  st.label = sets_.empty() ? "" : "hf2q weights";
+  return st;
+}
+
+bool Device::is_registered(const BufferImpl& buf) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = members_.find(&buf);
+  return it != members_.end() && it->second.set >= 0;
+}
+
+bool Device::is_locked(const BufferImpl& buf) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = members_.find(&buf);
+  return it != members_.end() && it->second.locked;
+}
+
+void Device::release(BufferImpl& buf) noexcept {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = members_.find(&buf);
+    if (it != members_.end()) {
+      const Member m = it->second;
+      members_.erase(it);
+      if (m.set >= 0) {
+        // Out of the set, committed, before the memory goes (metal_residency.md 3.7).
+        auto& s = sets_[static_cast<std::size_t>(m.set)];
+        backend_->set_remove(m.set, buf.handle());
+        backend_->set_commit(m.set);
+        s.bytes -= m.len;
+        s.count -= 1;
+        wired_bytes_ -= m.len;
+        if (m.locked) backend_->unwire(buf.handle(), buf.data(), m.len);
+      }
+    }
+  }
+  backend_->release(buf.handle(), buf.data(), buf.alloc_len());
+}
+
+UploadResult Device::write(BufferImpl& buf, std::size_t elem_offset, const void* src, std::size_t src_bytes,
+                           DType src_dtype) {
+  const Plan p = plan_write(buf, elem_offset, src_bytes, src_dtype);
+  UploadResult res;
+  std::uint8_t* dst = buf.data() + p.dst_off;
+  switch (p.op) {
+    case Op::Raw: {
+      const auto* s = static_cast<const std::uint8_t*>(src);
+      parallel_for(p.dst_len, kCopyChunk, [&](std::size_t b, std::size_t e) { std::memcpy(dst + b, s + b, e - b); });
+      break;
+    }
+    case Op::Decode:
+      if (src_dtype == DType::BF16) {
+        ops::bf16_to_f32(src, src_bytes, dst, p.dst_len);
+      } else {
+        ops::f16_to_f32(src, src_bytes, dst, p.dst_len);
+      }
+      break;
+    case Op::Quantize: {
+      const kernels::Q8Result r = ops::quantize_q8_0(src_type(src_dtype), src, src_bytes, dst, p.dst_len);
+      res.first_nonfinite = r.first_nonfinite;
+      res.inf_scales = r.inf_scales;
+      break;
+    }
+  }
+  return res;
+}
+
+UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
+                               std::size_t nbytes, DType src_dtype) {
+  const Plan p = plan_write(buf, elem_offset, nbytes, src_dtype);
+  std::uint64_t file_end = 0;
+  if (__builtin_add_overflow(file_offset, static_cast<std::uint64_t>(nbytes), &file_end) ||
+      file_end > static_cast<std::uint64_t>(INT64_MAX)) {
+    throw std::invalid_argument("file range overflows");
+  }
+  std::uint8_t* dst = buf.data() + p.dst_off;
+  UploadResult res;
+  if (p.op == Op::Raw) {
+    parallel_for(nbytes, kCopyChunk, [&](std::size_t b, std::size_t e) { pread_full(fd, dst + b, e - b, file_offset + b); });
+    return res;
+  }
+  std::atomic<std::size_t> first_bad{kernels::kNoIndex};
+  std::atomic<std::size_t> inf_scales{0};
+  parallel_for(p.n_elems, kConvertChunkElems, [&](std::size_t b, std::size_t e) {
+    // One small staging chunk per thread, reused across calls.
+    thread_local std::vector<std::uint8_t> staging;
+    const std::size_t len = (e - b) * p.src_elem;
+    if (staging.size() < len) staging.resize(len);
+    pread_full(fd, staging.data(), len, file_offset + b * p.src_elem);
+    const auto* s16 = reinterpret_cast<const std::uint16_t*>(staging.data());
+    if (p.op == Op::Decode) {
+      float* out = reinterpret_cast<float*>(dst) + b;
+      if (src_dtype == DType::BF16) {
+        kernels::bf16_to_f32_range(s16, out, e - b);
+      } else {
+        kernels::f16_to_f32_range(s16, out, e - b);
+      }
+    } else {
+      const kernels::Q8Result r =
+          kernels::quantize_q8_0_range(src_type(src_dtype), staging.data(), dst + b / 32 * 34, (e - b) / 32);
+      inf_scales.fetch_add(r.inf_scales);
+      if (r.first_nonfinite != kernels::kNoIndex) atomic_min(first_bad, b + r.first_nonfinite);
+    }
+  });
+  res.first_nonfinite = first_bad.load();
+  res.inf_scales = inf_scales.load();
+  return res;
+}
+
+std::vector<std::uint32_t> Device::device_checksums(BufferImpl& buf) {
+  const std::size_t ngroups = (buf.numel() + kVerifyGroup - 1) / kVerifyGroup;
+  std::vector<std::uint32_t> out(ngroups);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (pending_ > 0) commit_locked();  // a GPU read needs the set committed
+  }
+  backend_->checksums(buf.dtype(), buf.handle(), buf.data(), buf.numel(), out.data(), ngroups);
+  return out;
+}
+
+}  // namespace hf2q::device

@@ -1,0 +1,141 @@
+// A device (one backend instance) and its buffers, with the residency
+// bookkeeping and the upload paths shared by every backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend.h"
+#include "dtype.h"
+
+namespace hf2q::device {
+
+class Device;
+
+// One allocation holding a tensor. Owned through shared_ptr: Python Buffer
+// objects and every numpy/DLPack view hold a reference, so the memory lives
+// until the last of them is gone. Removed from its residency set before free.
+class BufferImpl {
+ public:
+  BufferImpl(std::shared_ptr<Device> dev, DType dtype, std::vector<std::int64_t> shape,
+             std::size_t byte_len, std::size_t alloc_len, void* ptr, void* handle);
+  ~BufferImpl();
+  BufferImpl(const BufferImpl&) = delete;
+  BufferImpl& operator=(const BufferImpl&) = delete;
+
+  const std::shared_ptr<Device>& device() const { return dev_; }
+  DType dtype() const { return dtype_; }
+  const std::vector<std::int64_t>& shape() const { return shape_; }
+  std::size_t numel() const { return numel_; }
+  std::size_t byte_len() const { return byte_len_; }
+  std::size_t alloc_len() const { return alloc_len_; }
+  std::uint8_t* data() const { return static_cast<std::uint8_t*>(ptr_); }
+  void* handle() const { return handle_; }
+
+ private:
+  std::shared_ptr<Device> dev_;
+  DType dtype_;
+  std::vector<std::int64_t> shape_;
+  std::size_t numel_;
+  std::size_t byte_len_;
+  std::size_t alloc_len_;
+  void* ptr_;
+  void* handle_;
+};
+
+struct ResidencyStats {
+  bool enabled = false;
+  std::size_t count = 0;           // buffers in the device's residency sets
+  std::size_t allocated_size = 0;  // their page-rounded bytes
+  std::size_t locked_bytes = 0;    // host: bytes actually mlock'ed
+  std::size_t unwired_bytes = 0;   // buffers over the wired budget (tracked, not added)
+  std::size_t sets = 0;            // residency sets in use
+  std::size_t pending = 0;         // staged changes not yet committed
+  bool requested = false;          // residency requested (not ended)
+  std::string label;
+};
+
+struct UploadResult {
+  std::size_t first_nonfinite = static_cast<std::size_t>(-1);  // element index relative to the source
+  std::size_t inf_scales = 0;
+};
+
+class Device : public std::enable_shared_from_this<Device> {
+ public:
+  // kind: "host" or "metal". Throws DeviceError if unavailable.
+  static std::shared_ptr<Device> open(const std::string& kind);
+  ~Device();
+
+  const BackendInfo& info() const { return backend_->info(); }
+  bool residency_enabled() const { return residency_enabled_; }
+
+  // Zero-filled buffer of `shape` and `dtype`, registered for residency
+  // unless residency is disabled. Throws std::invalid_argument for bad
+  // shapes, DeviceError when memory cannot be had.
+  std::shared_ptr<BufferImpl> alloc(const std::vector<std::int64_t>& shape, DType dtype);
+
+  // Residency. register_buffer is idempotent; returns whether the buffer is
+  // (now) in a set.
+  bool register_buffer(BufferImpl& buf);
+  void commit();
+  void request_residency();
+  void end_residency();
+  ResidencyStats stats();
+  bool is_registered(const BufferImpl& buf);
+  bool is_locked(const BufferImpl& buf);
+
+  // Write `src_bytes` bytes of `src_dtype` data into `buf` from element
+  // `elem_offset` on, converting when the dtypes differ (bf16/f16 -> f32,
+  // f32/f16/bf16 -> q8_0). Memory source.
+  UploadResult write(BufferImpl& buf, std::size_t elem_offset, const void* src, std::size_t src_bytes,
+                     DType src_dtype);
+  // The same from a file: pread straight into the buffer for raw copies,
+  // through small per-thread chunks for conversions, in parallel.
+  UploadResult read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
+                         std::size_t nbytes, DType src_dtype);
+
+  std::vector<std::uint32_t> device_checksums(BufferImpl& buf);
+
+  // Called by ~BufferImpl.
+  void release(BufferImpl& buf) noexcept;
+
+ private:
+  explicit Device(std::unique_ptr<Backend> backend);
+  struct Member {
+    int set = -1;  // -1: tracked but over the wired budget
+    bool locked = false;
+    std::size_t len = 0;
+  };
+  struct SetState {
+    bool created = false;
+    bool requested = false;
+    bool dirty = false;
+    std::size_t bytes = 0;
+    std::size_t count = 0;
+  };
+  int choose_set_locked(std::size_t len);
+  void commit_locked();
+
+  std::unique_ptr<Backend> backend_;
+  bool residency_enabled_;
+  std::mutex mu_;
+  std::unordered_map<const BufferImpl*, Member> members_;
+  std::vector<SetState> sets_;
+  std::size_t pending_ = 0;
+  std::size_t wired_bytes_ = 0;
+  bool ended_ = false;
+};
+
+// Environment switch HF2Q_NO_RESIDENCY: exactly "1" disables residency. Read
+// once per process.
+bool residency_disabled_by_env();
+
+// Testing hook: make the n-th allocation from now fail (n >= 1); 0 disables.
+void inject_alloc_failure(long n);
+
+}  // namespace hf2q::device

@@ -1,0 +1,509 @@
+"""Devices and device buffers: weights in memory the accelerator reads,
+registered in the device's residency set.
+
+``Device("host")`` works everywhere (page-aligned memory; residency = mlock +
+prefault). ``Device("metal")`` uses shared-storage ``MTLBuffer`` objects in
+``MTLResidencySet``\\ s on Apple silicon. Conversions (BF16/F16 -> F32, -> Q8_0)
+run in native code straight into the buffer's memory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+from . import _core, reference
+from ._arrays import BF16, F16, F32, U8, as_byte_array
+from .errors import DeviceError, Hf2qError, NonFiniteError, ScaleOverflowWarning
+
+__all__ = [
+    "Device",
+    "Buffer",
+    "Residency",
+    "VerifyReport",
+    "FileReadError",
+    "register_weight_buffer",
+    "DTYPES",
+]
+
+PathOrFd = Union[str, "os.PathLike[str]", int]
+
+#: Buffer dtypes. ``q8_0`` is u8 storage holding ggml Q8_0 blocks of a tensor
+#: whose logical shape the buffer keeps (``byte_len = numel / 32 * 34``).
+DTYPES = ("f32", "f16", "bf16", "u8", "i32", "q8_0")
+_NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16"}
+_STORAGE_NUMPY = {"bf16": BF16, "f16": F16}
+
+
+class FileReadError(Hf2qError, OSError):
+    """A file could not be read completely (I/O error, or the file shrank or
+    was rewritten while being read)."""
+
+
+def _dtype_name(dtype: str) -> str:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def _shape(shape: Sequence[int] | int) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (int(shape),)
+    try:
+        dims = tuple(shape)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of ints, got {type(shape).__name__}") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+            raise TypeError(f"shape must be a sequence of ints, got {dims!r}")
+        if d < 0:
+            raise ValueError(f"shape {dims} has a negative dimension")
+        if d >= 2**63:
+            raise OverflowError(f"dimension {d} in shape {dims} is too large")
+    return tuple(int(d) for d in dims)
+
+
+class Buffer:
+    """One tensor in device memory. ``numpy()`` and ``__dlpack__`` give
+    zero-copy views that keep the memory alive on their own."""
+
+    __slots__ = ("_native", "_device", "__weakref__")
+
+    def __init__(self, native: Any, device: "Device") -> None:
+        self._native = native
+        self._device = device
+
+    @property
+    def device(self) -> "Device":
+        return self._device
+
+    @property
+    def dtype(self) -> str:
+        return str(self._native.dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical shape (for ``q8_0`` the unquantized shape)."""
+        return tuple(self._native.shape)
+
+    @property
+    def numel(self) -> int:
+        return int(self._native.numel)
+
+    @property
+    def byte_len(self) -> int:
+        """Bytes of tensor data (for ``q8_0``: numel / 32 * 34)."""
+        return int(self._native.byte_len)
+
+    @property
+    def alloc_len(self) -> int:
+        """Bytes allocated: ``byte_len`` rounded up to the device page size."""
+        return int(self._native.alloc_len)
+
+    @property
+    def address(self) -> int:
+        return int(self._native.address)
+
+    @property
+    def registered(self) -> bool:
+        """Whether the buffer is in its device's residency set."""
+        return bool(self._device._native.is_registered(self._native))
+
+    @property
+    def locked(self) -> bool:
+        """Host backend: whether the pages are mlock'ed."""
+        return bool(self._device._native.is_locked(self._native))
+
+    def numpy(self) -> np.ndarray:
+        """Zero-copy writable view: ``bf16`` as ``ml_dtypes.bfloat16``, ``q8_0``
+        as raw uint8 of shape ``(..., last // 32 * 34)``."""
+        arr = self._native.numpy_view()
+        storage = _STORAGE_NUMPY.get(self.dtype)
+        return arr.view(storage) if storage is not None else arr
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._native.dlpack_view().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU: CPU-visible (shared storage on unified memory)
+
+    def __repr__(self) -> str:
+        return (
+            f"hf2q.Buffer(dtype={self.dtype}, shape={self.shape}, byte_len={self.byte_len}, "
+            f"device={self._device.kind})"
+        )
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Result of :meth:`Device.verify`: per-group checksums read back through
+    the device equal those of a CPU (numpy) decode."""
+
+    ok: bool
+    groups: int
+    mismatched_groups: tuple[int, ...]
+    seconds: float
+
+
+class Residency:
+    """The device's residency set(s): counts are summed over all sets."""
+
+    def __init__(self, device: "Device") -> None:
+        self._device = device
+
+    def _stats(self) -> dict[str, Any]:
+        return dict(self._device._native.stats())
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._device._native.residency_enabled)
+
+    @property
+    def count(self) -> int:
+        return int(self._stats()["count"])
+
+    @property
+    def allocated_size(self) -> int:
+        """Page-rounded bytes of the buffers in the set(s)."""
+        return int(self._stats()["allocated_size"])
+
+    @property
+    def locked_bytes(self) -> int:
+        return int(self._stats()["locked_bytes"])
+
+    @property
+    def locked(self) -> bool:
+        """True when every buffer in the set is locked in memory (host: mlock
+        succeeded; False when RLIMIT_MEMLOCK refused it, which is not an error)."""
+        st = self._stats()
+        return bool(st["count"]) and st["locked_bytes"] == st["allocated_size"]
+
+    @property
+    def unwired_bytes(self) -> int:
+        """Bytes of buffers over the wired budget: allocated and usable, not in a set."""
+        return int(self._stats()["unwired_bytes"])
+
+    @property
+    def sets(self) -> int:
+        return int(self._stats()["sets"])
+
+    @property
+    def label(self) -> str:
+        return str(self._stats()["label"])
+
+    def stats(self) -> dict[str, Any]:
+        return self._stats()
+
+    def commit(self) -> None:
+        """Apply staged additions/removals (batched; also done implicitly)."""
+        self._device._native.commit()
+
+    def request(self) -> None:
+        """Request residency again after :meth:`end` (host: lock again)."""
+        self._device._native.request_residency()
+
+    def end(self) -> None:
+        """End residency: the buffers stay valid but may be paged out (host: munlock)."""
+        self._device._native.end_residency()
+
+    def __repr__(self) -> str:
+        st = self._stats()
+        return (
+            f"Residency(enabled={st['enabled']}, count={st['count']}, allocated_size={st['allocated_size']}, "
+            f"locked_bytes={st['locked_bytes']}, sets={st['sets']})"
+        )
+
+
+_native_devices: dict[str, Any] = {}
+_native_lock = threading.Lock()
+
+
+def _open_native(kind: str) -> Any:
+    with _native_lock:
+        dev = _native_devices.get(kind)
+        if dev is None:
+            dev = _core.NativeDevice.open(kind)
+            _native_devices[kind] = dev
+        return dev
+
+
+class Device:
+    """A device: ``Device("host")`` or ``Device("metal")``; one native device
+    per kind and process, so residency accounting is shared."""
+
+    def __init__(self, kind: str = "host") -> None:
+        if kind not in ("host", "metal"):
+            raise ValueError(f"unknown device kind {kind!r}; expected 'host' or 'metal'")
+        self._native = _open_native(kind)
+        self.residency = Residency(self)
+
+    @classmethod
+    def default(cls) -> "Device":
+        """Metal on Apple when available, else the host."""
+        if sys.platform == "darwin":
+            try:
+                return cls("metal")
+            except DeviceError:
+                pass
+        return cls("host")
+
+    @property
+    def kind(self) -> str:
+        return str(self._native.kind)
+
+    @property
+    def name(self) -> str:
+        return str(self._native.name)
+
+    @property
+    def residency_enabled(self) -> bool:
+        return bool(self._native.residency_enabled)
+
+    @property
+    def page_size(self) -> int:
+        return int(self._native.page_size)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Device) and other._native is self._native
+
+    def __hash__(self) -> int:
+        return id(self._native)
+
+    def __repr__(self) -> str:
+        return f"hf2q.Device({self.kind!r}, name={self.name!r}, residency_enabled={self.residency_enabled})"
+
+    # ---------------------------------------------------------------- buffers
+
+    def alloc(self, shape: Sequence[int] | int, dtype: str) -> Buffer:
+        """A zero-filled buffer of logical ``shape`` and ``dtype`` (one of
+        :data:`DTYPES`), registered in the residency set unless
+        ``HF2Q_NO_RESIDENCY=1``."""
+        native = self._native.alloc(list(_shape(shape)), _dtype_name(dtype))
+        return Buffer(native, self)
+
+    def _own(self, buf: Buffer) -> None:
+        if not isinstance(buf, Buffer):
+            raise TypeError(f"expected an hf2q.Buffer, got {type(buf).__name__}")
+        if buf._device._native is not self._native:
+            raise DeviceError(
+                f"buffer belongs to the {buf._device.kind} device, not to this {self.kind} device"
+            )
+
+    # ---------------------------------------------------------------- uploads
+
+    @staticmethod
+    def _source(src: Any, src_dtype: str | None, to: str) -> tuple[np.ndarray, str, tuple[int, ...]]:
+        arr = as_byte_array(src)
+        if arr.dtype in _NUMPY_SRC:
+            inferred = _NUMPY_SRC[arr.dtype]
+            if src_dtype is not None and src_dtype != inferred:
+                raise TypeError(f"src has dtype {arr.dtype} but src_dtype={src_dtype!r} was given")
+            return arr.reshape(-1).view(U8), inferred, tuple(arr.shape)
+        if arr.dtype not in (U8, np.dtype(np.uint16)):
+            raise TypeError(f"src must be float32, float16, bfloat16 or raw bytes, got dtype {arr.dtype}")
+        if src_dtype is None:
+            if to == "q8_0":
+                raise TypeError("raw src needs src_dtype ('f32', 'f16' or 'bf16') to be quantized")
+            src_dtype = to
+        _dtype_name(src_dtype)
+        flat = arr.reshape(-1).view(U8)
+        if src_dtype == "q8_0":
+            return flat, src_dtype, (flat.size // 34 * 32,)
+        itemsize = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "u8": 1}[src_dtype]
+        if flat.size % itemsize:
+            raise ValueError(f"src holds {flat.size} bytes: not a multiple of the {src_dtype} element size {itemsize}")
+        return flat, src_dtype, (flat.size // itemsize,)
+
+    @staticmethod
+    def _check_result(result: tuple[int, int], shape: tuple[int, ...], name: str | None,
+                      src_view: np.ndarray | None = None) -> None:
+        first_bad, inf_scales = result
+        if first_bad >= 0:
+            multi = tuple(int(i) for i in np.unravel_index(first_bad, shape)) if len(shape) > 1 else None
+            cls = "nan"
+            if src_view is not None:
+                from ._arrays import value_class
+
+                cls = value_class(float(src_view.reshape(-1)[first_bad]))
+            where = f" in '{name}'" if name else ""
+            pos = f" {multi}" if multi is not None else ""
+            raise NonFiniteError(
+                f"non-finite input{where} at flat index {first_bad}{pos}: {cls}",
+                index=first_bad, multi_index=multi, value_class=cls, tensor=name,
+            )
+        if inf_scales:
+            import warnings
+
+            where = f"'{name}'" if name else "tensor"
+            warnings.warn(
+                f"{where}: {inf_scales} Q8_0 block scale(s) overflow float16 and are stored as +Inf "
+                "(as ggml's reference quantizer does)",
+                ScaleOverflowWarning,
+                stacklevel=3,
+            )
+
+    def write(self, buf: Buffer, src: Any, *, offset: int = 0, src_dtype: str | None = None,
+              name: str | None = None) -> None:
+        """Write ``src`` into ``buf`` from logical element ``offset`` on,
+        converting as needed (same dtype: raw copy; bf16/f16 -> f32;
+        f32/f16/bf16 -> q8_0, ``offset`` a multiple of 32)."""
+        self._own(buf)
+        flat, sdt, shape = self._source(src, src_dtype, buf.dtype)
+        result = self._native.write(buf._native, int(offset), flat, sdt)
+        typed = _typed_view(flat, sdt)
+        self._check_result(result, shape, name, typed)
+
+    def upload(self, src: Any, to: str | None = None, shape: Sequence[int] | None = None, *,
+               src_dtype: str | None = None, name: str | None = None) -> Buffer:
+        """A new buffer of dtype ``to`` holding ``src`` (a raw little-endian
+        buffer or an ndarray of bf16/f16/f32). Decode and quantize kernels
+        write straight into the buffer; no staging array."""
+        to = _dtype_name(to if to is not None else _NUMPY_SRC.get(getattr(src, "dtype", None), "u8"))
+        flat, sdt, src_shape = self._source(src, src_dtype, to)
+        out_shape = _shape(shape) if shape is not None else src_shape
+        buf = self.alloc(out_shape, to)
+        numel = int(np.prod(src_shape, dtype=np.int64)) if src_shape else 1
+        if buf.numel != numel:
+            raise ValueError(f"shape {out_shape} holds {buf.numel} elements but src has {numel}")
+        result = self._native.write(buf._native, 0, flat, sdt)
+        self._check_result(result, out_shape, name, _typed_view(flat, sdt))
+        return buf
+
+    def write_from_file(self, buf: Buffer, file: PathOrFd, file_offset: int, nbytes: int, src_dtype: str, *,
+                        offset: int = 0, name: str | None = None) -> None:
+        """``pread`` ``nbytes`` of ``src_dtype`` data at ``file_offset`` into
+        ``buf`` from element ``offset`` on: straight into the buffer for raw
+        copies, through small per-thread chunks for conversions, in parallel."""
+        self._own(buf)
+        _dtype_name(src_dtype)
+        if file_offset < 0 or nbytes < 0:
+            raise ValueError("file_offset and nbytes must be >= 0")
+        with _opened(file) as fd:
+            try:
+                result = self._native.read_file(buf._native, int(offset), fd, int(file_offset), int(nbytes), src_dtype)
+            except FileReadError as e:
+                what = f" for '{name}'" if name else ""
+                raise FileReadError(f"{_describe(file)}{what}: {e}") from None
+        if result[0] >= 0:
+            _raise_file_nonfinite(result[0], buf, offset, name)
+        self._check_result((-1, result[1]), buf.shape, name)
+
+    def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
+                         shape: Sequence[int], *, name: str | None = None) -> Buffer:
+        """A new buffer of dtype ``to`` and ``shape`` filled from ``nbytes`` of
+        ``src_dtype`` data at ``offset`` in a file (path or open fd)."""
+        buf = self.alloc(shape, to)
+        self.write_from_file(buf, file, offset, nbytes, src_dtype, name=name)
+        return buf
+
+    # ------------------------------------------------------------ read-back
+
+    def verify(self, buf: Buffer) -> VerifyReport:
+        """Read ``buf`` back through the device (GPU kernels on Metal, the CPU
+        kernels on the host) and compare per-group checksums with a numpy decode
+        of its bytes. Raises :class:`hf2q.DeviceError` on a mismatch."""
+        self._own(buf)
+        t0 = time.perf_counter()
+        device_sums = np.asarray(self._native.checksums(buf._native))
+        cpu_sums = reference_checksums(buf)
+        bad = np.flatnonzero(device_sums != cpu_sums)
+        seconds = time.perf_counter() - t0
+        if bad.size:
+            raise DeviceError(
+                f"read-back mismatch on the {self.kind} device for {buf!r}: {bad.size} of {cpu_sums.size} "
+                f"checksum groups differ (first: {bad[:8].tolist()})"
+            )
+        return VerifyReport(True, int(cpu_sums.size), (), seconds)
+
+
+def _typed_view(flat: np.ndarray, sdt: str) -> np.ndarray | None:
+    dt = {"f32": F32, "f16": F16, "bf16": BF16}.get(sdt)
+    return flat.view(dt) if dt is not None else None
+
+
+def _raise_file_nonfinite(index: int, buf: Buffer, offset: int, name: str | None) -> None:
+    shape = buf.shape
+    pos = int(offset) + index
+    multi = tuple(int(i) for i in np.unravel_index(pos, shape)) if len(shape) > 1 else None
+    where = f" in '{name}'" if name else ""
+    mpos = f" {multi}" if multi is not None else ""
+    raise NonFiniteError(
+        f"non-finite input{where} at flat index {pos}{mpos}",
+        index=pos, multi_index=multi, value_class="nan or inf", tensor=name,
+    )
+
+
+def _describe(file: PathOrFd) -> str:
+    return f"fd {file}" if isinstance(file, int) else os.fspath(file)
+
+
+class _opened:
+    """Context manager yielding an fd: opens a path read-only, or borrows an fd."""
+
+    def __init__(self, file: PathOrFd) -> None:
+        self._file = file
+        self._fd = -1
+        self._owned = False
+
+    def __enter__(self) -> int:
+        if isinstance(self._file, bool):
+            raise TypeError("file must be a path or an int file descriptor")
+        if isinstance(self._file, int):
+            self._fd = self._file
+        else:
+            try:
+                self._fd = os.open(os.fspath(self._file), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as e:
+                raise FileReadError(e.errno, f"cannot open {self._file!s}: {e.strerror}") from None
+            self._owned = True
+        return self._fd
+
+    def __exit__(self, *exc: object) -> None:
+        if self._owned:
+            os.close(self._fd)
+
+
+_GROUP = int(_core.VERIFY_GROUP)
+_WEIGHTS = (2 * np.arange(_GROUP, dtype=np.uint32) + 1).astype(np.uint32)
+
+
+def reference_checksums(buf: Buffer, chunk_groups: int = 4096) -> np.ndarray:
+    """Per-group checksums of ``buf``'s decoded float32 values computed with
+    numpy (:mod:`hf2q.reference` decoders), in chunks to bound memory."""
+    storage = buf._native.numpy_view().reshape(-1)
+    numel = buf.numel
+    ngroups = -(-numel // _GROUP)
+    out = np.empty(ngroups, dtype=np.uint32)
+    dtype = buf.dtype
+    for g0 in range(0, ngroups, chunk_groups):
+        g1 = min(ngroups, g0 + chunk_groups)
+        e0, e1 = g0 * _GROUP, min(numel, g1 * _GROUP)
+        if dtype in ("f32", "i32"):
+            bits = storage[e0:e1].view(np.uint32)
+        elif dtype == "bf16":
+            bits = reference.bf16_to_f32(storage[e0:e1]).view(np.uint32)
+        elif dtype == "f16":
+            bits = reference.f16_to_f32(storage[e0:e1]).view(np.uint32)
+        elif dtype == "u8":
+            bits = storage[e0:e1].astype(np.uint32)
+        else:  # q8_0: 32-element blocks of 34 bytes
+            bits = reference.dequantize_q8_0(storage[e0 // 32 * 34 : e1 // 32 * 34]).view(np.uint32)
+        padded = np.zeros((g1 - g0) * _GROUP, dtype=np.uint32)
+        padded[: bits.size] = bits
+        with np.errstate(over="ignore"):
+            out[g0:g1] = (padded.reshape(-1, _GROUP) * _WEIGHTS).sum(axis=1, dtype=np.uint32)
+    return out
+
+
+def register_weight_buffer(device: Device, buf: Buffer) -> bool:
+    """Add ``buf`` to ``device``'s residency set (idempotent). Returns whether
+    it is in a set (False when residency is disabled or over the wired budget).
+    A buffer of another device is refused with :class:`hf2q.DeviceError`."""
+    device._own(buf)
+    return bool(device._native.register_buffer(buf._native))
