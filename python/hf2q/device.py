@@ -244,6 +244,14 @@ class Device:
         self.residency = Residency(self)
 
     @classmethod
+    def _isolated(cls, kind: str = "host") -> "Device":
+        """A device with its own native instance and residency accounting (tests)."""
+        dev = cls.__new__(cls)
+        dev._native = _core.NativeDevice.open(kind)
+        dev.residency = Residency(dev)
+        return dev
+
+    @classmethod
     def default(cls) -> "Device":
         """Metal on Apple when available, else the host."""
         if sys.platform == "darwin":
@@ -367,12 +375,16 @@ class Device:
         to = _dtype_name(to if to is not None else _NUMPY_SRC.get(getattr(src, "dtype", None), "u8"))
         flat, sdt, src_shape = self._source(src, src_dtype, to)
         out_shape = _shape(shape) if shape is not None else src_shape
+        numel, want = _numel(src_shape), _numel(out_shape)
+        if want != numel:
+            raise ValueError(f"shape {out_shape} holds {want} elements but src has {numel}")
         buf = self.alloc(out_shape, to)
-        numel = int(np.prod(src_shape, dtype=np.int64)) if src_shape else 1
-        if buf.numel != numel:
-            raise ValueError(f"shape {out_shape} holds {buf.numel} elements but src has {numel}")
-        result = self._native.write(buf._native, 0, flat, sdt)
-        self._check_result(result, out_shape, name, _typed_view(flat, sdt))
+        try:
+            result = self._native.write(buf._native, 0, flat, sdt)
+            self._check_result(result, out_shape, name, _typed_view(flat, sdt))
+        except BaseException as e:
+            del buf  # free now, not when the traceback's frames go
+            raise _detached(e)
         return buf
 
     def write_from_file(self, buf: Buffer, file: PathOrFd, file_offset: int, nbytes: int, src_dtype: str, *,
@@ -399,7 +411,11 @@ class Device:
         """A new buffer of dtype ``to`` and ``shape`` filled from ``nbytes`` of
         ``src_dtype`` data at ``offset`` in a file (path or open fd)."""
         buf = self.alloc(shape, to)
-        self.write_from_file(buf, file, offset, nbytes, src_dtype, name=name)
+        try:
+            self.write_from_file(buf, file, offset, nbytes, src_dtype, name=name)
+        except BaseException as e:
+            del buf  # inner frames in the traceback would keep it alive
+            raise _detached(e)
         return buf
 
     # ------------------------------------------------------------ read-back
@@ -420,6 +436,21 @@ class Device:
                 f"checksum groups differ (first: {bad[:8].tolist()})"
             )
         return VerifyReport(True, int(cpu_sums.size), (), seconds)
+
+
+def _detached(e: BaseException) -> BaseException:
+    """`e` without the frames (traceback, chained exceptions) that would keep a
+    failed upload's buffer alive until the exception is cleared."""
+    e.__context__ = None
+    e.__cause__ = None
+    return e.with_traceback(None)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _typed_view(flat: np.ndarray, sdt: str) -> np.ndarray | None:
