@@ -9,7 +9,10 @@
 #include <cstring>
 #include <mutex>
 
+#include <atomic>
+
 #include "backend.h"
+#include "kernels/thread_pool.h"
 #include "verify.h"
 
 #if defined(__linux__) && !defined(MADV_POPULATE_WRITE)
@@ -18,6 +21,9 @@
 
 namespace hf2q::device {
 namespace {
+
+constexpr std::size_t kHugePage = 2u << 20;
+constexpr std::size_t kWireChunk = 32u << 20;  // a multiple of kHugePage and of every page size
 
 class HostBackend final : public Backend {
  public:
@@ -33,10 +39,29 @@ class HostBackend final : public Backend {
   const BackendInfo& info() const override { return info_; }
 
   void* allocate(std::size_t len, void** handle) override {
-    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+    // Large buffers start on a 2 MiB boundary so the kernel can back them
+    // with transparent huge pages: 512x fewer faults when they are populated.
+    const bool huge = len >= kHugePage;
+    std::size_t map_len = len;
+    if (huge && __builtin_add_overflow(len, kHugePage, &map_len)) {
+      throw DeviceError("cannot allocate " + std::to_string(len) + " bytes of host memory: size overflows");
+    }
+    void* raw = ::mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) {
       const int err = errno;
       throw DeviceError("cannot allocate " + std::to_string(len) + " bytes of host memory: " + std::strerror(err));
+    }
+    auto* p = static_cast<std::uint8_t*>(raw);
+    if (huge) {
+      const auto addr = reinterpret_cast<std::uintptr_t>(p);
+      const std::size_t head = (kHugePage - addr % kHugePage) % kHugePage;
+      if (head) ::munmap(p, head);
+      const std::size_t tail = map_len - head - len;
+      if (tail) ::munmap(p + head + len, tail);
+      p += head;
+#if defined(MADV_HUGEPAGE)
+      ::madvise(p, len, MADV_HUGEPAGE);
+#endif
     }
     *handle = p;  // anonymous mappings are zero-filled
     return p;
@@ -54,10 +79,17 @@ class HostBackend final : public Backend {
   void set_destroy(int) noexcept override {}
 
   bool wire(void*, void* ptr, std::size_t len) override {
-    if (::mlock(ptr, len) == 0) return true;  // mlock faults the pages in
-    const int err = errno;
-    note_refusal(err);
-    prefault(static_cast<std::uint8_t*>(ptr), len);
+    // mlock faults the pages in; split over the pool, since populating fresh
+    // memory (the kernel zeroes every page) is CPU work, not I/O.
+    auto* p = static_cast<std::uint8_t*>(ptr);
+    std::atomic<int> failure{0};
+    parallel_for(len, kWireChunk, [&](std::size_t b, std::size_t e) {
+      if (failure.load() == 0 && ::mlock(p + b, e - b) != 0) failure.store(errno ? errno : EPERM);
+    });
+    if (failure.load() == 0) return true;
+    ::munlock(p, len);  // undo the chunks that did lock
+    note_refusal(failure.load());
+    prefault(p, len);
     return false;
   }
 
@@ -70,16 +102,18 @@ class HostBackend final : public Backend {
 
  private:
   void prefault(std::uint8_t* p, std::size_t len) {
-#if defined(__linux__)
-    if (::madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
-#endif
-    // Read then write back the same byte: a read alone would map the shared
-    // zero page, a constant write would destroy data already loaded.
     const std::size_t page = info_.page_size;
-    for (std::size_t off = 0; off < len; off += page) {
-      volatile std::uint8_t* q = p + off;
-      *q = *q;
-    }
+    parallel_for(len, kWireChunk, [&](std::size_t b, std::size_t e) {
+#if defined(__linux__)
+      if (::madvise(p + b, e - b, MADV_POPULATE_WRITE) == 0) return;
+#endif
+      // Read then write back the same byte: a read alone would map the shared
+      // zero page, a constant write would destroy data already loaded.
+      for (std::size_t off = b; off < e; off += page) {
+        volatile std::uint8_t* q = p + off;
+        *q = *q;
+      }
+    });
   }
 
   void note_refusal(int err) {
