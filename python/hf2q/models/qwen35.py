@@ -1,0 +1,104 @@
+"""Qwen3.5 / Qwen3.6 MoE (``qwen35moe``): config, tensor plan and reference transforms.
+
+The model-independent half of the loader (spec qwen35moe.md):
+
+- :class:`Qwen35Config` — ``config.json`` (incl. the multimodal ``text_config`` nesting);
+- :func:`plan_qwen35_moe` — the ordered :class:`PlannedTensor` list from tensor
+  metadata (names, dtypes, shapes; no bytes), with validation;
+- :func:`hf_name_to_gguf` / :func:`checkpoint_targets` — the §4 name table;
+- numpy reference transforms (:func:`transform_tensor`, :func:`convert_reference`,
+  :func:`stack_experts_reference`, the V-head reorders, ...).
+"""
+
+from __future__ import annotations
+
+from .qwen35_config import (
+    DEFAULT_MROPE_SECTION,
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    MODEL_TYPES,
+    LayerKind,
+    Qwen35Config,
+)
+from .qwen35_plan import (
+    DEVICE_DTYPES,
+    SOURCE_DTYPES,
+    DeviceDtype,
+    DuplicateTensorError,
+    MixedExpertFormsError,
+    PlannedTensor,
+    Qwen35Plan,
+    SourcePiece,
+    TensorKind,
+    Transform,
+    UnknownTensorError,
+    checkpoint_targets,
+    hf_name_to_gguf,
+    is_multimodal_tensor,
+    plan_qwen35_moe,
+    select_device_dtype,
+)
+from .qwen35_transforms import (
+    a_log_to_ssm_a,
+    as_source_array,
+    convert_reference,
+    device_nbytes,
+    norm_plus_one,
+    reorder_conv1d,
+    reorder_in_proj_ab,
+    reorder_in_proj_qkv,
+    reorder_in_proj_z,
+    reorder_out_proj,
+    reorder_per_head,
+    reorder_v_heads,
+    split_gate_up,
+    squeeze_conv1d,
+    stack_experts_reference,
+    to_device_dtype,
+    transform_tensor,
+)
+
+__all__ = [
+    # config
+    "Qwen35Config",
+    "LayerKind",
+    "LINEAR_ATTENTION",
+    "FULL_ATTENTION",
+    "MODEL_TYPES",
+    "DEFAULT_MROPE_SECTION",
+    # plan
+    "plan_qwen35_moe",
+    "Qwen35Plan",
+    "PlannedTensor",
+    "SourcePiece",
+    "Transform",
+    "TensorKind",
+    "DeviceDtype",
+    "SOURCE_DTYPES",
+    "DEVICE_DTYPES",
+    "hf_name_to_gguf",
+    "checkpoint_targets",
+    "is_multimodal_tensor",
+    "select_device_dtype",
+    "UnknownTensorError",
+    "DuplicateTensorError",
+    "MixedExpertFormsError",
+    # transforms
+    "reorder_v_heads",
+    "reorder_in_proj_qkv",
+    "reorder_in_proj_z",
+    "reorder_in_proj_ab",
+    "reorder_per_head",
+    "reorder_conv1d",
+    "reorder_out_proj",
+    "a_log_to_ssm_a",
+    "norm_plus_one",
+    "squeeze_conv1d",
+    "split_gate_up",
+    "stack_experts_reference",
+    "as_source_array",
+    "transform_tensor",
+    "to_device_dtype",
+    "convert_reference",
+    "device_nbytes",
+]

@@ -1,0 +1,282 @@
+"""Numpy reference transforms for Qwen3.5/3.6 MoE tensors (spec qwen35moe.md §3).
+
+Each function turns source arrays into the final *logical* array of one
+planned tensor (before the device dtype is applied). They are the readable
+reference: the streaming loader reuses them for small tensors and must match
+them bit for bit when it streams experts straight into device buffers.
+
+Dtypes: permutations, splits, squeezes and stacks keep the source dtype (BF16
+stays exact); ``A_log -> ssm_a`` and the ``+1`` norms widen to float32 first.
+Arrays are numpy arrays of ``ml_dtypes.bfloat16``, ``float16`` or ``float32``;
+raw ``uint16`` BF16/F16 bits are accepted where the planned source dtype says
+which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from .._arrays import BF16, F16, F32, U16
+
+if TYPE_CHECKING:
+    from .qwen35_config import Qwen35Config
+    from .qwen35_plan import PlannedTensor
+
+__all__ = [
+    "reorder_v_heads",
+    "reorder_in_proj_qkv",
+    "reorder_in_proj_z",
+    "reorder_in_proj_ab",
+    "reorder_per_head",
+    "reorder_conv1d",
+    "reorder_out_proj",
+    "a_log_to_ssm_a",
+    "norm_plus_one",
+    "squeeze_conv1d",
+    "split_gate_up",
+    "stack_experts_reference",
+    "as_source_array",
+    "transform_tensor",
+    "to_device_dtype",
+    "convert_reference",
+    "device_nbytes",
+]
+
+_NP_DTYPE = {"BF16": BF16, "F16": F16, "F32": F32}
+
+
+# --------------------------------------------------------------------------- V-head reorder
+def reorder_v_heads(x: np.ndarray, axis: int, num_k_heads: int, num_v_per_k: int, head_dim: int) -> np.ndarray:
+    """Grouped -> tiled V-head order along ``axis`` (llama.cpp ``_reorder_v_heads``).
+
+    The axis holds ``num_k_heads * num_v_per_k`` blocks of ``head_dim``; block
+    ``k * r + j`` (grouped by key head) moves to ``j * nk + k`` (tiled). A pure
+    permutation: the dtype is kept. Returns a new C-contiguous array.
+    """
+    x = np.asarray(x)
+    if axis < 0:
+        axis += x.ndim
+    n = num_k_heads * num_v_per_k * head_dim
+    if not 0 <= axis < x.ndim or x.shape[axis] != n:
+        raise ValueError(
+            f"V-head reorder: axis {axis} of shape {x.shape} must hold {num_k_heads} x {num_v_per_k} "
+            f"heads of {head_dim} = {n}"
+        )
+    shape = x.shape
+    y = x.reshape(shape[:axis] + (num_k_heads, num_v_per_k, head_dim) + shape[axis + 1:])
+    return np.ascontiguousarray(np.swapaxes(y, axis, axis + 1)).reshape(shape)
+
+
+def _r(nk: int, nv: int) -> int:
+    if nv % nk:
+        raise ValueError(f"linear_num_value_heads {nv} is not a multiple of linear_num_key_heads {nk}")
+    return nv // nk
+
+
+def reorder_in_proj_qkv(x: np.ndarray, nk: int, nv: int, dk: int, dv: int) -> np.ndarray:
+    """``in_proj_qkv`` [C, H]: only the V rows (after ``2*nk*dk``) are reordered, dv rows per head."""
+    qk = 2 * nk * dk
+    if x.ndim != 2 or x.shape[0] != qk + nv * dv:
+        raise ValueError(f"in_proj_qkv of shape {x.shape}: expected [{qk + nv * dv}, H]")
+    return np.concatenate([x[:qk], reorder_v_heads(x[qk:], 0, nk, _r(nk, nv), dv)], axis=0)
+
+
+def reorder_in_proj_z(x: np.ndarray, nk: int, nv: int, dv: int) -> np.ndarray:
+    """``in_proj_z`` [nv*dv, H]: rows, dv per head."""
+    return reorder_v_heads(x, 0, nk, _r(nk, nv), dv)
+
+
+def reorder_in_proj_ab(x: np.ndarray, nk: int, nv: int) -> np.ndarray:
+    """``in_proj_a`` / ``in_proj_b`` [nv, H]: rows, one per head."""
+    return reorder_v_heads(x, 0, nk, _r(nk, nv), 1)
+
+
+def reorder_per_head(x: np.ndarray, nk: int, nv: int) -> np.ndarray:
+    """``A_log`` / ``dt_bias`` [nv]: one element per head (along the last axis)."""
+    return reorder_v_heads(x, -1, nk, _r(nk, nv), 1)
+
+
+def reorder_conv1d(x: np.ndarray, nk: int, nv: int, dk: int, dv: int) -> np.ndarray:
+    """Squeezed ``conv1d`` [C, K]: only the V channels (after ``2*nk*dk``), dv per head."""
+    qk = 2 * nk * dk
+    if x.ndim != 2 or x.shape[0] != qk + nv * dv:
+        raise ValueError(f"conv1d of shape {x.shape}: expected squeezed [{qk + nv * dv}, K]")
+    return np.concatenate([x[:qk], reorder_v_heads(x[qk:], 0, nk, _r(nk, nv), dv)], axis=0)
+
+
+def reorder_out_proj(x: np.ndarray, nk: int, nv: int, dv: int) -> np.ndarray:
+    """``out_proj`` [H, nv*dv]: columns, dv per head."""
+    return reorder_v_heads(x, 1, nk, _r(nk, nv), dv)
+
+
+# --------------------------------------------------------------------------- value transforms
+def _widen(x: np.ndarray) -> np.ndarray:
+    """BF16/F16/F32 -> float32, exactly (BF16: bits << 16; F16: IEEE)."""
+    x = np.asarray(x)
+    if x.dtype not in (BF16, F16, F32):
+        raise TypeError(f"expected a bfloat16, float16 or float32 array, got {x.dtype}")
+    return x.astype(F32)
+
+
+def a_log_to_ssm_a(x: np.ndarray) -> np.ndarray:
+    """``ssm_a = -exp(A_log)`` in float32.
+
+    The source is widened exactly to float32; ``exp`` is evaluated in float64
+    and rounded once to float32, i.e. the correctly rounded float32 result
+    (llama.cpp uses torch's float32 ``exp``; the spec allows 1 ULP between them).
+    """
+    a = _widen(x).astype(np.float64)
+    return np.negative(np.exp(a).astype(F32))
+
+
+def norm_plus_one(x: np.ndarray) -> np.ndarray:
+    """Zero-centred RMSNorm weight -> ``w + 1``: widen to float32, add ``1.0f`` in float32."""
+    return np.add(_widen(x), np.float32(1.0), dtype=F32)
+
+
+def squeeze_conv1d(x: np.ndarray) -> np.ndarray:
+    """``conv1d.weight`` [C, 1, K] -> [C, K] (a 2-D [C, K] passes through)."""
+    x = np.asarray(x)
+    if x.ndim == 2:
+        return x
+    if x.ndim != 3 or x.shape[1] != 1:
+        raise ValueError(f"conv1d weight of shape {x.shape}: expected [C, 1, K]")
+    return x.reshape(x.shape[0], x.shape[2])
+
+
+def split_gate_up(x: np.ndarray, half: Literal["gate", "up"]) -> np.ndarray:
+    """Fused ``experts.gate_up_proj`` [E, 2I, H] -> gate ``[:, :I, :]`` (first half) or up ``[:, I:, :]``."""
+    x = np.asarray(x)
+    if x.ndim != 3 or x.shape[1] % 2:
+        raise ValueError(f"experts.gate_up_proj of shape {x.shape}: expected [E, 2*I, H]")
+    n = x.shape[1] // 2
+    if half == "gate":
+        return np.ascontiguousarray(x[:, :n, :])
+    if half == "up":
+        return np.ascontiguousarray(x[:, n:, :])
+    raise ValueError(f"half must be 'gate' or 'up', got {half!r}")
+
+
+def stack_experts_reference(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Stack per-expert matrices (expert 0 first) on a new axis 0: [E, rows, cols].
+
+    All experts must share shape and dtype (the dtype is kept).
+    """
+    if len(arrays) == 0:
+        raise ValueError("no experts to stack")
+    arrs = [np.asarray(a) for a in arrays]
+    first = arrs[0]
+    for e, a in enumerate(arrs):
+        if a.shape != first.shape:
+            raise ValueError(f"expert {e} has shape {a.shape}, expert 0 has {first.shape}")
+        if a.dtype != first.dtype:
+            raise ValueError(f"expert {e} has dtype {a.dtype}, expert 0 has {first.dtype}")
+    return np.stack(arrs, axis=0)
+
+
+# --------------------------------------------------------------------------- planned tensors
+def as_source_array(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """View a source array as its checkpoint dtype (``"BF16"``/``"F16"``/``"F32"``):
+    raw ``uint16`` bits become bfloat16/float16, typed arrays must match."""
+    want = _NP_DTYPE.get(dtype)
+    if want is None:
+        raise TypeError(f"unsupported source dtype {dtype!r}")
+    a = np.asarray(arr)
+    if a.dtype == want:
+        return a
+    if a.dtype == U16 and want.itemsize == 2:
+        return a.view(want)
+    raise TypeError(f"source array has dtype {a.dtype}, the checkpoint says {dtype}")
+
+
+def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen35Config) -> np.ndarray:
+    """The final logical array of ``pt`` from its sources' arrays (in ``pt.sources`` order).
+
+    Applies ``pt.transforms`` in order and checks the result has ``pt.shape``.
+    The result keeps the source dtype unless a transform widens it to float32
+    (``norm_plus_one``, ``neg_exp``); :func:`to_device_dtype` does the rest.
+    """
+    from .qwen35_plan import Transform as T  # noqa: N817 (local import: plan imports this module)
+
+    if len(arrays) != len(pt.sources):
+        raise ValueError(f"{pt.gguf_name}: {len(pt.sources)} sources, got {len(arrays)} arrays")
+    srcs = []
+    for piece, a in zip(pt.sources, arrays):
+        a = as_source_array(a, piece.dtype)
+        if tuple(a.shape) != tuple(piece.shape):
+            raise ValueError(f"{pt.gguf_name}: source {piece.name} has shape {a.shape}, planned {piece.shape}")
+        srcs.append(a)
+
+    nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    x: np.ndarray | None = srcs[0] if len(srcs) == 1 else None
+    for tag in pt.transforms:
+        if tag == T.FUSED_SPLIT:
+            half = pt.sources[0].half
+            assert half is not None
+            x = split_gate_up(srcs[0], half)
+        elif tag == T.STACK_EXPERTS:
+            order = sorted(range(len(srcs)), key=lambda i: pt.sources[i].expert)  # type: ignore[arg-type, return-value]
+            x = stack_experts_reference([srcs[i] for i in order])
+        elif tag == T.NORM_PLUS_ONE:
+            x = norm_plus_one(x)
+        elif tag == T.SQUEEZE_CONV1D:
+            x = squeeze_conv1d(x)
+        elif tag == T.REORDER_V_QKV:
+            x = reorder_in_proj_qkv(x, nk, nv, dk, dv)
+        elif tag == T.REORDER_V_ROWS:
+            x = reorder_in_proj_z(x, nk, nv, dv)
+        elif tag == T.REORDER_V_HEADS:
+            x = reorder_per_head(x, nk, nv) if x.ndim == 1 else reorder_in_proj_ab(x, nk, nv)
+        elif tag == T.REORDER_V_CONV1D:
+            x = reorder_conv1d(x, nk, nv, dk, dv)
+        elif tag == T.REORDER_V_COLS:
+            x = reorder_out_proj(x, nk, nv, dv)
+        elif tag == T.NEG_EXP:
+            x = a_log_to_ssm_a(x)
+        else:  # pragma: no cover - the plan only emits known tags
+            raise ValueError(f"{pt.gguf_name}: unknown transform {tag!r}")
+    assert x is not None
+    if tuple(x.shape) != tuple(pt.shape):
+        raise ValueError(f"{pt.gguf_name}: transforms produced shape {x.shape}, planned {pt.shape}")
+    return np.ascontiguousarray(x)
+
+
+def to_device_dtype(x: np.ndarray, dtype: str, *, name: str | None = None) -> np.ndarray:
+    """Logical array -> device representation: ``"f32"`` float32 (exact widening),
+    ``"bf16"`` bfloat16 (exact from BF16; round-to-nearest-even from F16/F32),
+    ``"q8_0"`` ggml Q8_0 bytes (uint8, gguf-py layout ``shape[:-1] + (last/32*34,)``)."""
+    x = np.asarray(x)
+    if dtype == "f32":
+        return _widen(x) if x.dtype != F32 else np.ascontiguousarray(x)
+    if dtype == "bf16":
+        return np.ascontiguousarray(x if x.dtype == BF16 else _widen(x).astype(BF16))
+    if dtype == "q8_0":
+        from .. import ops
+
+        return ops.quantize_q8_0(np.ascontiguousarray(x), name=name)
+    raise ValueError(f"unknown device dtype {dtype!r}")
+
+
+def convert_reference(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen35Config) -> np.ndarray:
+    """Reference end-to-end conversion of one planned tensor: transforms, then ``pt.dtype``."""
+    return to_device_dtype(transform_tensor(pt, arrays, cfg), pt.dtype, name=pt.gguf_name)
+
+
+def device_nbytes(shape: Sequence[int], dtype: str) -> int:
+    """Bytes a tensor of logical ``shape`` takes in device ``dtype`` (Q8_0: numel/32*34)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if dtype == "f32":
+        return 4 * n
+    if dtype == "bf16":
+        return 2 * n
+    if dtype == "q8_0":
+        if not shape or shape[-1] % 32:
+            raise ValueError(f"Q8_0 needs a last dimension that is a multiple of 32, got shape {tuple(shape)}")
+        return n // 32 * 34
+    raise ValueError(f"unknown device dtype {dtype!r}")
