@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
 __all__ = [
     "Hf2qError",
     "NonFiniteError",
@@ -10,6 +14,7 @@ __all__ = [
     "SafetensorsError",
     "ConfigError",
     "ManifestError",
+    "ManifestProblem",
     "MissingTensorError",
     "ExtraTensorError",
     "DtypeMismatchError",
@@ -53,15 +58,83 @@ class ScaleOverflowWarning(UserWarning):
 
 
 class SafetensorsError(Hf2qError):
-    """A safetensors file or checkpoint broke a rule of the format."""
+    """A safetensors file or checkpoint broke a rule of the format.
+
+    ``code`` names the rule: one of the reference implementation's error names
+    (``HeaderTooSmall``, ``HeaderTooLarge``, ``InvalidHeaderLength``,
+    ``InvalidHeader``, ``InvalidHeaderDeserialization``, ``InvalidOffset``,
+    ``ValidationOverflow``, ``MisalignedSlice``, ``TensorInvalidInfo``,
+    ``MetadataIncompleteBuffer``), hf2q's ``DuplicateKey``, a checkpoint/index
+    code (``InvalidIndex``, ``InvalidShardName``, ``MissingShard``,
+    ``TensorNotInShard``, ``TensorNotInIndex``, ``DuplicateTensor``,
+    ``NoCheckpoint``), or an I/O code (``Io``, ``FileTruncated``,
+    ``NotAFile``). ``path`` is the file concerned and ``tensor`` the tensor's
+    name, when there is one. The message names all three.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        path: str | os.PathLike[str] | None = None,
+        tensor: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.path = None if path is None else os.fspath(path)
+        self.tensor = tensor
 
 
 class ConfigError(Hf2qError, ValueError):
-    """A model config.json is missing a field or is inconsistent."""
+    """A model config.json is missing a field or is inconsistent.
+
+    ``key`` is the config key concerned (dotted for nested keys, e.g.
+    ``dflash_config.target_layer_ids``) and ``rule`` the number of the model's
+    validation rule that failed, when these apply.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, rule: int | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class ManifestProblem:
+    """One mismatch between a checkpoint and a model manifest.
+
+    ``kind`` is ``"extra"``, ``"missing"``, ``"dtype"`` or ``"shape"``;
+    ``expected``/``actual`` are human-readable (``"absent"`` where the tensor
+    does not exist on that side).
+    """
+
+    kind: str
+    tensor: str
+    expected: str
+    actual: str
+
+    def __str__(self) -> str:
+        label = {
+            "extra": "extra tensor",
+            "missing": "missing tensor",
+            "dtype": "dtype mismatch",
+            "shape": "shape mismatch",
+        }.get(self.kind, self.kind)
+        return f"{label} '{self.tensor}': expected {self.expected}, actual {self.actual}"
 
 
 class ManifestError(Hf2qError):
-    """A checkpoint's tensors do not match the model's expected manifest."""
+    """A checkpoint's tensors do not match the model's expected manifest.
+
+    ``problems`` lists every mismatch found (sorted by kind, then tensor name);
+    the class raised is that of the first kind present, in the order
+    extra -> missing -> dtype -> shape.
+    """
+
+    def __init__(self, message: str, problems: Sequence[ManifestProblem] = ()) -> None:
+        super().__init__(message)
+        self.problems: list[ManifestProblem] = list(problems)
 
 
 class ExtraTensorError(ManifestError):

@@ -1,0 +1,945 @@
+"""A strict safetensors reader and checkpoint opener (spec: safetensors.md).
+
+hf2q parses safetensors headers itself and enforces the reference (Rust
+``safetensors`` crate) rule set, plus duplicate-key rejection, before any
+tensor byte is read. Tensor bytes are then moved with ``pread`` straight into a
+caller-supplied buffer: no mmap (a file truncated under a mapping raises
+SIGBUS), EINTR and short reads retried, EOF before the expected end reported as
+:class:`~hf2q.SafetensorsError`.
+
+::
+
+    with hf2q.safetensors.open("model.safetensors") as f:
+        info = f["fc.weight"]          # TensorInfo(name, dtype, shape, offset, nbytes, path)
+        f.read_into("fc.weight", buf)  # any writable C-contiguous buffer of info.nbytes bytes
+
+    with hf2q.safetensors.open_checkpoint("drafter/") as ckpt:   # file, directory or index
+        for name in ckpt.keys(): ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import weakref
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, Union, cast
+
+import numpy as np
+
+from .errors import SafetensorsError
+
+__all__ = [
+    "DTYPE_BITS",
+    "INDEX_FILE_NAME",
+    "MAX_HEADER_SIZE",
+    "SINGLE_FILE_NAME",
+    "Checkpoint",
+    "SafetensorsFile",
+    "TensorInfo",
+    "open",
+    "open_checkpoint",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+_Buf = TypeVar("_Buf")
+
+#: Bits per element of every dtype code the format knows (spec §2).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E4M3": 8,
+    "F8_E5M2": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+}
+
+#: Largest accepted header length N (decimal bytes), as the reference crate.
+MAX_HEADER_SIZE = 100_000_000
+U64_MAX = (1 << 64) - 1
+INDEX_FILE_NAME = "model.safetensors.index.json"
+SINGLE_FILE_NAME = "model.safetensors"
+#: Large reads are split into chunks of this size, served by a small thread pool.
+READ_CHUNK_BYTES = 32 << 20
+READ_THREADS = 4
+_MAX_INDEX_BYTES = 100_000_000
+
+# Error codes (spec §3), in rule order; DuplicateKey is hf2q's addition.
+HEADER_TOO_SMALL = "HeaderTooSmall"
+HEADER_TOO_LARGE = "HeaderTooLarge"
+INVALID_HEADER_LENGTH = "InvalidHeaderLength"
+INVALID_HEADER = "InvalidHeader"
+INVALID_HEADER_DESERIALIZATION = "InvalidHeaderDeserialization"
+DUPLICATE_KEY = "DuplicateKey"
+INVALID_OFFSET = "InvalidOffset"
+VALIDATION_OVERFLOW = "ValidationOverflow"
+MISALIGNED_SLICE = "MisalignedSlice"
+TENSOR_INVALID_INFO = "TensorInvalidInfo"
+METADATA_INCOMPLETE_BUFFER = "MetadataIncompleteBuffer"
+# I/O and checkpoint codes.
+IO_ERROR = "Io"
+NOT_A_FILE = "NotAFile"
+FILE_TRUNCATED = "FileTruncated"
+NO_CHECKPOINT = "NoCheckpoint"
+INVALID_INDEX = "InvalidIndex"
+INVALID_SHARD_NAME = "InvalidShardName"
+MISSING_SHARD = "MissingShard"
+TENSOR_NOT_IN_SHARD = "TensorNotInShard"
+TENSOR_NOT_IN_INDEX = "TensorNotInIndex"
+DUPLICATE_TENSOR = "DuplicateTensor"
+
+_NUMPY_DTYPES: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "I16": np.int16,
+    "U16": np.uint16,
+    "F16": np.float16,
+    "I32": np.int32,
+    "U32": np.uint32,
+    "F32": np.float32,
+    "I64": np.int64,
+    "U64": np.uint64,
+    "F64": np.float64,
+    "C64": np.complex64,
+}
+
+
+def _numpy_dtype(code: str) -> np.dtype | None:
+    if code in _NUMPY_DTYPES:
+        return np.dtype(_NUMPY_DTYPES[code]).newbyteorder("<")
+    import ml_dtypes
+
+    attr = {
+        "BF16": "bfloat16",
+        "F8_E4M3": "float8_e4m3fn",
+        "F8_E5M2": "float8_e5m2",
+        "F8_E8M0": "float8_e8m0fnu",
+        "F8_E4M3FNUZ": "float8_e4m3fnuz",
+        "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    }.get(code)
+    if attr is None or not hasattr(ml_dtypes, attr):
+        return None
+    return np.dtype(getattr(ml_dtypes, attr))
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives. ``offset`` is the **absolute** file offset of its
+    first byte (``8 + N + begin``); ``nbytes`` its byte length; ``path`` the file."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements (1 for rank 0, 0 for empty tensors)."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def end(self) -> int:
+        """Absolute file offset one past the tensor's last byte."""
+        return self.offset + self.nbytes
+
+    @property
+    def bits_per_element(self) -> int:
+        return DTYPE_BITS[self.dtype]
+
+
+def _err(code: str, path: str, reason: str, tensor: str | None = None) -> SafetensorsError:
+    where = f" (tensor '{tensor}')" if tensor is not None else ""
+    return SafetensorsError(f"{path}: {code}: {reason}{where}", code=code, path=path, tensor=tensor)
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+class _Obj(list):  # type: ignore[type-arg]
+    """A JSON object as its ordered (key, value) pairs, duplicates kept."""
+
+
+class _BadNumber:
+    """A JSON number that cannot be a u64 (negative, -0, fraction, exponent, > 20 digits)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _parse_int(text: str) -> int | _BadNumber:
+    # JSON forbids leading zeros, so > 20 digits is always > u64::MAX; this also
+    # keeps Python's int-digit limit out of reach. "-0" is a float to serde_json.
+    if text[0] == "-" or len(text) > 20:
+        return _BadNumber(text)
+    return int(text)
+
+
+def _reject_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not valid JSON")
+
+
+class _DuplicateTracker:
+    def __init__(self) -> None:
+        self.first: str | None = None
+
+    def hook(self, pairs: list[tuple[str, Any]]) -> _Obj:
+        if self.first is None and len(pairs) > 1:
+            seen: set[str] = set()
+            for k, _ in pairs:
+                if k in seen:
+                    self.first = k
+                    break
+                seen.add(k)
+        return _Obj(pairs)
+
+
+def _loads(text: str) -> tuple[Any, str | None]:
+    """Parse JSON keeping every pair; returns (value, first duplicate key or None).
+    Raises ValueError/RecursionError on invalid JSON."""
+    tracker = _DuplicateTracker()
+    value = json.loads(
+        text,
+        object_pairs_hook=tracker.hook,
+        parse_int=_parse_int,
+        parse_float=_BadNumber,
+        parse_constant=_reject_constant,
+    )
+    return value, tracker.first
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """True if any string (key or value) in a parsed JSON tree holds a lone
+    surrogate (``"\\ud800"``): not a Unicode scalar value, so not valid JSON text
+    for strict parsers (serde_json)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(v, _Obj):
+            for k, x in v:
+                stack.append(k)
+                stack.append(x)
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _is_u64(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= U64_MAX
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, _BadNumber):
+        return f"number {v.text}"
+    if isinstance(v, _Obj):
+        return "object"
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return type(v).__name__
+
+
+def _show(v: Any) -> str:
+    return str(v) if type(v) is int else _describe(v)
+
+
+# ----------------------------------------------------------------------------- header
+
+
+@dataclass
+class _RawEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def _validate_header(
+    n: int, header: bytes, file_size: int, path: str
+) -> tuple[dict[str, str], list[_RawEntry]]:
+    """Rules 4-11 of spec §3 (1-3 are the caller's, from the file length and N)."""
+    # Rule 4: UTF-8.
+    try:
+        text = header.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _err(INVALID_HEADER, path, f"header is not valid UTF-8 ({e.reason} at byte {8 + e.start})") from None
+
+    # Rule 5: JSON and schema.
+    def bad(reason: str, tensor: str | None = None) -> SafetensorsError:
+        return _err(INVALID_HEADER_DESERIALIZATION, path, reason, tensor)
+
+    try:
+        root, duplicate = _loads(text)
+    except (ValueError, RecursionError) as e:
+        raise bad(f"header is not valid JSON: {e}") from None
+    if not isinstance(root, _Obj):
+        raise bad(f"header must be a JSON object, got {_describe(root)}")
+    if _lone_surrogate(root):
+        raise bad("header holds a string with a lone UTF-16 surrogate escape")
+
+    metadata: dict[str, str] = {}
+    entries: list[_RawEntry] = []
+    for key, value in root:
+        if key == "__metadata__":
+            if value is None:  # serde's Option: null is "no metadata", as the reference crate
+                continue
+            if not isinstance(value, _Obj):
+                raise bad(f"__metadata__ must be an object of string -> string, got {_describe(value)}")
+            for mk, mv in value:
+                if not isinstance(mv, str):
+                    raise bad(f"__metadata__ value for key '{mk}' must be a string, got {_describe(mv)}")
+                metadata.setdefault(mk, mv)
+            continue
+        if not isinstance(value, _Obj):
+            raise bad(f"tensor entry must be an object, got {_describe(value)}", key)
+        fields: dict[str, Any] = {}
+        for fk, fv in value:
+            if fk == "dtype":
+                if not isinstance(fv, str):
+                    raise bad(f"dtype must be a string, got {_describe(fv)}", key)
+                if fv not in DTYPE_BITS:
+                    raise bad(f"unknown dtype {fv!r}", key)
+            elif fk == "shape":
+                if not isinstance(fv, list) or isinstance(fv, _Obj):
+                    raise bad(f"shape must be an array of non-negative integers, got {_describe(fv)}", key)
+                for d in fv:
+                    if not _is_u64(d):
+                        raise bad(f"shape holds {_show(d)}: dimensions must be integers in [0, 2^64)", key)
+            elif fk == "data_offsets":
+                if not isinstance(fv, list) or isinstance(fv, _Obj) or len(fv) != 2:
+                    desc = f"array of length {len(fv)}" if isinstance(fv, list) and not isinstance(fv, _Obj) else _describe(fv)
+                    raise bad(f"data_offsets must be exactly two non-negative integers, got {desc}", key)
+                for d in fv:
+                    if not _is_u64(d):
+                        raise bad(f"data_offsets holds {_show(d)}: offsets must be integers in [0, 2^64)", key)
+            else:
+                continue  # unknown fields are ignored, as serde does
+            fields.setdefault(fk, fv)
+        for required in ("dtype", "shape", "data_offsets"):
+            if required not in fields:
+                raise bad(f"tensor entry has no '{required}'", key)
+        entries.append(
+            _RawEntry(key, fields["dtype"], tuple(fields["shape"]), fields["data_offsets"][0], fields["data_offsets"][1])
+        )
+
+    # Rule 6: duplicate keys anywhere.
+    if duplicate is not None:
+        raise _err(DUPLICATE_KEY, path, f"duplicate JSON key {duplicate!r} in header")
+
+    # Rules 7-10, tensor by tensor in (begin, end) order; ties by name for determinism.
+    entries.sort(key=lambda x: (x.begin, x.end, x.name))
+    previous_end = 0
+    for ent in entries:
+        if ent.begin != previous_end:
+            raise _err(
+                INVALID_OFFSET,
+                path,
+                f"data_offsets [{ent.begin}, {ent.end}] must start at {previous_end} (the previous tensor's end): "
+                "offsets must be contiguous, without gaps or overlaps",
+                ent.name,
+            )
+        if ent.end < ent.begin:
+            raise _err(INVALID_OFFSET, path, f"data_offsets [{ent.begin}, {ent.end}] end before they begin", ent.name)
+        previous_end = ent.end
+        numel = 1
+        for d in ent.shape:
+            numel *= d
+            if numel > U64_MAX:
+                raise _err(VALIDATION_OVERFLOW, path, f"element count of shape {list(ent.shape)} overflows u64", ent.name)
+        bits = numel * DTYPE_BITS[ent.dtype]
+        if bits > U64_MAX:
+            raise _err(VALIDATION_OVERFLOW, path, f"bit size of {numel} x {ent.dtype} overflows u64", ent.name)
+        if bits % 8:
+            raise _err(
+                MISALIGNED_SLICE,
+                path,
+                f"{numel} elements of {ent.dtype} ({DTYPE_BITS[ent.dtype]} bits) is {bits} bits, not a whole number of bytes",
+                ent.name,
+            )
+        if ent.end - ent.begin != bits // 8:
+            raise _err(
+                TENSOR_INVALID_INFO,
+                path,
+                f"data_offsets [{ent.begin}, {ent.end}] span {ent.end - ent.begin} bytes but {ent.dtype} {list(ent.shape)} "
+                f"needs {bits // 8}",
+                ent.name,
+            )
+
+    # Rule 11: the tensors cover the data section exactly.
+    expected = 8 + n + previous_end
+    if expected != file_size:
+        raise _err(
+            METADATA_INCOMPLETE_BUFFER,
+            path,
+            f"header + tensors end at byte {expected} but the file is {file_size} bytes long",
+        )
+    return metadata, entries
+
+
+# ----------------------------------------------------------------------------- I/O
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _read_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="hf2q-pread")
+        return _pool
+
+
+def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -> None:
+    """Fill ``dest`` (a writable byte memoryview) from ``fd`` at ``offset``,
+    retrying EINTR and short reads; EOF first -> SafetensorsError."""
+    total = len(dest)
+    pos = 0
+    while pos < total:
+        want = min(total - pos, READ_CHUNK_BYTES)
+        try:
+            if hasattr(os, "preadv"):
+                got = os.preadv(fd, [dest[pos : pos + want]], offset + pos)
+            else:  # pragma: no cover - platforms without preadv
+                data = os.pread(fd, want, offset + pos)
+                got = len(data)
+                dest[pos : pos + got] = data
+        except InterruptedError:  # pragma: no cover - PEP 475 retries already
+            continue
+        except OSError as e:
+            raise SafetensorsError(
+                f"{path}: {IO_ERROR}: reading {what} at offset {offset + pos}: {e}", code=IO_ERROR, path=path
+            ) from e
+        if got == 0:
+            raise SafetensorsError(
+                f"{path}: {FILE_TRUNCATED}: file shrank/truncated: end of file at byte {offset + pos} while reading "
+                f"{what} (bytes {offset}..{offset + total})",
+                code=FILE_TRUNCATED,
+                path=path,
+            )
+        pos += got
+
+
+def _as_writable_bytes(out: Any, what: str = "out") -> memoryview:
+    """A writable, C-contiguous buffer as a flat byte memoryview (no copy)."""
+    if isinstance(out, np.ndarray):
+        if not out.flags.c_contiguous:
+            raise ValueError(f"{what} must be C-contiguous")
+        if not out.flags.writeable:
+            raise ValueError(f"{what} must be writeable")
+        return memoryview(cast(Any, out.reshape(-1).view(np.uint8))) if out.size else memoryview(bytearray())
+    try:
+        mv = memoryview(out)
+    except TypeError:
+        raise TypeError(f"{what} must be a writable buffer (bytearray, numpy array, ...), got {type(out).__name__}") from None
+    if mv.readonly:
+        raise ValueError(f"{what} must be writable (got a read-only buffer)")
+    if not mv.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    return mv.cast("B") if mv.nbytes else memoryview(bytearray())
+
+
+class SafetensorsFile:
+    """One validated safetensors file with an open file descriptor.
+
+    Create with :func:`open`. The whole header is validated in the constructor;
+    tensor bytes are read only on request, with ``pread``.
+    """
+
+    def __init__(self, path: PathLike) -> None:
+        self._path = Path(os.fspath(path))
+        spath = str(self._path)
+        try:
+            flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+            fd = os.open(spath, flags)  # O_NONBLOCK: a FIFO must not block the open
+        except OSError as e:
+            raise SafetensorsError(f"{spath}: {IO_ERROR}: cannot open: {e.strerror or e}", code=IO_ERROR, path=spath) from e
+        self._fd = fd
+        self._finalizer = weakref.finalize(self, os.close, fd)
+        try:
+            self._init(spath)
+        except BaseException:
+            self.close()
+            raise
+
+    def _init(self, spath: str) -> None:
+        st = os.fstat(self._fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SafetensorsError(f"{spath}: {NOT_A_FILE}: not a regular file", code=NOT_A_FILE, path=spath)
+        size = st.st_size
+        if size < 8:
+            raise _err(HEADER_TOO_SMALL, spath, f"file is {size} bytes, shorter than the 8-byte header length")
+        prefix = bytearray(8)
+        _pread_exact(self._fd, memoryview(prefix), 0, spath, "the header length")
+        n = int.from_bytes(prefix, "little")
+        if n > MAX_HEADER_SIZE:
+            raise _err(HEADER_TOO_LARGE, spath, f"header length {n} exceeds the limit of {MAX_HEADER_SIZE} bytes")
+        if 8 + n > size:
+            raise _err(
+                INVALID_HEADER_LENGTH, spath, f"header length {n} runs past the end of the {size}-byte file"
+            )
+        header = bytearray(n)
+        if n:
+            _pread_exact(self._fd, memoryview(header), 8, spath, "the header")
+        metadata, raw = _validate_header(n, bytes(header), size, spath)
+        base = 8 + n
+        self._header_size = n
+        self._file_size = size
+        self._metadata = metadata
+        self._tensors: dict[str, TensorInfo] = {
+            e.name: TensorInfo(e.name, e.dtype, e.shape, base + e.begin, e.end - e.begin, self._path)
+            for e in sorted(raw, key=lambda e: e.name)
+        }
+
+    # -- metadata
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def header_size(self) -> int:
+        """N, the header's byte length (padding included)."""
+        return self._header_size
+
+    @property
+    def data_offset(self) -> int:
+        """Absolute offset of the data section, ``8 + N``."""
+        return 8 + self._header_size
+
+    @property
+    def file_size(self) -> int:
+        """File length when it was opened and validated."""
+        return self._file_size
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The ``__metadata__`` mapping ({} when absent)."""
+        return dict(self._metadata)
+
+    def keys(self) -> list[str]:
+        """Tensor names, sorted."""
+        return list(self._tensors)
+
+    def tensors(self) -> list[TensorInfo]:
+        """Every tensor's info, sorted by name."""
+        return list(self._tensors.values())
+
+    def items(self) -> list[tuple[str, TensorInfo]]:
+        return list(self._tensors.items())
+
+    def total_data_bytes(self) -> int:
+        """Sum of tensor byte lengths (= file size - 8 - N)."""
+        return self._file_size - self.data_offset
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in {self._path}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._tensors))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self)} tensors"
+        return f"<hf2q.safetensors.SafetensorsFile {str(self._path)!r} {state}>"
+
+    # -- lifetime
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Close the file descriptor (idempotent)."""
+        self._finalizer()
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def fileno(self) -> int:
+        self._check_open()
+        return self._fd
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError(f"I/O on closed safetensors file {self._path}")
+
+    # -- reading
+    def read_into(self, name: str, out: Any) -> None:
+        """Read tensor ``name``'s raw bytes into ``out``: any writable C-contiguous
+        buffer of exactly ``nbytes`` bytes (numpy array of any dtype, bytearray,
+        memoryview). Large tensors are read in parallel chunks; GIL released."""
+        info = self[name]
+        self._check_open()
+        dest = _as_writable_bytes(out)
+        if len(dest) != info.nbytes:
+            raise ValueError(
+                f"out holds {len(dest)} bytes but tensor '{name}' ({info.dtype} {list(info.shape)}) has {info.nbytes}"
+            )
+        self._read_range(dest, info.offset, f"tensor '{name}'")
+
+    def read_bytes(self, name: str, out: _Buf | None = None) -> bytearray | _Buf:
+        """Tensor ``name``'s raw bytes: into ``out`` (returned) or a new bytearray."""
+        if out is None:
+            buf = bytearray(self[name].nbytes)
+            self.read_into(name, buf)
+            return buf
+        self.read_into(name, out)
+        return out
+
+    def read_array(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a new numpy array of its dtype and shape (BF16 and
+        F8 kinds via ``ml_dtypes``). Sub-byte dtypes (F4, F6) are not supported."""
+        info = self[name]
+        dt = _numpy_dtype(info.dtype)
+        if dt is None:
+            raise TypeError(f"tensor '{name}' has dtype {info.dtype}, which has no numpy equivalent")
+        arr = np.empty(info.shape, dtype=dt)
+        self.read_into(name, arr)
+        return arr
+
+    def _read_range(self, dest: memoryview, offset: int, what: str) -> None:
+        total = len(dest)
+        spath = str(self._path)
+        if total <= 2 * READ_CHUNK_BYTES:
+            _pread_exact(self._fd, dest, offset, spath, what)
+            return
+        pool = _read_pool()
+        futures = [
+            pool.submit(_pread_exact, self._fd, dest[p : p + READ_CHUNK_BYTES], offset + p, spath, what)
+            for p in range(0, total, READ_CHUNK_BYTES)
+        ]
+        first: BaseException | None = None
+        for f in futures:  # wait for all, so no worker writes into dest after we return
+            try:
+                f.result()
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                if first is None:
+                    first = e
+        if first is not None:
+            raise first
+
+
+def open(path: PathLike) -> SafetensorsFile:
+    """Open and fully validate one safetensors file (spec §3). Raises
+    :class:`~hf2q.SafetensorsError` with ``code`` set to the first rule broken."""
+    return SafetensorsFile(path)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+class Checkpoint:
+    """A validated checkpoint: one safetensors file, or the shards of a
+    ``model.safetensors.index.json``. Create with :func:`open_checkpoint`.
+
+    ``keys()`` is deterministic: shards by sorted file name, tensors by sorted
+    name within each shard. ``ckpt[name]`` is the tensor's :class:`TensorInfo`,
+    whose ``path`` names the file holding it.
+    """
+
+    def __init__(
+        self,
+        shards: list[SafetensorsFile],
+        directory: Path,
+        index_path: Path | None = None,
+        index_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self._shards = sorted(shards, key=lambda f: f.path.name)
+        self._directory = directory
+        self._index_path = index_path
+        self._index_metadata = index_metadata
+        self._where: dict[str, SafetensorsFile] = {}
+        for f in self._shards:
+            for name in f.keys():
+                self._where[name] = f
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def index_path(self) -> Path | None:
+        """The index file, or None for a single-file checkpoint."""
+        return self._index_path
+
+    @property
+    def files(self) -> list[Path]:
+        """The safetensors files, sorted by file name."""
+        return [f.path for f in self._shards]
+
+    @property
+    def shards(self) -> list[SafetensorsFile]:
+        return list(self._shards)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The index's ``metadata`` object, or the single file's ``__metadata__``."""
+        if self._index_path is not None:
+            return dict(self._index_metadata or {})
+        return self._shards[0].metadata if self._shards else {}
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def tensors(self) -> list[TensorInfo]:
+        return [f[name] for name, f in self._where.items()]
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        f = self._where.get(name)
+        if f is None:
+            raise KeyError(f"no tensor {name!r} in checkpoint {self._directory}")
+        return f[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._where))
+
+    def file_for(self, name: str) -> SafetensorsFile:
+        """The open shard holding tensor ``name``."""
+        f = self._where.get(name)
+        if f is None:
+            raise KeyError(f"no tensor {name!r} in checkpoint {self._directory}")
+        return f
+
+    def total_data_bytes(self) -> int:
+        """Sum of on-disk tensor bytes over all shards (headers excluded)."""
+        return sum(f.total_data_bytes() for f in self._shards)
+
+    def read_into(self, name: str, out: Any) -> None:
+        self.file_for(name).read_into(name, out)
+
+    def read_bytes(self, name: str, out: _Buf | None = None) -> bytearray | _Buf:
+        return self.file_for(name).read_bytes(name, out)
+
+    def read_array(self, name: str) -> np.ndarray:
+        return self.file_for(name).read_array(name)
+
+    @property
+    def closed(self) -> bool:
+        return all(f.closed for f in self._shards)
+
+    def close(self) -> None:
+        for f in self._shards:
+            f.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<hf2q.safetensors.Checkpoint {str(self._directory)!r} {len(self._shards)} files, {len(self)} tensors>"
+
+
+def _index_error(code: str, path: str, reason: str, tensor: str | None = None) -> SafetensorsError:
+    return _err(code, path, reason, tensor)
+
+
+def _bad_shard_name(name: str) -> str | None:
+    if name == "":
+        return "is empty"
+    if "/" in name or "\\" in name:
+        return "contains a path separator"
+    if name in (".", ".."):
+        return "is not a file name"
+    if "\x00" in name:
+        return "contains a NUL byte"
+    if os.path.isabs(name) or (len(name) >= 2 and name[1] == ":"):
+        return "is an absolute path"
+    return None
+
+
+def _open_index(index_path: Path) -> Checkpoint:
+    spath = str(index_path)
+    try:
+        with index_path.open("rb") as fh:
+            raw = fh.read(_MAX_INDEX_BYTES + 1)
+    except OSError as e:
+        raise SafetensorsError(f"{spath}: {IO_ERROR}: cannot read index: {e.strerror or e}", code=IO_ERROR, path=spath) from e
+    if len(raw) > _MAX_INDEX_BYTES:
+        raise _index_error(INVALID_INDEX, spath, f"index is larger than {_MAX_INDEX_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _index_error(INVALID_INDEX, spath, f"index is not valid UTF-8: {e.reason}") from None
+    try:
+        root, duplicate = _loads(text)
+    except (ValueError, RecursionError) as e:
+        raise _index_error(INVALID_INDEX, spath, f"index is not valid JSON: {e}") from None
+    if duplicate is not None:
+        raise _index_error(DUPLICATE_KEY, spath, f"duplicate JSON key {duplicate!r} in index")
+    if not isinstance(root, _Obj):
+        raise _index_error(INVALID_INDEX, spath, f"index must be a JSON object, got {_describe(root)}")
+    if _lone_surrogate(root):
+        raise _index_error(INVALID_INDEX, spath, "index holds a string with a lone UTF-16 surrogate escape")
+    top = dict(root)
+    if "weight_map" not in top:
+        raise _index_error(INVALID_INDEX, spath, "index has no 'weight_map'")
+    wm = top["weight_map"]
+    if not isinstance(wm, _Obj):
+        raise _index_error(INVALID_INDEX, spath, f"'weight_map' must be an object of string -> string, got {_describe(wm)}")
+    weight_map: dict[str, str] = {}
+    for tensor, shard in wm:
+        if not isinstance(shard, str):
+            raise _index_error(
+                INVALID_INDEX, spath, f"weight_map value must be a shard file name (string), got {_describe(shard)}", tensor
+            )
+        why = _bad_shard_name(shard)
+        if why is not None:
+            raise _index_error(
+                INVALID_SHARD_NAME, spath, f"shard name {shard!r} {why}: shards must be plain file names in the index's directory", tensor
+            )
+        weight_map[tensor] = shard
+    meta = top.get("metadata")
+    index_metadata = _plain(meta) if isinstance(meta, _Obj) else {}
+
+    directory = index_path.parent
+    by_shard: dict[str, list[str]] = {}
+    for tensor, shard in weight_map.items():
+        by_shard.setdefault(shard, []).append(tensor)
+    opened: list[SafetensorsFile] = []
+    try:
+        for shard in sorted(by_shard):
+            shard_path = directory / shard
+            if not shard_path.is_file():
+                raise _index_error(
+                    MISSING_SHARD,
+                    str(shard_path),
+                    f"shard named by index {spath} does not exist or is not a regular file",
+                    sorted(by_shard[shard])[0],
+                )
+            opened.append(open(shard_path))
+        problems: list[tuple[str, str, str, str]] = []  # (code, shard path, tensor, reason)
+        seen: dict[str, str] = {}
+        for f in opened:
+            for name in f.keys():
+                if name in seen:
+                    problems.append((DUPLICATE_TENSOR, str(f.path), name, f"tensor is also in shard {seen[name]!r}"))
+                else:
+                    seen[name] = f.path.name
+        for f in opened:
+            for name in sorted(by_shard[f.path.name]):
+                if name not in f:
+                    problems.append((TENSOR_NOT_IN_SHARD, str(f.path), name, f"index {spath} maps the tensor to this shard but it is not there"))
+        for f in opened:
+            for name in f.keys():
+                listed = weight_map.get(name)
+                if listed != f.path.name:
+                    why = "is not in the index's weight_map" if listed is None else f"is mapped by the index to shard {listed!r}"
+                    problems.append((TENSOR_NOT_IN_INDEX, str(f.path), name, f"tensor in this shard {why}"))
+        if problems:
+            code, ppath, tensor, reason = problems[0]
+            msg = f"{ppath}: {code}: {reason} (tensor '{tensor}')"
+            if len(problems) > 1:
+                more = "\n".join(f"  {c}: {p}: tensor '{t}' {r}" for c, p, t, r in problems[1:50])
+                tail = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
+                msg += f"\n{len(problems) - 1} more problem(s) in checkpoint {spath}:\n{more}{tail}"
+            raise SafetensorsError(msg, code=code, path=ppath, tensor=tensor)
+    except BaseException:
+        for f in opened:
+            f.close()
+        raise
+    return Checkpoint(opened, directory, index_path, index_metadata)
+
+
+def _plain(v: Any) -> Any:
+    """A parsed JSON tree with _Obj turned back into dicts (first key wins)."""
+    if isinstance(v, _Obj):
+        out: dict[str, Any] = {}
+        for k, x in v:
+            out.setdefault(k, _plain(x))
+        return out
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, _BadNumber):
+        try:
+            return json.loads(v.text)
+        except ValueError:  # pragma: no cover
+            return v.text
+    return v
+
+
+def open_checkpoint(path: PathLike) -> Checkpoint:
+    """Open a checkpoint: a ``.safetensors`` file, an index ``.json`` file, or a
+    directory (``model.safetensors.index.json`` if present, else
+    ``model.safetensors``). Every file is validated (spec §3) and the index
+    cross-checked (spec §4); failures raise :class:`~hf2q.SafetensorsError`."""
+    p = Path(os.fspath(path))
+    if p.is_dir():
+        index = p / INDEX_FILE_NAME
+        if index.exists():
+            return _open_index(index)
+        single = p / SINGLE_FILE_NAME
+        if single.exists():
+            f = open(single)
+            return Checkpoint([f], p)
+        raise SafetensorsError(
+            f"{p}: {NO_CHECKPOINT}: directory holds neither {INDEX_FILE_NAME} nor {SINGLE_FILE_NAME}",
+            code=NO_CHECKPOINT,
+            path=str(p),
+        )
+    if not p.exists():
+        raise SafetensorsError(f"{p}: {IO_ERROR}: no such file or directory", code=IO_ERROR, path=str(p))
+    if p.name.endswith(".json"):
+        return _open_index(p)
+    f = open(p)
+    return Checkpoint([f], p.parent)

@@ -1,0 +1,878 @@
+"""hf2q.safetensors: every validation rule of spec safetensors.md §3 with its
+code, parity with the ``safetensors`` package on valid files, pread reading,
+truncation, sharded checkpoints (§4) and fuzzing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import hf2q.safetensors as hst
+import ml_dtypes
+import numpy as np
+import pytest
+from hf2q.errors import Hf2qError, SafetensorsError
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.numpy import save, save_file
+
+U64_MAX = (1 << 64) - 1
+HYP = settings(max_examples=int(os.environ.get("HF2Q_FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+KNOWN_CODES = {
+    "HeaderTooSmall",
+    "HeaderTooLarge",
+    "InvalidHeaderLength",
+    "InvalidHeader",
+    "InvalidHeaderDeserialization",
+    "DuplicateKey",
+    "InvalidOffset",
+    "ValidationOverflow",
+    "MisalignedSlice",
+    "TensorInvalidInfo",
+    "MetadataIncompleteBuffer",
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def raw_file(path: Path, header: bytes | str | dict, data: bytes = b"", n: int | None = None) -> Path:
+    """Write ``u64 N | header | data``; ``n`` overrides the length field."""
+    if isinstance(header, dict):
+        header = json.dumps(header, separators=(",", ":"))
+    if isinstance(header, str):
+        header = header.encode("utf-8")
+    path.write_bytes((len(header) if n is None else n).to_bytes(8, "little") + header + data)
+    return path
+
+
+def entry(dtype: str, shape: list[int], begin: int, end: int) -> dict[str, Any]:
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def error_of(path: Path) -> SafetensorsError:
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open(path)
+    return ei.value
+
+
+def code_of(path: Path) -> str:
+    return error_of(path).code  # type: ignore[return-value]
+
+
+@pytest.fixture
+def f(tmp_path: Path) -> Path:
+    return tmp_path / "t.safetensors"
+
+
+# --------------------------------------------------------------------------- rules 1-4
+
+
+@pytest.mark.parametrize("size", [0, 1, 7])
+def test_rule1_header_too_small(f: Path, size: int) -> None:
+    f.write_bytes(b"\x02" * size)
+    e = error_of(f)
+    assert e.code == "HeaderTooSmall"
+    assert isinstance(e, Hf2qError)
+    assert str(f) in str(e) and e.path == str(f)
+
+
+@pytest.mark.parametrize("n", [100_000_001, 1 << 32, U64_MAX])
+def test_rule2_header_too_large(f: Path, n: int) -> None:
+    raw_file(f, b"{}", n=n)
+    assert code_of(f) == "HeaderTooLarge"
+
+
+def test_rule2_limit_is_decimal_and_inclusive(f: Path) -> None:
+    # exactly 100,000,000 is allowed by rule 2, then fails rule 3 (file too short)
+    raw_file(f, b"{}", n=100_000_000)
+    assert code_of(f) == "InvalidHeaderLength"
+    raw_file(f, b"{}", n=100 * 1024 * 1024)  # 100 MiB > 100,000,000
+    assert code_of(f) == "HeaderTooLarge"
+
+
+@pytest.mark.parametrize("n", [3, 1000])
+def test_rule3_invalid_header_length(f: Path, n: int) -> None:
+    raw_file(f, b"{}", n=n)
+    assert code_of(f) == "InvalidHeaderLength"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b'{"\xff":1}', b'{"a\xc3":{}}', b'{"\xed\xa0\x80":{}}', b"\x80{}", b'{"a":"\xf5\x80\x80\x80"}'],
+)
+def test_rule4_invalid_utf8(f: Path, header: bytes) -> None:
+    raw_file(f, header)
+    assert code_of(f) == "InvalidHeader"
+
+
+# --------------------------------------------------------------------------- rule 5
+
+GOOD = entry("F32", [1], 0, 4)
+
+BAD_DESERIALIZATION = {
+    "empty header": "",
+    "not json": "{nope}",
+    "truncated json": '{"a":',
+    "array": "[]",
+    "string": '"x"',
+    "number": "1",
+    "null": "null",
+    "trailing garbage": '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}x',
+    "bom": "\ufeff{}",
+    "nan": '{"a":{"dtype":"F32","shape":[NaN],"data_offsets":[0,4]}}',
+    "infinity": '{"__metadata__":{"x":Infinity}}',
+    "entry not object": '{"a":[1,2]}',
+    "entry null": '{"a":null}',
+    "missing dtype": {"a": {"shape": [1], "data_offsets": [0, 4]}},
+    "missing shape": {"a": {"dtype": "F32", "data_offsets": [0, 4]}},
+    "missing data_offsets": {"a": {"dtype": "F32", "shape": [1]}},
+    "unknown dtype": {"a": entry("F128", [1], 0, 4)},
+    "lowercase dtype": {"a": entry("f32", [1], 0, 4)},
+    "dtype not string": {"a": {"dtype": 7, "shape": [1], "data_offsets": [0, 4]}},
+    "shape not array": {"a": {"dtype": "F32", "shape": 1, "data_offsets": [0, 4]}},
+    "shape object": {"a": {"dtype": "F32", "shape": {"0": 1}, "data_offsets": [0, 4]}},
+    "shape negative": {"a": entry("F32", [-1], 0, 4)},
+    "shape float": '{"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}}',
+    "shape exponent": '{"a":{"dtype":"F32","shape":[1e0],"data_offsets":[0,4]}}',
+    "shape minus zero": '{"a":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}}',
+    "shape bool": '{"a":{"dtype":"F32","shape":[true],"data_offsets":[0,4]}}',
+    "shape string": {"a": entry("F32", ["1"], 0, 4)},  # type: ignore[list-item]
+    "shape null": {"a": {"dtype": "F32", "shape": [None], "data_offsets": [0, 4]}},
+    "shape over u64": {"a": entry("F32", [1 << 64], 0, 4)},
+    "shape huge digits": '{"a":{"dtype":"F32","shape":[' + "9" * 5000 + '],"data_offsets":[0,4]}}',
+    "offsets one": {"a": {"dtype": "F32", "shape": [1], "data_offsets": [4]}},
+    "offsets three": {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 4]}},
+    "offsets empty": {"a": {"dtype": "F32", "shape": [1], "data_offsets": []}},
+    "offsets negative": {"a": entry("F32", [1], -4, 0)},
+    "offsets float": '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}}',
+    "offsets over u64": {"a": entry("F32", [1], 0, 1 << 64)},
+    "offsets not array": {"a": {"dtype": "F32", "shape": [1], "data_offsets": "0,4"}},
+    "metadata not object": {"__metadata__": ["a"], "a": GOOD},
+    "metadata string": {"__metadata__": "x", "a": GOOD},
+    "metadata int value": {"__metadata__": {"k": 1}, "a": GOOD},
+    "metadata null value": {"__metadata__": {"k": None}, "a": GOOD},
+    "metadata nested value": {"__metadata__": {"k": {"x": "y"}}, "a": GOOD},
+    "lone surrogate name": '{"\\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    "lone surrogate metadata": '{"__metadata__":{"k":"\\udc00"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    "control char": '{"a\x01":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    "deep nesting": '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":' + "[" * 100_000 + "]" * 100_000 + "}}",
+}
+
+
+@pytest.mark.parametrize("header", list(BAD_DESERIALIZATION.values()), ids=list(BAD_DESERIALIZATION))
+def test_rule5_invalid_header_deserialization(f: Path, header: Any) -> None:
+    raw_file(f, header, b"\0" * 4)
+    assert code_of(f) == "InvalidHeaderDeserialization"
+
+
+def test_rule5_names_the_tensor(f: Path) -> None:
+    raw_file(f, {"my.weight": entry("F99", [1], 0, 4)}, b"\0" * 4)
+    e = error_of(f)
+    assert e.tensor == "my.weight" and "my.weight" in str(e) and "F99" in str(e)
+    assert "InvalidHeaderDeserialization" in str(e) and str(f) in str(e)
+
+
+def test_rule5_u64_max_parses(f: Path) -> None:
+    # U64_MAX is a valid JSON u64: parsing succeeds and a later rule decides
+    raw_file(f, {"a": entry("U8", [1], 0, U64_MAX)})
+    assert code_of(f) == "TensorInvalidInfo"
+    raw_file(f, {"a": entry("U8", [U64_MAX // 8], 0, 1)})  # bits = 2^64 - 8 still fit
+    assert code_of(f) == "TensorInvalidInfo"
+    raw_file(f, {"a": entry("U8", [U64_MAX], 0, 1)})  # bits do not
+    assert code_of(f) == "ValidationOverflow"
+
+
+def test_unknown_entry_fields_are_ignored(f: Path) -> None:
+    raw_file(f, {"a": {**GOOD, "extra": {"nested": [1, "x", None]}}}, b"\0" * 4)
+    with hst.open(f) as sf:
+        assert sf["a"].shape == (1,)
+
+
+# --------------------------------------------------------------------------- rule 6
+
+DUPLICATES = {
+    "tensor names": '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}',
+    "identical tensor": '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    "entry field": '{"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    "entry field different": '{"a":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}}',
+    "metadata key": '{"__metadata__":{"k":"1","k":"2"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    "metadata twice": '{"__metadata__":{"k":"1"},"__metadata__":{"j":"2"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    "nested unknown field": '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":{"y":1,"y":2}}}',
+}
+
+
+@pytest.mark.parametrize("header", list(DUPLICATES.values()), ids=list(DUPLICATES))
+def test_rule6_duplicate_key(f: Path, header: str) -> None:
+    raw_file(f, header, b"\0" * 8)
+    e = error_of(f)
+    assert e.code == "DuplicateKey"
+    assert "duplicate" in str(e).lower()
+
+
+def test_rule5_is_checked_before_rule6(f: Path) -> None:
+    raw_file(f, '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"X","shape":[1],"data_offsets":[0,4]}}', b"\0" * 4)
+    assert code_of(f) == "InvalidHeaderDeserialization"
+
+
+def test_rule6_is_checked_before_offsets(f: Path) -> None:
+    # the Rust crate keeps one entry and reports a misleading InvalidOffset here
+    raw_file(f, DUPLICATES["tensor names"], b"\0" * 4)
+    assert code_of(f) == "DuplicateKey"
+
+
+# --------------------------------------------------------------------------- rules 7-11
+
+
+@pytest.mark.parametrize(
+    "header,data_len,tensor",
+    [
+        ({"a": entry("F32", [1], 4, 8)}, 8, "a"),  # first tensor not at 0
+        ({"a": entry("F32", [1], 0, 4), "b": entry("F32", [1], 8, 12)}, 12, "b"),  # gap
+        ({"a": entry("F32", [2], 0, 8), "b": entry("F32", [1], 4, 8)}, 8, "b"),  # overlap
+        ({"a": entry("F32", [1], 0, 4), "b": entry("F32", [1], 0, 4)}, 8, "b"),  # same region
+        ({"a": entry("F32", [1], 0, 4), "b": entry("F32", [0], 4, 0)}, 4, "b"),  # sorts first: begin 4 != 0
+        ({"a": entry("U8", [0], 0, 0), "b": entry("U8", [1], 5, 4)}, 4, "b"),  # end < begin
+        ({"a": entry("F32", [1], U64_MAX - 3, U64_MAX)}, 4, "a"),  # far out of file
+    ],
+)
+def test_rule7_invalid_offset(f: Path, header: dict, data_len: int, tensor: str) -> None:
+    raw_file(f, header, b"\0" * data_len)
+    e = error_of(f)
+    assert e.code == "InvalidOffset"
+    assert e.tensor == tensor and f"'{tensor}'" in str(e)
+
+
+def test_rule7_end_before_begin_at_start(f: Path) -> None:
+    raw_file(f, {"a": entry("U8", [0], 0, 0), "b": entry("U8", [0], 0, 0)})
+    with hst.open(f) as sf:  # two empty tensors at 0 are contiguous
+        assert len(sf) == 2
+    raw_file(f, '{"a":{"dtype":"U8","shape":[1],"data_offsets":[1,0]}}')
+    assert code_of(f) == "InvalidOffset"
+
+
+@pytest.mark.parametrize(
+    "dtype,shape",
+    [
+        ("U8", [1 << 32, 1 << 32]),  # numel = 2^64
+        ("U8", [1 << 63, 2]),
+        ("U8", [1 << 63, 4, 0]),  # overflows before the 0 (checked left to right)
+        ("F32", [1 << 62]),  # numel fits, bits = 2^67 do not
+        ("BOOL", [1 << 61]),  # 2^61 * 8 = 2^64
+        ("F4", [U64_MAX]),
+    ],
+)
+def test_rule8_validation_overflow(f: Path, dtype: str, shape: list[int]) -> None:
+    raw_file(f, {"a": entry(dtype, shape, 0, 0)})
+    e = error_of(f)
+    assert e.code == "ValidationOverflow" and e.tensor == "a"
+
+
+def test_rule8_zero_first_then_huge_is_fine(f: Path) -> None:
+    raw_file(f, {"a": entry("U8", [0, 1 << 63, 4], 0, 0)})
+    with hst.open(f) as sf:
+        assert sf["a"].nbytes == 0 and sf["a"].numel == 0
+
+
+@pytest.mark.parametrize("dtype,shape", [("F4", [1]), ("F4", [3]), ("F6_E2M3", [1]), ("F6_E3M2", [2, 3]), ("F6_E2M3", [5])])
+def test_rule9_misaligned_slice(f: Path, dtype: str, shape: list[int]) -> None:
+    raw_file(f, {"a": entry(dtype, shape, 0, 1)}, b"\0")
+    assert code_of(f) == "MisalignedSlice"
+
+
+@pytest.mark.parametrize("dtype,shape,nbytes", [("F4", [2], 1), ("F4", [3, 2], 3), ("F6_E2M3", [4], 3), ("F6_E3M2", [8], 6)])
+def test_sub_byte_dtypes_valid(f: Path, dtype: str, shape: list[int], nbytes: int) -> None:
+    raw_file(f, {"a": entry(dtype, shape, 0, nbytes)}, bytes(range(nbytes)))
+    with hst.open(f) as sf:
+        info = sf["a"]
+        assert (info.dtype, info.shape, info.nbytes) == (dtype, tuple(shape), nbytes)
+        assert bytes(sf.read_bytes("a")) == bytes(range(nbytes))
+        with pytest.raises(TypeError):
+            sf.read_array("a")
+
+
+@pytest.mark.parametrize(
+    "dtype,shape,nbytes",
+    [("F32", [2], 4), ("F32", [2], 12), ("BF16", [3, 3], 16), ("U8", [], 0), ("F64", [0], 8), ("C64", [1], 4)],
+)
+def test_rule10_tensor_invalid_info(f: Path, dtype: str, shape: list[int], nbytes: int) -> None:
+    raw_file(f, {"a": entry(dtype, shape, 0, nbytes)}, b"\0" * nbytes)
+    e = error_of(f)
+    assert e.code == "TensorInvalidInfo" and e.tensor == "a"
+
+
+def test_rules_7_to_10_apply_tensor_by_tensor(f: Path) -> None:
+    # tensor 'b' (sorted first) has bad info; 'a' (second) leaves a gap: b's error wins
+    raw_file(f, {"a": entry("F32", [1], 8, 12), "b": entry("F32", [2], 0, 4)}, b"\0" * 12)
+    e = error_of(f)
+    assert (e.code, e.tensor) == ("TensorInvalidInfo", "b")
+    # and the other way round: offset problem of the first-sorted tensor wins
+    raw_file(f, {"a": entry("F32", [1], 4, 8), "b": entry("F32", [7], 8, 12)}, b"\0" * 12)
+    e = error_of(f)
+    assert (e.code, e.tensor) == ("InvalidOffset", "a")
+
+
+@pytest.mark.parametrize(
+    "header,data_len",
+    [
+        ({"a": entry("F32", [1], 0, 4)}, 5),  # trailing byte
+        ({"a": entry("F32", [1], 0, 4)}, 3),  # tensor runs past EOF
+        ({}, 1),  # no tensors but data
+        ({"a": entry("F32", [1], 0, 4)}, 0),
+    ],
+)
+def test_rule11_metadata_incomplete_buffer(f: Path, header: dict, data_len: int) -> None:
+    raw_file(f, header, b"\0" * data_len)
+    assert code_of(f) == "MetadataIncompleteBuffer"
+
+
+def test_rule_order_small_checks_win(f: Path) -> None:
+    # invalid UTF-8 AND a too-long N: rule 3 fires first
+    raw_file(f, b'{"\xff":1}', n=50)
+    assert code_of(f) == "InvalidHeaderLength"
+    # trailing bytes AND bad JSON: rule 5 first
+    raw_file(f, b"{", b"junk")
+    assert code_of(f) == "InvalidHeaderDeserialization"
+
+
+def test_error_carries_code_path_tensor(f: Path) -> None:
+    raw_file(f, {"w.0": entry("F32", [3], 0, 4)}, b"\0" * 4)
+    e = error_of(f)
+    assert isinstance(e, Hf2qError)
+    assert e.code == "TensorInvalidInfo" and e.path == str(f) and e.tensor == "w.0"
+    assert "TensorInvalidInfo" in str(e) and str(f) in str(e) and "'w.0'" in str(e)
+
+
+# --------------------------------------------------------------------------- valid files
+
+
+def test_minimal_and_empty_files(f: Path) -> None:
+    raw_file(f, b"{}")
+    with hst.open(f) as sf:
+        assert len(sf) == 0 and sf.keys() == [] and sf.metadata == {}
+        assert sf.data_offset == 10 and sf.file_size == 10 and sf.total_data_bytes() == 0
+    raw_file(f, b'{"__metadata__":null}')
+    with hst.open(f) as sf:  # null metadata = none, as the reference crate
+        assert sf.metadata == {}
+    raw_file(f, b'{"__metadata__":{}}')
+    assert hst.open(f).metadata == {}
+
+
+def test_whitespace_and_padding(f: Path) -> None:
+    hdr = ' \n\t{"a":{"dtype":"I16","shape":[2],"data_offsets":[0,4]}}   \n\r  '
+    raw_file(f, hdr, b"\x01\x00\x02\x00")
+    with hst.open(f) as sf:
+        assert sf.header_size == len(hdr)
+        assert sf["a"].offset == 8 + len(hdr)
+        assert sf.read_array("a").tolist() == [1, 2]
+
+
+def test_unpadded_unaligned_header(f: Path) -> None:
+    # mlx-style: no padding, so F32 data starts at an odd offset; reads still copy correctly
+    hdr = '{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}'
+    vals = np.array([1.5, -2.0, 3.25], np.float32)
+    raw_file(f, hdr, vals.tobytes())
+    with hst.open(f) as sf:
+        assert sf["a"].offset % 4 != 0
+        np.testing.assert_array_equal(sf.read_array("a"), vals)
+
+
+def _package_file(path: Path) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    tensors = {
+        "w.bf16": rng.standard_normal((7, 5)).astype(ml_dtypes.bfloat16),
+        "w.f16": rng.standard_normal((3, 1, 2)).astype(np.float16),
+        "w.f32": rng.standard_normal(11).astype(np.float32),
+        "w.f64": rng.standard_normal((2, 2)).astype(np.float64),
+        "i.u8": rng.integers(0, 255, 9, dtype=np.uint8),
+        "i.i8": rng.integers(-100, 100, 3, dtype=np.int8),
+        "i.i16": rng.integers(-100, 100, 5, dtype=np.int16),
+        "i.u16": rng.integers(0, 100, 5, dtype=np.uint16),
+        "i.i32": rng.integers(-100, 100, 6, dtype=np.int32),
+        "i.u32": rng.integers(0, 100, 6, dtype=np.uint32),
+        "i.i64": rng.integers(-100, 100, 4, dtype=np.int64),
+        "i.u64": rng.integers(0, 100, 4, dtype=np.uint64),
+        "b.bool": rng.integers(0, 2, 13).astype(np.bool_),
+        "empty.f32": np.zeros((0, 4), np.float32),
+        "empty.bf16": np.zeros((3, 0), ml_dtypes.bfloat16),
+        "scalar.f32": np.array(2.5, np.float32),
+        "scalar.u8": np.array(7, np.uint8),
+        "f8.e4m3": rng.standard_normal(6).astype(ml_dtypes.float8_e4m3fn),
+        "f8.e5m2": rng.standard_normal(6).astype(ml_dtypes.float8_e5m2),
+    }
+    save_file(tensors, str(path), metadata={"format": "pt", "note": "ünïcode"})
+    return tensors
+
+
+def test_parity_with_safetensors_package(f: Path) -> None:
+    tensors = _package_file(f)
+    raw = f.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    with hst.open(f) as sf, safe_open(str(f), framework="numpy") as ref:
+        assert sf.keys() == sorted(ref.keys()) == sorted(tensors)
+        assert sf.metadata == ref.metadata()
+        assert sf.data_offset == 8 + n and sf.file_size == len(raw)
+        assert sum(sf[k].nbytes for k in sf) == len(raw) - 8 - n
+        for k in sf.keys():
+            info = sf[k]
+            sl = ref.get_slice(k)
+            assert info.name == k and info.dtype == sl.get_dtype() == header[k]["dtype"]
+            assert list(info.shape) == sl.get_shape() == header[k]["shape"]
+            begin, end = header[k]["data_offsets"]
+            assert (info.offset, info.nbytes, info.end) == (8 + n + begin, end - begin, 8 + n + end)
+            assert info.path == f
+            assert bytes(sf.read_bytes(k)) == raw[info.offset : info.end] == tensors[k].tobytes()
+            got = sf.read_array(k)
+            assert got.dtype == tensors[k].dtype and got.shape == tensors[k].shape
+            assert got.tobytes() == tensors[k].tobytes()
+            if not info.dtype.startswith("F8"):  # the package's numpy reader lacks F8
+                expected = ref.get_tensor(k)
+                assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes()
+        assert sf["scalar.f32"].shape == () and sf["scalar.f32"].numel == 1
+        assert sf["empty.f32"].nbytes == 0 and sf["empty.f32"].numel == 0
+
+
+def test_tensorinfo_is_frozen_and_comparable(f: Path) -> None:
+    _package_file(f)
+    with hst.open(f) as sf:
+        info = sf["w.f32"]
+        with pytest.raises(AttributeError):
+            info.offset = 0  # type: ignore[misc]
+        assert info == hst.TensorInfo("w.f32", "F32", (11,), info.offset, 44)
+        assert info.bits_per_element == 32
+        assert "w.f32" in sf and "nope" not in sf and list(sf) == sf.keys()
+        with pytest.raises(KeyError):
+            sf["nope"]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_read_into_buffers(f: Path) -> None:
+    _package_file(f)
+    with hst.open(f) as sf:
+        want = sf.read_array("w.bf16")
+        out = np.empty((7, 5), ml_dtypes.bfloat16)
+        sf.read_into("w.bf16", out)
+        assert out.tobytes() == want.tobytes()
+        out16 = np.zeros(35, np.uint16)
+        sf.read_into("w.bf16", out16)
+        assert out16.tobytes() == want.tobytes()
+        ba = bytearray(70)
+        sf.read_into("w.bf16", memoryview(ba))
+        assert bytes(ba) == want.tobytes()
+        assert sf.read_bytes("w.bf16", ba) is ba
+        sf.read_into("empty.f32", bytearray())
+        sf.read_into("empty.f32", np.empty((0, 4), np.float32))
+        with pytest.raises(ValueError, match="70"):
+            sf.read_into("w.bf16", bytearray(69))
+        with pytest.raises(ValueError):
+            sf.read_into("w.bf16", bytes(70))  # read-only
+        with pytest.raises(ValueError):
+            sf.read_into("w.bf16", np.zeros((70, 2), np.uint8)[:, 0])  # not contiguous
+        ro = np.zeros(70, np.uint8)
+        ro.flags.writeable = False
+        with pytest.raises(ValueError):
+            sf.read_into("w.bf16", ro)
+        with pytest.raises(TypeError):
+            sf.read_into("w.bf16", 12)
+    with pytest.raises(ValueError, match="closed"):
+        sf.read_bytes("w.bf16")
+    sf.close()  # idempotent
+    assert sf.closed
+
+
+@pytest.mark.skipif(not hasattr(os, "preadv"), reason="os.preadv not available")
+def test_no_tensor_bytes_read_during_open(f: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _package_file(f)
+    n = int.from_bytes(f.read_bytes()[:8], "little")
+    calls: list[tuple[int, int]] = []
+    real = os.preadv
+
+    def spy(fd: int, bufs: list, offset: int) -> int:
+        calls.append((offset, sum(len(b) for b in bufs)))
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(os, "preadv", spy)
+    with hst.open(f):
+        pass
+    assert all(off + length <= 8 + n for off, length in calls)
+
+
+def test_truncated_after_open(f: Path) -> None:
+    _package_file(f)
+    with hst.open(f) as sf:
+        last = max(sf.tensors(), key=lambda t: t.offset + t.nbytes)
+        first = min((t for t in sf.tensors() if t.nbytes), key=lambda t: t.offset)
+        os.truncate(f, last.offset + 1)
+        with pytest.raises(SafetensorsError) as ei:
+            sf.read_bytes(last.name)
+        assert ei.value.code == "FileTruncated" and "truncated" in str(ei.value) and str(f) in str(ei.value)
+        sf.read_bytes(first.name)  # still readable
+        os.truncate(f, 0)
+        with pytest.raises(SafetensorsError):
+            sf.read_array(first.name)
+
+
+def test_chunked_parallel_read_and_truncation(f: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hst, "READ_CHUNK_BYTES", 4096)
+    data = np.random.default_rng(0).integers(0, 1 << 16, 50_000, dtype=np.uint16)
+    save_file({"big": data}, str(f))
+    with hst.open(f) as sf:
+        out = np.empty_like(data)
+        sf.read_into("big", out)
+        np.testing.assert_array_equal(out, data)
+        os.truncate(f, sf["big"].offset + 30_000)
+        with pytest.raises(SafetensorsError) as ei:
+            sf.read_into("big", out)
+        assert ei.value.code == "FileTruncated"
+
+
+def test_pread_fallback_without_preadv(f: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tensors = _package_file(f)
+    monkeypatch.delattr(os, "preadv", raising=False)
+    monkeypatch.setattr(hst, "READ_CHUNK_BYTES", 8)
+    with hst.open(f) as sf:
+        for k in sf:
+            assert bytes(sf.read_bytes(k)) == tensors[k].tobytes()
+        os.truncate(f, sf["w.bf16"].offset + 3)
+        with pytest.raises(SafetensorsError) as ei:
+            sf.read_bytes("w.bf16")
+        assert ei.value.code == "FileTruncated"
+
+
+def test_open_errors(tmp_path: Path) -> None:
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open(tmp_path / "missing.safetensors")
+    assert ei.value.code == "Io" and "missing.safetensors" in str(ei.value)
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open(tmp_path)
+    assert ei.value.code in ("Io", "NotAFile")
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(1 << 65), max_value=1 << 65),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+)
+json_any = st.recursive(
+    json_leaf,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
+    max_leaves=12,
+)
+interesting_int = st.one_of(
+    st.integers(min_value=0, max_value=40),
+    st.sampled_from([U64_MAX, U64_MAX - 1, 1 << 63, 1 << 64, -1, (1 << 32), 100_000_000]),
+)
+dtype_code = st.one_of(st.sampled_from(sorted(hst.DTYPE_BITS)), st.text(max_size=5))
+tensor_entry = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "dtype": dtype_code,
+            "shape": st.lists(interesting_int, max_size=4),
+            "data_offsets": st.lists(interesting_int, min_size=2, max_size=2),
+        }
+    ),
+    st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "x"]), json_any, max_size=4),
+    json_any,
+)
+header_dict = st.dictionaries(
+    st.one_of(st.sampled_from(["a", "b", "c", "__metadata__"]), st.text(max_size=4)),
+    tensor_entry,
+    max_size=5,
+)
+
+
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def _open_checked(path: Path) -> None:
+    """Open must succeed (with consistent results) or raise SafetensorsError."""
+    try:
+        sf = hst.open(path)
+    except SafetensorsError as e:
+        assert e.code in KNOWN_CODES, e.code
+        assert str(path) in str(e)
+        return
+    with sf:
+        size = path.stat().st_size
+        infos = sorted(sf.tensors(), key=lambda t: (t.offset, t.end))
+        pos = sf.data_offset
+        for t in infos:
+            assert t.offset == pos and t.nbytes >= 0
+            pos = t.end
+        assert pos == size == sf.file_size
+        for t in infos:
+            if t.nbytes <= 1 << 16:
+                assert len(sf.read_bytes(t.name)) == t.nbytes
+
+
+@HYP
+@given(header=header_dict, data_len=st.integers(0, 64), pad=st.integers(0, 9))
+def test_fuzz_random_headers(fuzz_dir: Path, header: dict, data_len: int, pad: int) -> None:
+    p = fuzz_dir / "h.safetensors"
+    raw_file(p, json.dumps(header) + " " * pad, b"\x5a" * data_len)
+    _open_checked(p)
+
+
+@HYP
+@given(blob=st.binary(max_size=200))
+def test_fuzz_random_bytes(fuzz_dir: Path, blob: bytes) -> None:
+    p = fuzz_dir / "b.safetensors"
+    p.write_bytes(blob)
+    _open_checked(p)
+    p.write_bytes(len(blob).to_bytes(8, "little") + blob)
+    _open_checked(p)
+
+
+@pytest.fixture(scope="module")
+def valid_blob() -> bytes:
+    rng = np.random.default_rng(1)
+    return save(
+        {
+            "a": rng.standard_normal((3, 2)).astype(np.float32),
+            "b": rng.standard_normal(5).astype(ml_dtypes.bfloat16),
+            "c": np.zeros((0,), np.int64),
+            "d": np.array(1, np.uint8),
+        },
+        metadata={"k": "v"},
+    )
+
+
+mutation = st.one_of(
+    st.tuples(st.just("set"), st.integers(0, 10_000), st.integers(0, 255)),
+    st.tuples(st.just("insert"), st.integers(0, 10_000), st.integers(0, 255)),
+    st.tuples(st.just("delete"), st.integers(0, 10_000), st.just(0)),
+    st.tuples(st.just("truncate"), st.integers(0, 10_000), st.just(0)),
+    st.tuples(st.just("append"), st.integers(1, 16), st.integers(0, 255)),
+)
+
+
+@HYP
+@given(mutations=st.lists(mutation, min_size=1, max_size=3))
+def test_fuzz_mutated_valid_file(fuzz_dir: Path, valid_blob: bytes, mutations: list) -> None:
+    b = bytearray(valid_blob)
+    for op, pos, val in mutations:
+        i = pos % (len(b) + 1)
+        if op == "set" and b:
+            b[i % len(b)] = val
+        elif op == "insert":
+            b[i:i] = bytes([val])
+        elif op == "delete" and b:
+            del b[i % len(b)]
+        elif op == "truncate":
+            del b[i:]
+        elif op == "append":
+            b += bytes([val]) * pos
+    p = fuzz_dir / "m.safetensors"
+    p.write_bytes(bytes(b))
+    _open_checked(p)
+    try:
+        sf = hst.open(p)
+    except SafetensorsError:
+        return
+    # we accepted it: the reference implementation must agree on every tensor
+    with sf, safe_open(str(p), framework="numpy") as ref:
+        assert sf.keys() == sorted(ref.keys())
+        for k in sf.keys():
+            assert sf[k].dtype == ref.get_slice(k).get_dtype()
+            assert list(sf[k].shape) == ref.get_slice(k).get_shape()
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _shard(path: Path, names: list[str], start: float = 0.0) -> dict[str, np.ndarray]:
+    tensors = {n: np.full((2, 3), start + i, np.float32) for i, n in enumerate(names)}
+    save_file(tensors, str(path))
+    return tensors
+
+
+def _index(directory: Path, weight_map: dict[str, str] | str, extra: dict | None = None) -> Path:
+    p = directory / hst.INDEX_FILE_NAME
+    if isinstance(weight_map, str):
+        p.write_text(weight_map)
+    else:
+        p.write_text(json.dumps({"metadata": {"total_size": 12345}, "weight_map": weight_map, **(extra or {})}))
+    return p
+
+
+def _sharded(d: Path) -> Path:
+    _shard(d / "model-00001-of-00002.safetensors", ["z.weight", "b.weight"])
+    _shard(d / "model-00002-of-00002.safetensors", ["a.weight", "y.weight"], 10)
+    _index(
+        d,
+        {
+            "z.weight": "model-00001-of-00002.safetensors",
+            "b.weight": "model-00001-of-00002.safetensors",
+            "a.weight": "model-00002-of-00002.safetensors",
+            "y.weight": "model-00002-of-00002.safetensors",
+        },
+    )
+    return d
+
+
+def test_checkpoint_single_file_and_directory(tmp_path: Path) -> None:
+    t = _shard(tmp_path / "model.safetensors", ["b", "a"])
+    for target in (tmp_path, tmp_path / "model.safetensors"):
+        with hst.open_checkpoint(target) as ck:
+            assert ck.keys() == ["a", "b"] and len(ck) == 2 and "a" in ck
+            assert ck.files == [tmp_path / "model.safetensors"] and ck.directory == tmp_path
+            assert ck.index_path is None
+            assert ck["a"].path == tmp_path / "model.safetensors"
+            np.testing.assert_array_equal(ck.read_array("b"), t["b"])
+            assert ck.total_data_bytes() == 48
+        assert ck.closed
+    other = tmp_path / "sub"
+    other.mkdir()
+    _shard(other / "weights.safetensors", ["x"])
+    with hst.open_checkpoint(other / "weights.safetensors") as ck:
+        assert ck.keys() == ["x"]
+
+
+def test_checkpoint_directory_errors(tmp_path: Path) -> None:
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(tmp_path)
+    assert ei.value.code == "NoCheckpoint" and str(tmp_path) in str(ei.value)
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(tmp_path / "nope")
+    assert ei.value.code == "Io"
+    raw_file(tmp_path / "model.safetensors", b"{}", b"x")
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(tmp_path)
+    assert ei.value.code == "MetadataIncompleteBuffer" and "model.safetensors" in str(ei.value)
+
+
+def test_sharded_order_and_lookup(tmp_path: Path) -> None:
+    d = _sharded(tmp_path)
+    _shard(d / "model.safetensors", ["ignored"])  # the index wins
+    for target in (d, d / hst.INDEX_FILE_NAME):
+        with hst.open_checkpoint(target) as ck:
+            # shards by sorted file name, tensors sorted within a shard
+            assert ck.keys() == ["b.weight", "z.weight", "a.weight", "y.weight"]
+            assert [p.name for p in ck.files] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+            assert ck.index_path == d / hst.INDEX_FILE_NAME
+            assert ck["a.weight"].path == d / "model-00002-of-00002.safetensors"
+            assert ck.file_for("z.weight").path.name == "model-00001-of-00002.safetensors"
+            assert ck.read_array("y.weight")[0, 0] == 11
+            assert ck.total_data_bytes() == 4 * 24  # total_size (12345) is informational only
+            assert ck.metadata == {"total_size": 12345}
+            assert "ignored" not in ck
+
+
+S1, S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+
+
+@pytest.mark.parametrize(
+    "index,code",
+    [
+        ("{not json", "InvalidIndex"),
+        ("[]", "InvalidIndex"),
+        ('{"metadata": {}}', "InvalidIndex"),
+        ('{"weight_map": ["a"]}', "InvalidIndex"),
+        ('{"weight_map": {"z.weight": 1}}', "InvalidIndex"),
+        ('{"weight_map": {"z.weight": null}}', "InvalidIndex"),
+        (f'{{"weight_map": {{"z.weight": "{S1}", "z.weight": "{S1}"}}}}', "DuplicateKey"),
+        (f'{{"weight_map": {{"z.weight": "{S1}"}}, "weight_map": {{}}}}', "DuplicateKey"),
+        ('{"weight_map": {"z.weight": "../x.safetensors"}}', "InvalidShardName"),
+        ('{"weight_map": {"z.weight": "sub/x.safetensors"}}', "InvalidShardName"),
+        ('{"weight_map": {"z.weight": "sub\\\\x.safetensors"}}', "InvalidShardName"),
+        ('{"weight_map": {"z.weight": "/abs/x.safetensors"}}', "InvalidShardName"),
+        ('{"weight_map": {"z.weight": ".."}}', "InvalidShardName"),
+        ('{"weight_map": {"z.weight": ""}}', "InvalidShardName"),
+        ('{"weight_map": {"z.weight": "C:x.safetensors"}}', "InvalidShardName"),
+        ('{"weight_map": {"z.weight": "missing.safetensors"}}', "MissingShard"),
+    ],
+)
+def test_index_format_rules(tmp_path: Path, index: str, code: str) -> None:
+    _sharded(tmp_path)
+    _index(tmp_path, index)
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(tmp_path)
+    assert ei.value.code == code
+    assert ei.value.path is not None
+
+
+def test_index_tensor_rules(tmp_path: Path) -> None:
+    d = _sharded(tmp_path)
+    full = {"z.weight": S1, "b.weight": S1, "a.weight": S2, "y.weight": S2}
+
+    # indexed tensor absent from the shard it names
+    _index(d, {**full, "ghost.weight": S1})
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(d)
+    assert (ei.value.code, ei.value.tensor) == ("TensorNotInShard", "ghost.weight")
+    assert S1 in str(ei.value) and "ghost.weight" in str(ei.value)
+
+    # shard tensor not listed in the index
+    m = dict(full)
+    del m["y.weight"]
+    _index(d, m)
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(d)
+    assert (ei.value.code, ei.value.tensor) == ("TensorNotInIndex", "y.weight")
+    assert S2 in str(ei.value)
+
+    # shard tensor listed for another shard
+    _index(d, {**full, "y.weight": S1})
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(d)
+    assert ei.value.code == "TensorNotInShard" and ei.value.tensor == "y.weight"
+    assert "TensorNotInIndex" in str(ei.value)  # every problem is listed
+
+    # the same tensor in two shards
+    _shard(d / S2, ["a.weight", "y.weight", "z.weight"], 10)
+    _index(d, full)
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(d)
+    assert (ei.value.code, ei.value.tensor) == ("DuplicateTensor", "z.weight")
+
+    # an invalid shard fails with its own rule, naming the shard
+    raw_file(d / S2, b"{}", b"junk")
+    _index(d, full)
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(d)
+    assert ei.value.code == "MetadataIncompleteBuffer" and ei.value.path == str(d / S2)
+
+
+def test_empty_weight_map(tmp_path: Path) -> None:
+    _index(tmp_path, {})
+    with hst.open_checkpoint(tmp_path) as ck:
+        assert ck.keys() == [] and ck.files == [] and ck.total_data_bytes() == 0
+
+
+index_value = st.one_of(st.sampled_from([S1, S2, "missing.safetensors", "../x", "", "a/b"]), json_any)
+
+
+@HYP
+@given(
+    wm=st.one_of(
+        st.dictionaries(st.sampled_from(["z.weight", "b.weight", "a.weight", "y.weight", "q"]), index_value, max_size=6),
+        json_any,
+    ),
+    extra=st.dictionaries(st.sampled_from(["metadata", "weight_map", "x"]), json_any, max_size=2),
+)
+def test_fuzz_index(tmp_path_factory: pytest.TempPathFactory, wm: Any, extra: dict) -> None:
+    d = tmp_path_factory.mktemp("idx")
+    _sharded(d)
+    (d / hst.INDEX_FILE_NAME).write_text(json.dumps({**extra, "weight_map": wm}))
+    try:
+        ck = hst.open_checkpoint(d)
+    except SafetensorsError as e:
+        assert e.code is not None and e.path is not None
+        return
+    with ck:
+        assume(len(ck) >= 0)
+        for name in ck.keys():
+            assert ck[name].path is not None and ck[name].path.parent == d
