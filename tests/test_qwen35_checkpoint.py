@@ -147,6 +147,24 @@ def test_config_argument_forms(tmp_path) -> None:
     assert Qwen35Config.from_file(d).linear_num_value_heads == 4
 
 
+@pytest.mark.parametrize("kw", [{}, dict(sharded=True, multimodal=True, fused_gate_up=True)])
+def test_plan_from_hf2q_safetensors_checkpoint(tmp_path, kw) -> None:
+    st = pytest.importorskip("hf2q.safetensors")
+    if not hasattr(st, "open_checkpoint"):
+        pytest.skip("hf2q.safetensors has no open_checkpoint yet")
+    d = make_qwen35_moe_checkpoint(tmp_path, "tiny", **kw)
+    ck = st.open_checkpoint(d)
+    plan = plan_qwen35_moe(ck, Qwen35Config.from_file(d))
+    assert len(plan) == 96
+    assert plan.source_names() | set(plan.skipped) == set(ck.keys())
+    arr = read_checkpoint_arrays(d)
+    for t in plan:
+        for s in t.sources:
+            info = ck[s.name]
+            assert (info.dtype, tuple(info.shape)) == (s.dtype, s.shape)
+            assert info.nbytes == arr[s.name].nbytes
+
+
 # ----------------------------------------------------------------------------- transformers
 def _transformers_qwen35():
     transformers = pytest.importorskip("transformers")

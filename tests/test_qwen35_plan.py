@@ -583,6 +583,24 @@ def test_input_forms() -> None:
         tensors = infos
 
     assert plan_qwen35_moe(Ckpt(), cfg).tensors == ref.tensors
+
+    class CkptMethod:  # hf2q.safetensors.Checkpoint style: tensors() -> list[TensorInfo]
+        def tensors(self):
+            return list(infos.values())
+
+    assert plan_qwen35_moe(CkptMethod(), cfg).tensors == ref.tensors
+
+    class MappingLike:  # keys() + [name], not a Mapping subclass
+        def keys(self):
+            return list(infos)
+
+        def __getitem__(self, k):
+            return infos[k]
+
+        def __iter__(self):
+            return iter(infos)
+
+    assert plan_qwen35_moe(MappingLike(), cfg).tensors == ref.tensors
     import ml_dtypes
 
     np_dt = {"BF16": np.dtype(ml_dtypes.bfloat16), "F32": np.dtype(np.float32)}

@@ -582,11 +582,24 @@ def _info(name: str, info: Any) -> tuple[str, str, tuple[int, ...]]:
 
 
 def _entries(tensors: Any) -> list[tuple[str, str, tuple[int, ...]]]:
-    """Accepts a mapping name -> (dtype, shape) or -> object with .dtype/.shape
-    (e.g. TensorInfo), an object with such a ``.tensors`` mapping, or an
-    iterable of TensorInfo-like objects / (name, info) pairs (duplicates kept)."""
-    if not isinstance(tensors, Mapping) and isinstance(getattr(tensors, "tensors", None), Mapping):
-        tensors = tensors.tensors
+    """Normalise the plan's input to (name, dtype code, shape) triples.
+
+    Accepted: a mapping name -> (dtype, shape) or -> object with ``.dtype`` and
+    ``.shape`` (e.g. ``hf2q.safetensors.TensorInfo``); an object whose
+    ``tensors`` is such a mapping or a method/attribute giving TensorInfo-like
+    objects (``hf2q.safetensors.Checkpoint`` / ``SafetensorsFile``); a
+    mapping-like object with ``keys()`` and ``[name]``; an iterable of
+    TensorInfo-like objects or (name, info) pairs (duplicates are kept, so
+    they can be reported).
+    """
+    if not isinstance(tensors, Mapping):
+        inner = getattr(tensors, "tensors", None)
+        if callable(inner):
+            inner = inner()
+        if inner is not None:
+            tensors = inner
+        elif callable(getattr(tensors, "keys", None)) and hasattr(tensors, "__getitem__"):
+            tensors = {k: tensors[k] for k in tensors.keys()}
     if isinstance(tensors, Mapping):
         return [_info(str(k), v) for k, v in tensors.items()]
     out = []
@@ -638,9 +651,10 @@ def plan_qwen35_moe(
 ) -> Qwen35Plan:
     """Plan the device tensors of a Qwen3.5/3.6 MoE checkpoint from its metadata.
 
-    ``tensors``: name -> (dtype string such as ``"BF16"``, shape), or name ->
-    object with ``.dtype``/``.shape`` (a ``TensorInfo``), or an iterable of
-    TensorInfo-like objects. No tensor byte is read.
+    ``tensors``: an ``hf2q.safetensors`` checkpoint/file, name -> (dtype string
+    such as ``"BF16"``, shape), name -> object with ``.dtype``/``.shape`` (a
+    ``TensorInfo``), or an iterable of TensorInfo-like objects. No tensor byte
+    is read.
 
     ``mtp``: ``None`` (default) keeps the MTP block when the checkpoint has
     ``mtp.*`` tensors, ``True`` requires it, ``False`` drops every ``mtp.*``.
