@@ -6,6 +6,7 @@ from importlib.metadata import PackageNotFoundError, version as _pkg_version
 
 from . import _core, ops, reference
 from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
+from .safetensors import open_checkpoint
 from .errors import (
     ConfigError,
     DeviceError,
@@ -51,6 +52,7 @@ __all__ = [
     "VerifyReport",
     "FileReadError",
     "register_weight_buffer",
+    "open_checkpoint",
     "get_num_threads",
     "set_num_threads",
     "Hf2qError",

@@ -19,6 +19,7 @@ import copy
 import json
 import math
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..errors import (
     ConfigError,
+    Hf2qError,
     DtypeMismatchError,
     ExtraTensorError,
     ManifestError,
@@ -35,7 +37,9 @@ from ..errors import (
     MissingTensorError,
     ShapeMismatchError,
 )
+from ..device import Buffer, Device, FileReadError
 from ..safetensors import Checkpoint, SafetensorsFile, TensorInfo, open_checkpoint
+from ._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
 
 __all__ = [
     "DRAFTER_CONFIGS",
@@ -50,7 +54,11 @@ __all__ = [
     "TINY_DRAFTER_CONFIG",
     "DFlashConfig",
     "DFlashWeights",
+    "DFlashLayerTensors",
+    "DFlashModelTensors",
+    "DTypeInvariantError",
     "LoadedTensor",
+    "load",
     "ManifestEntry",
     "check_manifest",
     "expected_manifest",
@@ -867,3 +875,174 @@ DRAFTER_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen3.6-35B-A3B-new": QWEN36_35B_A3B_NEW_DRAFTER_CONFIG,
     "tiny": TINY_DRAFTER_CONFIG,
 }
+
+
+# ============================================================================ device upload
+
+
+class DTypeInvariantError(Hf2qError):
+    """A drafter buffer does not hold the dtype its kernels read (the bug of
+    spec dflash.md section 9: BF16 norms read as F32)."""
+
+
+#: Python field -> per-layer checkpoint name (after ``layers.{i}.``).
+_LAYER_FIELDS: dict[str, str] = {
+    "q_proj": "self_attn.q_proj.weight",
+    "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight",
+    "o_proj": "self_attn.o_proj.weight",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+    "input_layernorm": "input_layernorm.weight",
+    "post_attention_layernorm": "post_attention_layernorm.weight",
+    "mlp_gate": "mlp.gate_proj.weight",
+    "mlp_up": "mlp.up_proj.weight",
+    "mlp_down": "mlp.down_proj.weight",
+}
+_NORM_FIELDS = ("q_norm", "k_norm", "input_layernorm", "post_attention_layernorm")
+
+
+@dataclass
+class DFlashLayerTensors:
+    """One decoder layer's device buffers: projections BF16, norms F32."""
+
+    q_proj: Buffer
+    k_proj: Buffer
+    v_proj: Buffer
+    o_proj: Buffer
+    q_norm: Buffer
+    k_norm: Buffer
+    input_layernorm: Buffer
+    post_attention_layernorm: Buffer
+    mlp_gate: Buffer
+    mlp_up: Buffer
+    mlp_down: Buffer
+
+    def buffers(self) -> dict[str, Buffer]:
+        return {f: getattr(self, f) for f in _LAYER_FIELDS}
+
+
+class DFlashModelTensors:
+    """A DFlash drafter resident on a device: ``fc`` and the projections are
+    raw BF16 copies of the file's bytes, the six RMSNorm kinds are F32."""
+
+    def __init__(self, device: Device, config: DFlashConfig, fc: Buffer, hidden_norm: Buffer,
+                 final_norm: Buffer, layers: list[DFlashLayerTensors]) -> None:
+        self.device = device
+        self.config = config
+        self.fc = fc
+        self.hidden_norm = hidden_norm
+        self.final_norm = final_norm
+        self.layers = layers
+        self.summary: LoadSummary | None = None
+        self.check_dtypes()
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def upload(cls, device: Device, cfg: DFlashConfig, weights: DFlashWeights, *,
+               progress: bool = False) -> "DFlashModelTensors":
+        """Make ``weights`` resident on ``device``: one buffer per tensor,
+        ``pread`` straight into it (BF16) or decoded into it (norms -> F32).
+        On any failure (including KeyboardInterrupt) every buffer allocated so
+        far is freed before the exception propagates."""
+        if weights.config != cfg:
+            raise ConfigError("weights were validated against a different config")
+        bufs: dict[str, Buffer] = {}
+        bar = progress_bar(weights.total_data_bytes(), "hf2q load", progress)
+        t0 = time.perf_counter()
+        try:
+            for t in weights:
+                name, entry, info = t.entry.name, t.entry, t.info
+                shard = weights.checkpoint.file_for(name)
+                try:
+                    bufs[name] = device.upload_from_file(
+                        shard.fileno(), info.offset, info.nbytes, "bf16", entry.device_dtype, entry.shape, name=name
+                    )
+                except FileReadError as e:
+                    raise file_read_error(e, t.path, name) from None
+                bar.update(info.nbytes)
+                if name.endswith("mlp.up_proj.weight"):  # last tensor of a layer: one commit per layer
+                    device.residency.commit()
+            device.residency.commit()
+            layers = [
+                DFlashLayerTensors(**{f: bufs[f"layers.{i}.{n}"] for f, n in _LAYER_FIELDS.items()})
+                for i in range(cfg.num_hidden_layers)
+            ]
+            model = cls(device, cfg, bufs["fc.weight"], bufs["hidden_norm.weight"], bufs["norm.weight"], layers)
+        except BaseException as e:
+            bufs.clear()
+            layers = []
+            bar.close()
+            raise detached(e)
+        bar.close()
+        seconds = time.perf_counter() - t0
+        model.summary = LoadSummary(
+            model="dflash", device=device.kind, tensors=len(bufs),
+            resident_bytes=model.gpu_resident_bytes(), data_bytes=weights.total_data_bytes(),
+            seconds=seconds, residency=residency_state(device),
+            extra={"layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size},
+        )
+        return model
+
+    # ------------------------------------------------------------------ access
+    def named_buffers(self) -> dict[str, Buffer]:
+        """Every buffer under its checkpoint name, in manifest order."""
+        out: dict[str, Buffer] = {"fc.weight": self.fc, "hidden_norm.weight": self.hidden_norm}
+        for i, layer in enumerate(self.layers):
+            for f, n in sorted(_LAYER_FIELDS.items(), key=lambda kv: kv[1]):
+                out[f"layers.{i}.{n}"] = getattr(layer, f)
+        out["norm.weight"] = self.final_norm
+        return out
+
+    def __getitem__(self, name: str) -> Buffer:
+        return self.named_buffers()[name]
+
+    def names(self) -> list[str]:
+        return list(self.named_buffers())
+
+    def gpu_resident_bytes(self) -> int:
+        """Sum of logical buffer lengths (= total_data_bytes + 2 * n_norm)."""
+        return sum(b.byte_len for b in self.named_buffers().values())
+
+    def allocated_bytes(self) -> int:
+        """Sum of page-rounded allocation sizes."""
+        return sum(b.alloc_len for b in self.named_buffers().values())
+
+    def check_dtypes(self) -> None:
+        """Always-on invariant: BF16 for fc and the seven projections, F32 for
+        the six norm kinds. Raises :class:`DTypeInvariantError`."""
+        bad: list[str] = []
+
+        def want(name: str, buf: Buffer, dtype: str, shape: tuple[int, ...]) -> None:
+            if buf.dtype != dtype or buf.shape != shape:
+                bad.append(f"{name}: expected {dtype} {shape}, found {buf.dtype} {buf.shape}")
+
+        manifest = {e.name: e for e in expected_manifest(self.config)}
+        for name, buf in self.named_buffers().items():
+            e = manifest[name]
+            want(name, buf, e.device_dtype, e.shape)
+        if bad:
+            raise DTypeInvariantError("DFlash device buffers break the dtype invariant:\n  " + "\n  ".join(bad))
+
+    def verify(self) -> dict[str, Any]:
+        """Read every buffer back through the device and compare with a CPU
+        decode (see :meth:`hf2q.Device.verify`); raises DeviceError on a mismatch."""
+        t0 = time.perf_counter()
+        groups = 0
+        for buf in self.named_buffers().values():
+            groups += self.device.verify(buf).groups
+        return {"buffers": len(self.named_buffers()), "groups": groups, "seconds": time.perf_counter() - t0}
+
+    def __repr__(self) -> str:
+        return (f"<hf2q.dflash.DFlashModelTensors L={self.config.num_hidden_layers} H={self.config.hidden_size} "
+                f"{self.gpu_resident_bytes():,} resident bytes on {self.device.kind}>")
+
+
+def load(path: PathLike, device: Device | None = None, progress: bool = True,
+         config: DFlashConfig | None = None) -> DFlashModelTensors:
+    """Validate a DFlash drafter checkpoint (file or directory with
+    ``config.json``) and make it resident on ``device`` (default:
+    :meth:`hf2q.Device.default`). ``model.summary`` holds the load summary."""
+    dev = device if device is not None else Device.default()
+    with DFlashWeights.load(path, config) as weights:
+        return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress)

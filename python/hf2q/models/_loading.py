@@ -1,0 +1,104 @@
+"""Helpers shared by the model loaders: progress, partial-load cleanup,
+file-read errors mapped to SafetensorsError, load summaries."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..device import Device, FileReadError
+from ..errors import SafetensorsError
+
+
+def progress_bar(total_bytes: int, desc: str, enabled: bool) -> Any:
+    """A tqdm byte counter on stderr, or a no-op object when disabled."""
+    if enabled:
+        try:
+            from tqdm import tqdm
+
+            return tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                        file=sys.stderr, leave=True, dynamic_ncols=True)
+        except ImportError:  # pragma: no cover - tqdm is a dependency
+            pass
+    return _NoBar()
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+
+def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
+    return SafetensorsError(f"{path}: tensor '{tensor}': {e}", code="FileTruncated", path=path, tensor=tensor)
+
+
+def detached(e: BaseException) -> BaseException:
+    """`e` without traceback or chained exceptions, whose frames would keep a
+    failed load's buffers alive until the exception is cleared."""
+    e.__context__ = None
+    e.__cause__ = None
+    return e.with_traceback(None)
+
+
+@dataclass
+class LoadSummary:
+    """What a load did, for the CLI and benchmarks."""
+
+    model: str
+    device: str
+    tensors: int
+    resident_bytes: int
+    data_bytes: int
+    seconds: float
+    residency: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.data_bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "tensors": self.tensors,
+            "resident_bytes": self.resident_bytes,
+            "data_bytes": self.data_bytes,
+            "seconds": round(self.seconds, 4),
+            "gb_per_s": round(self.gb_per_s, 3),
+            "residency": self.residency,
+            **self.extra,
+        }
+
+
+def residency_state(device: Device) -> dict[str, Any]:
+    st = device.residency.stats()
+    return {
+        "enabled": bool(st["enabled"]),
+        "buffers": int(st["count"]),
+        "allocated_size": int(st["allocated_size"]),
+        "locked_bytes": int(st["locked_bytes"]),
+        "unwired_bytes": int(st["unwired_bytes"]),
+        "sets": int(st["sets"]),
+    }
+
+
+class Timer:
+    def __enter__(self) -> "Timer":
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.t0
+
+
+def total(values: Iterable[int]) -> int:
+    return sum(values)
