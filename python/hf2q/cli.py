@@ -1,9 +1,178 @@
-"""The ``hf2q`` command line."""
+"""The ``hf2q`` command line: inspect, load, demo."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, Hf2qError
+
+
+def detect_architecture(path: Path) -> str:
+    """``"dflash"``, ``"qwen35moe"`` or ``"safetensors"`` (no config.json),
+    read from the checkpoint's ``config.json``."""
+    directory = path if path.is_dir() else path.parent
+    cfg_path = directory / "config.json"
+    if not cfg_path.is_file():
+        return "safetensors"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{cfg_path}: cannot read config.json: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{cfg_path}: config.json is not a JSON object")
+    archs = cfg.get("architectures") or []
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    model_types = {cfg.get("model_type"), text.get("model_type")}
+    if "DFlashDraftModel" in archs or "dflash_config" in cfg:
+        return "dflash"
+    if model_types & {"qwen3_5_moe", "qwen3_5_moe_text"} or any("Qwen3_5Moe" in str(a) for a in archs):
+        return "qwen35moe"
+    raise ConfigError(
+        f"{cfg_path}: unsupported architecture (architectures={archs}, model_type={cfg.get('model_type')!r}); "
+        "hf2q loads DFlash drafters and Qwen3.5/3.6 MoE models"
+    )
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .safetensors import open_checkpoint
+
+    path = Path(args.path)
+    arch = detect_architecture(path)
+    with open_checkpoint(path) as ckpt:
+        rows = [
+            {"name": n, "dtype": ckpt[n].dtype, "shape": list(ckpt[n].shape), "bytes": ckpt[n].nbytes}
+            for n in ckpt.keys()
+        ]
+        total = ckpt.total_data_bytes()
+        files = [str(f.path) for f in ckpt.files]
+    report: dict[str, Any] = {"path": str(path), "architecture": arch, "files": files, "tensors": len(rows),
+                              "data_bytes": total}
+    if arch == "dflash":
+        from .models.dflash import DFlashConfig, DFlashWeights
+
+        cfg = DFlashConfig.from_file((path if path.is_dir() else path.parent) / "config.json")
+        with DFlashWeights.load(path, cfg) as w:
+            report["gpu_resident_bytes"] = w.gpu_resident_bytes()
+            device_dtypes = {t.entry.name: t.entry.device_dtype for t in w}
+        for r in rows:
+            r["device_dtype"] = device_dtypes.get(r["name"])
+    elif arch == "qwen35moe":
+        from . import qwen35
+
+        plan = qwen35.inspect(path)
+        report.update(plan)
+    report["tensor_list"] = rows
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{path}: {arch}, {len(rows)} tensors in {len(files)} file(s), {total:,} data bytes ({_human(total)})")
+    if "gpu_resident_bytes" in report:
+        print(f"device-resident bytes: {report['gpu_resident_bytes']:,}")
+    width = max((len(r["name"]) for r in rows), default=4)
+    for r in rows:
+        dev = f"  -> {r['device_dtype']}" if r.get("device_dtype") else ""
+        print(f"  {r['name']:<{width}}  {r['dtype']:<5} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}{dev}")
+    return 0
+
+
+def _device(kind: str | None) -> Any:
+    from .device import Device
+
+    return Device.default() if kind in (None, "auto") else Device(kind)
+
+
+def _print_summary(summary: Any, as_json: bool, verify: dict[str, Any] | None) -> None:
+    d = summary.as_dict()
+    if verify is not None:
+        d["verify"] = verify
+    if as_json:
+        print(json.dumps(d, indent=2))
+        return
+    res = d["residency"]
+    print(f"model:            {d['model']}")
+    print(f"device:           {d['device']}")
+    print(f"tensors:          {d['tensors']}")
+    print(f"resident bytes:   {d['resident_bytes']:,} ({_human(d['resident_bytes'])})")
+    print(f"load time:        {d['seconds']:.3f} s ({d['gb_per_s']:.2f} GB/s of checkpoint data)")
+    state = "disabled" if not res["enabled"] else (
+        f"{res['buffers']} buffers in {res['sets']} set(s), {_human(res['allocated_size'])} allocated, "
+        f"{_human(res['locked_bytes'])} locked"
+        + (f", {_human(res['unwired_bytes'])} over the wired budget" if res["unwired_bytes"] else "")
+    )
+    print(f"residency:        {state}")
+    for k, v in d.items():
+        if k not in ("model", "device", "tensors", "resident_bytes", "data_bytes", "seconds", "gb_per_s",
+                     "residency", "verify"):
+            print(f"{k + ':':<18}{v}")
+    if verify is not None:
+        print(f"verify:           {verify['buffers']} buffers read back through the device, "
+              f"{verify['groups']:,} checksum groups equal ({verify['seconds']:.2f} s)")
+
+
+def _load(path: Path, device: Any, progress: bool, args: argparse.Namespace) -> Any:
+    arch = detect_architecture(path)
+    if arch == "dflash":
+        from . import dflash
+
+        return dflash.load(path, device=device, progress=progress)
+    if arch == "qwen35moe":
+        from . import qwen35
+
+        return qwen35.load(path, device=device, progress=progress, expert_dtype=args.expert_dtype,
+                           dense_dtype=args.dense_dtype)
+    raise ConfigError(f"{path}: no config.json, so the model architecture is unknown")
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    device = _device(args.device)
+    model = _load(Path(args.path), device, not args.json and not args.no_progress, args)
+    verify = model.verify() if args.verify else None
+    _print_summary(model.summary, args.json, verify)
+    return 0
+
+
+def demo_cache_dir() -> Path:
+    base = os.environ.get("HF2Q_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "hf2q"
+    )
+    return Path(base)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from . import dflash
+    from .testing import make_dflash_checkpoint
+
+    target = Path(args.cache_dir) if args.cache_dir else demo_cache_dir() / "demo-gemma-4-26B-A4B-dflash"
+    if not (target / ".complete").is_file():
+        print(f"hf2q demo: writing the full-size synthetic gemma-4-26B-A4B DFlash drafter (859 MB) to {target}",
+              file=sys.stderr)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        make_dflash_checkpoint(tmp)
+        (tmp / ".complete").write_text("ok\n")
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    else:
+        print(f"hf2q demo: using the cached synthetic drafter in {target}", file=sys.stderr)
+    device = _device(args.device)
+    model = dflash.load(target, device=device, progress=not args.json)
+    verify = model.verify() if not args.no_verify else None
+    _print_summary(model.summary, args.json, verify)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,7 +183,31 @@ def build_parser() -> argparse.ArgumentParser:
         description="HuggingFace safetensors checkpoints to inference-ready weights in device memory.",
     )
     parser.add_argument("--version", action="version", version=f"hf2q {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("inspect", help="list a checkpoint's tensors, dtypes, shapes and bytes")
+    p.add_argument("path", help="safetensors file or checkpoint directory")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("load", help="validate a checkpoint and make it resident on a device")
+    p.add_argument("path", help="checkpoint directory (with config.json) or safetensors file")
+    p.add_argument("--device", choices=["auto", "host", "metal"], default="auto")
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    p.add_argument("--verify", action="store_true", help="read every buffer back through the device")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--expert-dtype", default="q8_0", choices=["q8_0", "bf16", "f32"],
+                   help="Qwen3.5 MoE: dtype of the expert stacks")
+    p.add_argument("--dense-dtype", default="f32", choices=["f32", "bf16", "q8_0"],
+                   help="Qwen3.5 MoE: dtype of the dense weights")
+    p.set_defaults(func=cmd_load)
+
+    p = sub.add_parser("demo", help="load a full-size synthetic DFlash drafter (written once to a cache folder)")
+    p.add_argument("--device", choices=["auto", "host", "metal"], default="auto")
+    p.add_argument("--cache-dir", help="where to keep the synthetic checkpoint (default ~/.cache/hf2q/...)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-verify", action="store_true", help="skip the read-back verification")
+    p.set_defaults(func=cmd_demo)
     return parser
 
 
@@ -24,7 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    return 0
+    try:
+        return int(args.func(args))
+    except Hf2qError as e:
+        print(f"hf2q {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hf2q {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
