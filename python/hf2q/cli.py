@@ -58,7 +58,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             for n in ckpt.keys()
         ]
         total = ckpt.total_data_bytes()
-        files = [str(f.path) for f in ckpt.files]
+        files = [str(getattr(f, 'path', f)) for f in ckpt.files]
     report: dict[str, Any] = {"path": str(path), "architecture": arch, "files": files, "tensors": len(rows),
                               "data_bytes": total}
     if arch == "dflash":

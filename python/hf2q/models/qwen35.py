@@ -102,3 +102,8 @@ __all__ = [
     "convert_reference",
     "device_nbytes",
 ]
+
+# The loader (device upload) lives in its own module.
+from .qwen35_load import Qwen35Layer, Qwen35Model, inspect, load  # noqa: E402
+
+__all__ += ["Qwen35Model", "Qwen35Layer", "load", "inspect"]
