@@ -41,8 +41,15 @@ __all__ = [
 _SRC_TYPE = {F32: _core.SRC_F32, F16: _core.SRC_F16, BF16: _core.SRC_BF16}
 
 
+def _aligned(raw: np.ndarray, align: int) -> np.ndarray:
+    # A buffer at an odd address (a memoryview slice, say) is legal input; the
+    # native kernels read aligned elements, so such input alone is copied.
+    return raw if raw.ctypes.data % align == 0 else raw.copy()
+
+
 def _decode(fn: Any, src: Any, out: np.ndarray | None) -> np.ndarray:
     raw, shape = half_source(src)
+    raw = _aligned(raw, 2)
     count = raw.size // 2
     result = np.empty(shape, dtype=F32) if out is None else check_out(out, F32, count)
     fn(raw, result.reshape(-1).view(U8))
@@ -84,7 +91,8 @@ def quantize_q8_0(src: np.ndarray, out: np.ndarray | None = None, *, name: str |
     arr, dtype = quant_source(src)
     nbytes = arr.size // 32 * 34
     result = np.empty(q8_0_shape(arr.shape), dtype=U8) if out is None else check_out(out, U8, nbytes)
-    first_bad, inf_scales = _core.quantize_q8_0(arr.reshape(-1).view(U8), _SRC_TYPE[dtype], result.reshape(-1))
+    raw = _aligned(arr.reshape(-1).view(U8), dtype.itemsize)
+    first_bad, inf_scales = _core.quantize_q8_0(raw, _SRC_TYPE[dtype], result.reshape(-1))
     if first_bad >= 0:
         raise nonfinite_error(arr, first_bad, name)
     if inf_scales:
