@@ -321,6 +321,8 @@ class Device:
             src_dtype = to
         _dtype_name(src_dtype)
         flat = arr.reshape(-1).view(U8)
+        if src_dtype != to and flat.ctypes.data % 4:
+            flat = flat.copy()  # conversions read aligned elements; odd-address input alone is copied
         if src_dtype == "q8_0":
             return flat, src_dtype, (flat.size // 34 * 32,)
         itemsize = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "u8": 1}[src_dtype]
