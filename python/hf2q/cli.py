@@ -27,8 +27,11 @@ def detect_architecture(path: Path) -> str:
     if not isinstance(cfg, dict):
         raise ConfigError(f"{cfg_path}: config.json is not a JSON object")
     archs = cfg.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-    model_types = {cfg.get("model_type"), text.get("model_type")}
+    model_types = {m for m in (cfg.get("model_type"), text.get("model_type")) if isinstance(m, str)}
     if "DFlashDraftModel" in archs or "dflash_config" in cfg:
         return "dflash"
     if model_types & {"qwen3_5_moe", "qwen3_5_moe_text"} or any("Qwen3_5Moe" in str(a) for a in archs):
@@ -134,6 +137,8 @@ def _load(path: Path, device: Any, progress: bool, args: argparse.Namespace) -> 
 
         return qwen35.load(path, device=device, progress=progress, expert_dtype=args.expert_dtype,
                            dense_dtype=args.dense_dtype)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or directory")
     raise ConfigError(f"{path}: no config.json, so the model architecture is unknown")
 
 
@@ -153,16 +158,31 @@ def demo_cache_dir() -> Path:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """Write a synthetic drafter once into ``<cache>/demo-<config>-dflash``
+    (``<cache>``: ``--cache-dir``, else :func:`demo_cache_dir`) and load it.
+
+    The drafter is the full-size gemma-4-26B-A4B one (859 MB) unless the
+    hidden ``--config NAME`` option or the ``HF2Q_DEMO_CONFIG`` environment
+    variable names another config of ``hf2q.dflash.DRAFTER_CONFIGS`` (tests
+    use ``tiny``). Only that sub-folder is ever replaced, never the cache
+    folder itself."""
     from . import dflash
     from .testing import make_dflash_checkpoint
 
-    target = Path(args.cache_dir) if args.cache_dir else demo_cache_dir() / "demo-gemma-4-26B-A4B-dflash"
+    config = args.config or os.environ.get("HF2Q_DEMO_CONFIG") or None
+    if config == "gemma-4-26B-A4B-it":
+        config = None  # the default drafter
+    if config is not None and config not in dflash.DRAFTER_CONFIGS:
+        raise ConfigError(f"unknown demo config {config!r}; known: {', '.join(sorted(dflash.DRAFTER_CONFIGS))}")
+    base = Path(args.cache_dir) if args.cache_dir else demo_cache_dir()
+    target = base / ("demo-gemma-4-26B-A4B-dflash" if config is None else f"demo-{config}-dflash")
     if not (target / ".complete").is_file():
-        print(f"hf2q demo: writing the full-size synthetic gemma-4-26B-A4B DFlash drafter (859 MB) to {target}",
-              file=sys.stderr)
+        what = ("the full-size synthetic gemma-4-26B-A4B DFlash drafter (859 MB)" if config is None
+                else f"the synthetic {config} DFlash drafter")
+        print(f"hf2q demo: writing {what} to {target}", file=sys.stderr)
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        make_dflash_checkpoint(tmp)
+        make_dflash_checkpoint(tmp, config)
         (tmp / ".complete").write_text("ok\n")
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
@@ -204,9 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="load a full-size synthetic DFlash drafter (written once to a cache folder)")
     p.add_argument("--device", choices=["auto", "host", "metal"], default="auto")
-    p.add_argument("--cache-dir", help="where to keep the synthetic checkpoint (default ~/.cache/hf2q/...)")
+    p.add_argument("--cache-dir", help="folder that keeps the synthetic checkpoint, in a sub-folder "
+                   "(default $HF2Q_CACHE or ~/.cache/hf2q)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-verify", action="store_true", help="skip the read-back verification")
+    p.add_argument("--config", help=argparse.SUPPRESS)  # another drafter config (tests: tiny); or HF2Q_DEMO_CONFIG
     p.set_defaults(func=cmd_demo)
     return parser
 
