@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version as _pkg_version
 from . import _core, ops, reference
 from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
 from .safetensors import open_checkpoint
+from . import dflash, qwen35, safetensors  # noqa: E402  (model loaders: hf2q.dflash.load, hf2q.qwen35.load)
 from .errors import (
     ConfigError,
     DeviceError,
@@ -53,6 +54,9 @@ __all__ = [
     "FileReadError",
     "register_weight_buffer",
     "open_checkpoint",
+    "dflash",
+    "qwen35",
+    "safetensors",
     "get_num_threads",
     "set_num_threads",
     "Hf2qError",
