@@ -114,8 +114,11 @@ class Pool {
     t_in_pool_work = was_in;
   }
 
-  void worker_main() {
-    std::uint64_t seen = 0;
+  // `seen` starts at the generation current when the worker was created: a
+  // worker (re)started after earlier jobs must not take a finished job's
+  // generation for a new one (it would run a stale round and decrement
+  // busy_workers_ twice).
+  void worker_main(std::uint64_t seen) {
     for (;;) {
       {
         std::unique_lock<std::mutex> lk(mutex_);
@@ -134,7 +137,12 @@ class Pool {
   void ensure_workers(std::size_t n) {
     if (workers_.size() == n) return;
     stop_workers();
-    for (std::size_t i = 0; i < n; ++i) workers_.push_back(new std::thread([this] { worker_main(); }));
+    std::uint64_t gen;
+    {
+      std::lock_guard<std::mutex> lk(mutex_);
+      gen = generation_;
+    }
+    for (std::size_t i = 0; i < n; ++i) workers_.push_back(new std::thread([this, gen] { worker_main(gen); }));
   }
 
   void stop_workers() {
