@@ -70,11 +70,80 @@ inline int quantize_block(const __m256 v[4], std::uint8_t* out, std::size_t& inf
   return -1;
 }
 
+// Horizontal max of each of eight vectors, as one vector: element k = max(m[k]).
+inline __m256 hmax8(const __m256 m[8]) {
+  const __m256 a01 = _mm256_max_ps(_mm256_unpacklo_ps(m[0], m[1]), _mm256_unpackhi_ps(m[0], m[1]));
+  const __m256 a23 = _mm256_max_ps(_mm256_unpacklo_ps(m[2], m[3]), _mm256_unpackhi_ps(m[2], m[3]));
+  const __m256 a45 = _mm256_max_ps(_mm256_unpacklo_ps(m[4], m[5]), _mm256_unpackhi_ps(m[4], m[5]));
+  const __m256 a67 = _mm256_max_ps(_mm256_unpacklo_ps(m[6], m[7]), _mm256_unpackhi_ps(m[6], m[7]));
+  const __m256 b03 = _mm256_max_ps(_mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 b47 = _mm256_max_ps(_mm256_shuffle_ps(a45, a67, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(a45, a67, _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_max_ps(_mm256_permute2f128_ps(b03, b47, 0x20), _mm256_permute2f128_ps(b03, b47, 0x31));
+}
+
+// Eight blocks at a time: the scales of all eight are computed in one vector
+// (amax / 127, 1 / d and the F16C round-to-nearest-even conversion are the
+// same IEEE operations as the scalar q8_block_scale, so the bytes are too),
+// which takes the per-block scalar work off the critical path. Returns false
+// when a block holds a non-finite value; the caller then redoes these blocks
+// one by one to find its exact index.
+template <typename Load>
+bool quantize_8_blocks(std::size_t b0, std::uint8_t* dst, Load& load, std::size_t& inf_scales) {
+  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  const __m256i max_finite = _mm256_set1_epi32(0x7F7FFFFF);
+  __m256 v[4];
+  __m256 m[8];
+  __m256i bad = _mm256_setzero_si256();
+  for (int k = 0; k < 8; ++k) {
+    load(b0 + static_cast<std::size_t>(k), v);
+    __m256 a[4];
+    for (int j = 0; j < 4; ++j) {
+      a[j] = _mm256_andnot_ps(sign_mask, v[j]);
+      bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(_mm256_castps_si256(a[j]), max_finite));
+    }
+    m[k] = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+  }
+  if (!_mm256_testz_si256(bad, bad)) return false;
+  const __m256 amax = hmax8(m);
+  const __m256 d = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
+  const __m256 nonzero = _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+  const __m256 id = _mm256_and_ps(nonzero, _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+  alignas(32) float ids[8];
+  alignas(16) std::uint16_t d16[8];
+  _mm256_store_ps(ids, id);
+  _mm_store_si128(reinterpret_cast<__m128i*>(d16), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (int k = 0; k < 8; ++k) {
+    std::uint8_t* out = dst + (b0 + static_cast<std::size_t>(k)) * kQ8BlockBytes;
+    store_le16(out, d16[k]);
+    inf_scales += d16[k] == 0x7C00u ? 1 : 0;
+    if (std::isinf(ids[k])) {  // 1/d overflowed: the reference stores zeros
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_setzero_si256());
+      continue;
+    }
+    load(b0 + static_cast<std::size_t>(k), v);
+    const __m256 vid = _mm256_set1_ps(ids[k]);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[j], vid)));
+    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+    __m256i bytes = _mm256_packs_epi16(p01, p23);
+    bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), bytes);
+  }
+  return true;
+}
+
 template <typename Load>
 Q8Result quantize_blocks(std::size_t nblocks, std::uint8_t* dst, Load load) {
   Q8Result result;
   __m256 v[4];
-  for (std::size_t b = 0; b < nblocks; ++b) {
+  std::size_t b = 0;
+  for (; b + 8 <= nblocks; b += 8) {
+    if (!quantize_8_blocks(b, dst, load, result.inf_scales)) break;  // non-finite: locate it below
+  }
+  for (; b < nblocks; ++b) {
     load(b, v);
     const int bad = quantize_block(v, dst + b * kQ8BlockBytes, result.inf_scales);
     if (bad >= 0) {
