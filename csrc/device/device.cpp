@@ -18,7 +18,8 @@ namespace {
 std::atomic<long> g_alloc_fail_countdown{0};
 
 constexpr std::size_t kCopyChunk = 8u << 20;         // bytes per parallel raw copy / pread
-constexpr std::size_t kConvertChunkElems = 1u << 20;  // source elements per conversion chunk
+constexpr std::size_t kConvertChunkElems = 1u << 20;     // source elements per conversion chunk, at most
+constexpr std::size_t kMinConvertChunkElems = 1u << 16;  // and at least (a multiple of 32)
 constexpr std::size_t kAutoCommitPending = 64;       // staged adds before an implicit commit
 
 std::string mib(std::size_t bytes) {
@@ -408,7 +409,12 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   }
   std::atomic<std::size_t> first_bad{kernels::kNoIndex};
   std::atomic<std::size_t> inf_scales{0};
-  parallel_for(p.n_elems, kConvertChunkElems, [&](std::size_t b, std::size_t e) {
+  // Enough chunks that every thread gets work even for one expert's slice
+  // (512 x 2048 elements), few enough that each pread stays large.
+  const std::size_t threads = static_cast<std::size_t>(get_num_threads());
+  std::size_t chunk = (p.n_elems / (4 * threads) + 31) / 32 * 32;
+  chunk = std::min(kConvertChunkElems, std::max(kMinConvertChunkElems, chunk));
+  parallel_for(p.n_elems, chunk, [&](std::size_t b, std::size_t e) {
     // One small staging chunk per thread, reused across calls.
     thread_local std::vector<std::uint8_t> staging;
     const std::size_t len = (e - b) * p.src_elem;
