@@ -253,7 +253,13 @@ bool Device::register_buffer(BufferImpl& buf) {
   s.bytes += m.len;
   s.count += 1;
   s.dirty = true;
-  if (!ended_) m.locked = backend_->wire(buf.handle(), buf.data(), m.len);
+  // Pinning (host: mlock) waits for the commit: a loader writes the buffer
+  // first, so its pages are faulted in once by the write itself (zeroed and
+  // filled while in cache) rather than prefaulted in a separate pass.
+  if (!ended_) {
+    m.wire_pending = true;
+    to_wire_.push_back(&buf);
+  }
   wired_bytes_ += m.len;
   members_.emplace(&buf, m);
   if (++pending_ >= kAutoCommitPending) commit_locked();
@@ -261,6 +267,13 @@ bool Device::register_buffer(BufferImpl& buf) {
 }
 
 void Device::commit_locked() {
+  for (const BufferImpl* b : to_wire_) {
+    auto it = members_.find(b);
+    if (it == members_.end() || !it->second.wire_pending) continue;  // freed or ended meanwhile
+    it->second.wire_pending = false;
+    it->second.locked = backend_->wire(b->handle(), b->data(), it->second.len);
+  }
+  to_wire_.clear();
   for (std::size_t i = 0; i < sets_.size(); ++i) {
     auto& s = sets_[i];
     if (!s.created) continue;
@@ -295,7 +308,9 @@ void Device::request_residency() {
 
 void Device::end_residency() {
   std::lock_guard<std::mutex> lk(mu_);
+  to_wire_.clear();
   for (auto& [buf, m] : members_) {
+    m.wire_pending = false;
     if (m.locked) {
       backend_->unwire(buf->handle(), buf->data(), m.len);
       m.locked = false;
@@ -339,6 +354,7 @@ bool Device::is_registered(const BufferImpl& buf) {
 
 bool Device::is_locked(const BufferImpl& buf) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (pending_ > 0) commit_locked();
   auto it = members_.find(&buf);
   return it != members_.end() && it->second.locked;
 }

@@ -109,6 +109,7 @@ class Device : public std::enable_shared_from_this<Device> {
   struct Member {
     int set = -1;  // -1: tracked but over the wired budget
     bool locked = false;
+    bool wire_pending = false;  // pinned at the next commit, once its data is written
     std::size_t len = 0;
   };
   struct SetState {
@@ -127,6 +128,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::unordered_map<const BufferImpl*, Member> members_;
   std::vector<SetState> sets_;
   std::size_t pending_ = 0;
+  std::vector<const BufferImpl*> to_wire_;
   std::size_t wired_bytes_ = 0;
   bool ended_ = false;
 };
