@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..device import Device, FileReadError
+from ..device import _detached as detached  # noqa: F401  (re-exported for the loaders)
 from ..errors import SafetensorsError
 
 
@@ -38,14 +39,6 @@ class _NoBar:
 
 def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
     return SafetensorsError(f"{path}: tensor '{tensor}': {e}", code="FileTruncated", path=path, tensor=tensor)
-
-
-def detached(e: BaseException) -> BaseException:
-    """`e` without traceback or chained exceptions, whose frames would keep a
-    failed load's buffers alive until the exception is cleared."""
-    e.__context__ = None
-    e.__cause__ = None
-    return e.with_traceback(None)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any, Iterator, Union
 import numpy as np
 
 from ..device import Buffer, Device, FileReadError
+from ..errors import Hf2qError
 from ..safetensors import Checkpoint, open_checkpoint
 from ._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
 from .qwen35_config import FULL_ATTENTION, Qwen35Config
@@ -92,10 +93,13 @@ class Qwen35Model:
             prefix = f"blk.{b}."
             layer.tensors.update({n[len(prefix):]: buf for n, buf in buffers.items() if n.startswith(prefix)})
             self.layers.append(layer)
-        for pt in plan:  # the always-on invariant: every buffer has its planned dtype and shape
-            buf = buffers[pt.gguf_name]
-            if buf.dtype != pt.dtype or buf.shape != tuple(pt.shape):
-                raise AssertionError  # pragma: no cover - construction bug, never user input
+        # Always-on invariant: every buffer has its planned dtype and shape.
+        bad = [f"{pt.gguf_name}: expected {pt.dtype} {tuple(pt.shape)}, found "
+               f"{buffers[pt.gguf_name].dtype} {buffers[pt.gguf_name].shape}"
+               for pt in plan
+               if buffers[pt.gguf_name].dtype != pt.dtype or buffers[pt.gguf_name].shape != tuple(pt.shape)]
+        if bad:
+            raise Hf2qError("Qwen3.5 device buffers break the planned layout:\n  " + "\n  ".join(bad))
 
     def names(self) -> list[str]:
         return list(self._buffers)
@@ -205,7 +209,7 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
             model = Qwen35Model(dev, cfg, plan, bufs)
         except BaseException as e:
             bufs.clear()
-            buf = None  # noqa: F841
+            buf = None  # the loop variable would keep the last buffer alive
             bar.close()
             raise detached(e)
         bar.close()
