@@ -403,7 +403,9 @@ class Device:
                 result = self._native.read_file(buf._native, int(offset), fd, int(file_offset), int(nbytes), src_dtype)
             except FileReadError as e:
                 what = f" for '{name}'" if name else ""
-                raise FileReadError(f"{_describe(file)}{what}: {e}") from None
+                err = FileReadError(f"{_describe(file)}{what}: {e}")
+                err.reason = str(e)  # without the file/tensor prefix, for callers that name them
+                raise err from None
         if result[0] >= 0:
             _raise_file_nonfinite(result[0], buf, offset, name)
         self._check_result((-1, result[1]), buf.shape, name)

@@ -38,7 +38,8 @@ class _NoBar:
 
 
 def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
-    return SafetensorsError(f"{path}: tensor '{tensor}': {e}", code="FileTruncated", path=path, tensor=tensor)
+    reason = getattr(e, "reason", str(e))
+    return SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code="FileTruncated", path=path, tensor=tensor)
 
 
 @dataclass
