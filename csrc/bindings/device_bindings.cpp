@@ -127,6 +127,7 @@ void bind_device(nb::module_& m) {
       .def("request_residency", [](Device& d) { nb::gil_scoped_release nogil; d.request_residency(); })
       .def("end_residency", [](Device& d) { nb::gil_scoped_release nogil; d.end_residency(); })
       .def("stats", &stats_dict)
+      .def("attach_queue", &Device::attach_queue, "queue"_a)
       .def(
           "write",
           [](Device& d, BufferImpl& b, std::size_t elem_offset, RoBytes src, const std::string& src_dtype) {

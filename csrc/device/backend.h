@@ -69,6 +69,15 @@ class Backend {
   virtual bool wire(void* handle, void* ptr, std::size_t len) = 0;
   virtual void unwire(void* handle, void* ptr, std::size_t len) noexcept = 0;
 
+  // Attach the device's residency sets to a consumer's command queue (an
+  // id<MTLCommandQueue> on Metal), now and for sets created later, so the
+  // weights are resident for that queue's command buffers. Returns false
+  // when the backend has no queues (host) or the queue is not usable.
+  virtual bool attach_queue(void* queue) {
+    (void)queue;
+    return false;
+  }
+
   // Read a buffer back through the device: the checksum of each group of
   // kVerifyGroup decoded float32 values (see verify.h).
   virtual void checksums(DType dtype, void* handle, const void* ptr, std::size_t numel,

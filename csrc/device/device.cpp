@@ -323,6 +323,16 @@ void Device::end_residency() {
   ended_ = true;
 }
 
+void Device::attach_queue(std::uintptr_t queue) {
+  if (queue == 0) throw std::invalid_argument("command queue pointer is null");
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!backend_->attach_queue(reinterpret_cast<void*>(queue))) {
+    throw DeviceError("the " + info().kind + " device cannot attach its residency sets to that command queue" +
+                      (info().kind == "host" ? std::string(" (the host backend has no command queues)")
+                                             : std::string(" (not an MTLCommandQueue of this device?)")));
+  }
+}
+
 ResidencyStats Device::stats() {
   std::lock_guard<std::mutex> lk(mu_);
   if (pending_ > 0) commit_locked();

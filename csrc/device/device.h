@@ -86,6 +86,9 @@ class Device : public std::enable_shared_from_this<Device> {
   void request_residency();
   void end_residency();
   ResidencyStats stats();
+  // Attach the residency sets to a consumer's command queue (Metal); throws
+  // DeviceError where the backend has no queues or refuses this one.
+  void attach_queue(std::uintptr_t queue);
   bool is_registered(const BufferImpl& buf);
   bool is_locked(const BufferImpl& buf);
 

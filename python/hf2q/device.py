@@ -286,6 +286,15 @@ class Device:
     def __repr__(self) -> str:
         return f"hf2q.Device({self.kind!r}, name={self.name!r}, residency_enabled={self.residency_enabled})"
 
+    def attach_command_queue(self, queue: int) -> None:
+        """Attach this device's residency sets to a consumer's command queue
+        (Metal: the address of an ``id<MTLCommandQueue>`` of this device), so
+        its command buffers see the weights resident; sets created later are
+        attached too. Idempotent. The host backend has no queues: DeviceError."""
+        if isinstance(queue, bool) or not isinstance(queue, int):
+            raise TypeError(f"queue must be an int address, got {type(queue).__name__}")
+        self._native.attach_queue(queue)
+
     # ---------------------------------------------------------------- buffers
 
     def alloc(self, shape: Sequence[int] | int, dtype: str) -> Buffer:

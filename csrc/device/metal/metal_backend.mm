@@ -60,6 +60,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <vector>
 #include <string>
 
 #include "device/backend.h"
@@ -235,6 +236,7 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
           return false;
         }
         [queue_ addResidencySet:rs];  // before any command buffer reading the weights is committed
+        for (id q : consumer_queues_) [(id<MTLCommandQueue>)q addResidencySet:rs];
         sets_[set] = rs;
         return true;
       }
@@ -308,8 +310,32 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
         [rs removeAllAllocations];
         [rs commit];
         [queue_ removeResidencySet:rs];
+        for (id q : consumer_queues_) [(id<MTLCommandQueue>)q removeResidencySet:rs];
       }
       sets_[set] = nil;  // releases the set
+    }
+  }
+  // A consumer's queue (spec 3.3): every existing set now, later sets at
+  // creation; detached again when a set is destroyed. Kept strongly.
+  bool attach_queue(void* queue) override {
+    @autoreleasepool {
+      std::lock_guard<std::mutex> lk(set_mu_);
+      id obj = (__bridge id)queue;
+      if (![obj conformsToProtocol:@protocol(MTLCommandQueue)]) return false;
+      id<MTLCommandQueue> q = (id<MTLCommandQueue>)obj;
+      if (q.device != device_) return false;
+      for (id known : consumer_queues_) {
+        if (known == obj) return true;  // idempotent
+      }
+      if (@available(macOS 15.0, iOS 18.0, *)) {
+        if (![q respondsToSelector:@selector(addResidencySet:)]) return false;
+        for (int i = 0; i < kMaxSets; ++i) {
+          if (sets_[i] != nil) [q addResidencySet:(id<MTLResidencySet>)sets_[i]];
+        }
+        consumer_queues_.push_back(obj);
+        return true;
+      }
+      return false;
     }
   }
 #else
@@ -438,6 +464,7 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
   std::mutex set_mu_;  // Device serializes already; this keeps the backend safe on its own
   bool sets_supported_ = false;
   id sets_[kMaxSets] = {};  // id<MTLResidencySet>, typed id so older SDKs build
+  std::vector<id> consumer_queues_;  // id<MTLCommandQueue> attached by attach_queue
 #endif
 };
 
