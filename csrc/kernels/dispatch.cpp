@@ -8,14 +8,27 @@
 #include "kernels_internal.h"
 #include "thread_pool.h"
 
+#if defined(HF2Q_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 namespace hf2q::kernels {
 namespace {
+
+#if defined(HF2Q_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
+// CPUID.1:ECX.F16C[bit 29]. Read directly: clang before 15 rejects
+// __builtin_cpu_supports("f16c").
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+}
+#endif
 
 Isa detect_isa() {
 #if defined(HF2Q_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
   // libgcc/compiler-rt also check that the OS saves YMM state (XGETBV).
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return Isa::Avx2;
+  if (__builtin_cpu_supports("avx2") && cpu_has_f16c()) return Isa::Avx2;
   return Isa::Scalar;
 #elif defined(__aarch64__)
   return Isa::Neon;

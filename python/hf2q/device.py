@@ -411,10 +411,10 @@ class Device:
             try:
                 result = self._native.read_file(buf._native, int(offset), fd, int(file_offset), int(nbytes), src_dtype)
             except FileReadError as e:
-                what = f" for '{name}'" if name else ""
-                err = FileReadError(f"{_describe(file)}{what}: {e}")
-                err.reason = str(e)  # without the file/tensor prefix, for callers that name them
-                raise err from None
+                # Built by a helper: a local holding the new error would make a
+                # cycle (error -> traceback -> this frame -> error) that keeps
+                # `buf` alive until the cycle collector runs.
+                raise _file_read_error(file, name, e) from None
         if result[0] >= 0:
             _raise_file_nonfinite(result[0], buf, offset, name)
         self._check_result((-1, result[1]), buf.shape, name)
@@ -481,6 +481,13 @@ def _raise_file_nonfinite(index: int, buf: Buffer, offset: int, name: str | None
         f"non-finite input{where} at flat index {pos}{mpos}",
         index=pos, multi_index=multi, value_class="nan or inf", tensor=name,
     )
+
+
+def _file_read_error(file: PathOrFd, name: str | None, e: BaseException) -> FileReadError:
+    what = f" for '{name}'" if name else ""
+    err = FileReadError(f"{_describe(file)}{what}: {e}")
+    err.reason = str(e)  # without the file/tensor prefix, for callers that name them
+    return err
 
 
 def _describe(file: PathOrFd) -> str:

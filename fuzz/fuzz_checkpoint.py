@@ -1,0 +1,79 @@
+"""Fuzz target: the checkpoint opener and the model loaders on it.
+
+The input encodes a directory (fuzz/_ckpt_codec.py: config.json, an index
+json, shards with fuzzed headers and generated data, truncations). Every
+exception must be an :class:`hf2q.Hf2qError`: the whole input is file data,
+so even ``ValueError``/``TypeError`` would be a bug here. Oracle:
+
+* ``hf2q.safetensors.open_checkpoint(dir)``: every tensor is in exactly one
+  shard, ``read_bytes`` equals the bytes of that shard file;
+* when there is a config.json: ``hf2q.dflash.load`` and ``hf2q.qwen35.load``
+  onto a private host device either succeed (then ``verify()`` must pass) or
+  raise an hf2q error; either way no device buffer is left once the model
+  or the exception is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _ckpt_codec import decode, write  # noqa: E402
+from _harness import OracleFailure, check_no_buffers, expect, hf2q, run, scratch_dir  # noqa: E402
+
+_DIR = scratch_dir("ckpt")
+_DEV = hf2q.Device._isolated("host")
+
+
+def _check_checkpoint(files: dict[str, bytes]) -> None:
+    try:
+        ck = hf2q.safetensors.open_checkpoint(_DIR)
+    except BaseException as e:  # noqa: BLE001 - the oracle decides
+        expect(e, misuse=False, what="open_checkpoint")
+        return
+    with ck:
+        names = ck.keys()
+        if len(set(names)) != len(names) or len(ck) != len(names):
+            raise OracleFailure("duplicate tensor names in keys()")
+        for name in names:
+            info = ck[name]
+            shard = ck.file_for(name)
+            body = files.get(shard.path.name)
+            if body is None or info.path is None or info.path.name != shard.path.name:
+                raise OracleFailure(f"tensor {name!r} maps to an unknown shard {shard.path}")
+            if bytes(ck.read_bytes(name)) != body[info.offset : info.end]:
+                raise OracleFailure(f"read_bytes({name!r}) differs from the shard's bytes")
+        _ = ck.metadata, ck.files, ck.total_data_bytes(), repr(ck)
+    if not ck.closed:
+        raise OracleFailure("checkpoint not closed after 'with'")
+
+
+def _check_load(loader, what: str) -> None:
+    baseline = _DEV.residency.count
+    try:
+        model = loader(_DIR, device=_DEV, progress=False)
+    except BaseException as e:  # noqa: BLE001 - the oracle decides
+        expect(e, misuse=False, what=what)
+        del e
+        check_no_buffers(_DEV, baseline, f"{what} (failed)")
+        return
+    try:
+        model.verify()
+    finally:
+        del model
+    check_no_buffers(_DEV, baseline, f"{what} (model dropped)")
+
+
+def test_one_input(data: bytes) -> None:
+    files = decode(data)
+    write(files, _DIR)
+    _check_checkpoint(files)
+    if "config.json" in files:
+        _check_load(hf2q.dflash.load, "hf2q.dflash.load")
+        _check_load(hf2q.qwen35.load, "hf2q.qwen35.load")
+
+
+if __name__ == "__main__":
+    run(test_one_input)
