@@ -56,7 +56,11 @@ nb::ndarray<Framework> make_view(const std::shared_ptr<BufferImpl>& b, bool dlpa
 }
 
 nb::dict stats_dict(Device& d) {
-  const auto st = d.stats();
+  hf2q::device::ResidencyStats st;
+  {
+    nb::gil_scoped_release nogil;  // may commit: mlock of staged buffers
+    st = d.stats();
+  }
   nb::dict out;
   out["enabled"] = st.enabled;
   out["count"] = st.count;
@@ -120,9 +124,9 @@ void bind_device(nb::module_& m) {
             return d.alloc(shape, t);
           },
           "shape"_a, "dtype"_a)
-      .def("register_buffer", [](Device& d, BufferImpl& b) { return d.register_buffer(b); }, "buf"_a)
-      .def("is_registered", &Device::is_registered, "buf"_a)
-      .def("is_locked", &Device::is_locked, "buf"_a)
+      .def("register_buffer", [](Device& d, BufferImpl& b) { nb::gil_scoped_release nogil; return d.register_buffer(b); }, "buf"_a)
+      .def("is_registered", &Device::is_registered, "buf"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("is_locked", &Device::is_locked, "buf"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("commit", [](Device& d) { nb::gil_scoped_release nogil; d.commit(); })
       .def("request_residency", [](Device& d) { nb::gil_scoped_release nogil; d.request_residency(); })
       .def("end_residency", [](Device& d) { nb::gil_scoped_release nogil; d.end_residency(); })

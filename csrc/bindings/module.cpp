@@ -82,7 +82,10 @@ NB_MODULE(_core, m) {
 
   m.def("get_num_threads", &hf2q::get_num_threads);
   m.def("set_num_threads", [](int n) {
-    if (n < 1) throw std::invalid_argument("number of threads must be >= 1, got " + std::to_string(n));
+    if (n < 1 || n > hf2q::kMaxThreads) {
+      throw std::invalid_argument("number of threads must be in [1, " + std::to_string(hf2q::kMaxThreads) +
+                                  "], got " + std::to_string(n));
+    }
     nb::gil_scoped_release nogil;
     hf2q::set_num_threads(n);
   }, "n"_a);

@@ -247,6 +247,9 @@ bool Device::register_buffer(BufferImpl& buf) {
     members_.emplace(&buf, m);  // tracked, usable, not wired
     return false;
   }
+  // Reserve first: nothing below may throw once the backend holds the buffer.
+  members_.reserve(members_.size() + 1);
+  to_wire_.reserve(to_wire_.size() + 1);
   m.set = choose_set_locked(m.len);
   backend_->set_add(m.set, buf.handle());
   auto& s = sets_[static_cast<std::size_t>(m.set)];
@@ -267,13 +270,21 @@ bool Device::register_buffer(BufferImpl& buf) {
 }
 
 void Device::commit_locked() {
-  for (const BufferImpl* b : to_wire_) {
+  std::vector<const BufferImpl*> to_wire;
+  to_wire.swap(to_wire_);
+  for (std::size_t i = 0; i < to_wire.size(); ++i) {
+    const BufferImpl* b = to_wire[i];
     auto it = members_.find(b);
     if (it == members_.end() || !it->second.wire_pending) continue;  // freed or ended meanwhile
+    try {
+      it->second.locked = backend_->wire(b->handle(), b->data(), it->second.len);
+    } catch (...) {
+      // This buffer and the rest stay pending for the next commit.
+      to_wire_.insert(to_wire_.end(), to_wire.begin() + static_cast<std::ptrdiff_t>(i), to_wire.end());
+      throw;
+    }
     it->second.wire_pending = false;
-    it->second.locked = backend_->wire(b->handle(), b->data(), it->second.len);
   }
-  to_wire_.clear();
   for (std::size_t i = 0; i < sets_.size(); ++i) {
     auto& s = sets_[i];
     if (!s.created) continue;
@@ -399,6 +410,10 @@ UploadResult Device::write(BufferImpl& buf, std::size_t elem_offset, const void*
   switch (p.op) {
     case Op::Raw: {
       const auto* s = static_cast<const std::uint8_t*>(src);
+      const auto sa = reinterpret_cast<std::uintptr_t>(s), da = reinterpret_cast<std::uintptr_t>(dst);
+      if (p.dst_len != 0 && sa < da + p.dst_len && da < sa + p.dst_len) {
+        throw std::invalid_argument("source and destination overlap (the source lies inside the buffer)");
+      }
       parallel_for(p.dst_len, kCopyChunk, [&](std::size_t b, std::size_t e) { std::memcpy(dst + b, s + b, e - b); });
       break;
     }

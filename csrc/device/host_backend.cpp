@@ -108,12 +108,10 @@ class HostBackend final : public Backend {
 #if defined(__linux__)
       if (::madvise(p + b, e - b, MADV_POPULATE_WRITE) == 0) return;
 #endif
-      // Read then write back the same byte: a read alone would map the shared
-      // zero page, a constant write would destroy data already loaded.
-      for (std::size_t off = b; off < e; off += page) {
-        volatile std::uint8_t* q = p + off;
-        *q = *q;
-      }
+      // An atomic OR of zero: a write fault that changes nothing, even while
+      // another thread writes the buffer (a read alone would map the shared
+      // zero page; read-then-store could undo a concurrent write).
+      for (std::size_t off = b; off < e; off += page) __atomic_fetch_or(p + off, 0, __ATOMIC_RELAXED);
     });
   }
 

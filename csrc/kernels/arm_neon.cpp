@@ -100,7 +100,7 @@ bool quantize_4_blocks(std::size_t b0, std::uint8_t* dst, Load& load, std::size_
     store_le16(out, d16[k]);
     inf_scales += d16[k] == 0x7C00u ? 1 : 0;
     auto* qs = reinterpret_cast<std::int8_t*>(out + 2);
-    if (std::isinf(ids[k])) {  // 1/d overflowed: the reference stores zeros
+    if (is_inf(ids[k])) {  // 1/d overflowed: the reference stores zeros
       std::memset(qs, 0, kQ8BlockElems);
       continue;
     }

@@ -29,6 +29,11 @@ inline float bits_f32(std::uint32_t u) {
 
 inline bool is_nonfinite_bits(std::uint32_t u) { return (u & 0x7F800000u) == 0x7F800000u; }
 
+// A bit test, not std::isinf: an inline libm helper with external linkage,
+// emitted in the -mavx2 translation unit, could be the copy the linker keeps
+// for the scalar path too (unoptimised builds).
+inline bool is_inf(float f) { return (f32_bits(f) & 0x7FFFFFFFu) == 0x7F800000u; }
+
 // IEEE binary32 -> binary16, round to nearest even, overflow to +-Inf, NaN
 // kept quiet. Equal to numpy astype(float16) / F16C _cvtss_sh(x, 0) for every
 // non-NaN input. Uses the FPU (default rounding mode) for the subnormal range.
@@ -91,7 +96,7 @@ inline BlockScale q8_block_scale(float amax) {
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   const std::uint16_t d16 = f32_to_f16_rne_inline(d);
-  return BlockScale{id, d16, std::isinf(id), d16 == 0x7C00u};
+  return BlockScale{id, d16, is_inf(id), d16 == 0x7C00u};
 }
 
 inline void store_le16(std::uint8_t* p, std::uint16_t v) {

@@ -52,13 +52,23 @@ class Pool {
   }
 
   void run(std::size_t nchunks, const std::function<void(std::size_t)>& chunk_fn) {
-    std::unique_lock<std::mutex> run_lock(run_mutex_, std::try_to_lock);
     const int threads = num_threads_.load();
-    if (!run_lock.owns_lock() || t_in_pool_work || threads <= 1 || nchunks < 2) {
+    // Nested calls (from a worker or from a body on the calling thread) run
+    // inline before touching run_mutex_, which this thread may already own.
+    if (t_in_pool_work || threads <= 1 || nchunks < 2) {
+      run_inline(nchunks, chunk_fn);
+      return;
+    }
+    std::unique_lock<std::mutex> run_lock(run_mutex_, std::try_to_lock);
+    if (!run_lock.owns_lock()) {
       run_inline(nchunks, chunk_fn);
       return;
     }
     ensure_workers(static_cast<std::size_t>(threads - 1));
+    if (workers_.empty()) {
+      run_inline(nchunks, chunk_fn);
+      return;
+    }
     {
       std::lock_guard<std::mutex> lk(mutex_);
       job_ = &chunk_fn;
@@ -142,7 +152,12 @@ class Pool {
       std::lock_guard<std::mutex> lk(mutex_);
       gen = generation_;
     }
-    for (std::size_t i = 0; i < n; ++i) workers_.push_back(new std::thread([this, gen] { worker_main(gen); }));
+    // If the system refuses threads, run with those it gave (possibly none).
+    try {
+      workers_.reserve(n);
+      for (std::size_t i = 0; i < n; ++i) workers_.push_back(new std::thread([this, gen] { worker_main(gen); }));
+    } catch (const std::exception&) {
+    }
   }
 
   void stop_workers() {
@@ -194,7 +209,7 @@ Pool& pool() {
 
 int get_num_threads() { return pool().num_threads(); }
 
-void set_num_threads(int n) { pool().set_num_threads(std::max(1, n)); }
+void set_num_threads(int n) { pool().set_num_threads(std::min(kMaxThreads, std::max(1, n))); }
 
 void parallel_for(std::size_t n, std::size_t grain,
                   const std::function<void(std::size_t, std::size_t)>& body) {

@@ -14,7 +14,8 @@ namespace hf2q {
 // Threads used by parallel loops, the caller included. Default: the CPUs this
 // process may run on, or HF2Q_NUM_THREADS when it is a positive integer.
 int get_num_threads();
-// n >= 1. Workers are (re)started lazily on the next parallel loop.
+constexpr int kMaxThreads = 1024;
+// 1 <= n <= kMaxThreads. Workers are (re)started lazily on the next parallel loop.
 void set_num_threads(int n);
 
 // Calls body(begin, end) over [0, n) in chunks of `grain` items (the last one

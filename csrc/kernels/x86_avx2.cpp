@@ -118,7 +118,7 @@ bool quantize_8_blocks(std::size_t b0, std::uint8_t* dst, Load& load, std::size_
     std::uint8_t* out = dst + (b0 + static_cast<std::size_t>(k)) * kQ8BlockBytes;
     store_le16(out, d16[k]);
     inf_scales += d16[k] == 0x7C00u ? 1 : 0;
-    if (std::isinf(ids[k])) {  // 1/d overflowed: the reference stores zeros
+    if (is_inf(ids[k])) {  // 1/d overflowed: the reference stores zeros
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_setzero_si256());
       continue;
     }

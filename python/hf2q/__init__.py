@@ -38,8 +38,8 @@ def set_num_threads(n: int) -> None:
     number of CPUs this process may run on, or ``HF2Q_NUM_THREADS``."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"number of threads must be an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"number of threads must be >= 1, got {n}")
+    if not 1 <= n <= 1024:
+        raise ValueError(f"number of threads must be in [1, 1024], got {n}")
     _core.set_num_threads(n)
 
 

@@ -37,7 +37,7 @@ PathOrFd = Union[str, "os.PathLike[str]", int]
 #: Buffer dtypes. ``q8_0`` is u8 storage holding ggml Q8_0 blocks of a tensor
 #: whose logical shape the buffer keeps (``byte_len = numel / 32 * 34``).
 DTYPES = ("f32", "f16", "bf16", "u8", "i32", "q8_0")
-_NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16"}
+_NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16", np.dtype(np.int32): "i32"}
 _STORAGE_NUMPY = {"bf16": BF16, "f16": F16}
 
 
@@ -321,9 +321,12 @@ class Device:
             inferred = _NUMPY_SRC[arr.dtype]
             if src_dtype is not None and src_dtype != inferred:
                 raise TypeError(f"src has dtype {arr.dtype} but src_dtype={src_dtype!r} was given")
-            return arr.reshape(-1).view(U8), inferred, tuple(arr.shape)
+            flat = arr.reshape(-1).view(U8)
+            if inferred != to and flat.ctypes.data % arr.dtype.itemsize:
+                flat = flat.copy()  # conversions read aligned elements; unaligned input alone is copied
+            return flat, inferred, tuple(arr.shape)
         if arr.dtype not in (U8, np.dtype(np.uint16)):
-            raise TypeError(f"src must be float32, float16, bfloat16 or raw bytes, got dtype {arr.dtype}")
+            raise TypeError(f"src must be float32, float16, bfloat16, int32 or raw bytes, got dtype {arr.dtype}")
         if src_dtype is None:
             if to == "q8_0":
                 raise TypeError("raw src needs src_dtype ('f32', 'f16' or 'bf16') to be quantized")
@@ -341,15 +344,11 @@ class Device:
 
     @staticmethod
     def _check_result(result: tuple[int, int], shape: tuple[int, ...], name: str | None,
-                      src_view: np.ndarray | None = None) -> None:
+                      src_view: np.ndarray | None = None, *, value_class: str = "") -> None:
         first_bad, inf_scales = result
         if first_bad >= 0:
             multi = tuple(int(i) for i in np.unravel_index(first_bad, shape)) if len(shape) > 1 else None
-            cls = "nan"
-            if src_view is not None:
-                from ._arrays import value_class
-
-                cls = value_class(float(src_view.reshape(-1)[first_bad]))
+            cls = value_class or (_value_class(src_view, first_bad) if src_view is not None else "nan")
             where = f" in '{name}'" if name else ""
             pos = f" {multi}" if multi is not None else ""
             raise NonFiniteError(
@@ -373,10 +372,14 @@ class Device:
         converting as needed (same dtype: raw copy; bf16/f16 -> f32;
         f32/f16/bf16 -> q8_0, ``offset`` a multiple of 32)."""
         self._own(buf)
-        flat, sdt, shape = self._source(src, src_dtype, buf.dtype)
-        result = self._native.write(buf._native, int(offset), flat, sdt)
+        offset = _offset(offset)
+        flat, sdt, _ = self._source(src, src_dtype, buf.dtype)
+        first_bad, inf_scales = self._native.write(buf._native, offset, flat, sdt)
         typed = _typed_view(flat, sdt)
-        self._check_result(result, shape, name, typed)
+        # Non-finite positions are reported in the buffer's tensor, as for files.
+        cls = _value_class(typed, first_bad) if first_bad >= 0 else ""
+        self._check_result((first_bad + offset if first_bad >= 0 else -1, inf_scales), buf.shape, name,
+                           value_class=cls)
 
     def upload(self, src: Any, to: str | None = None, shape: Sequence[int] | None = None, *,
                src_dtype: str | None = None, name: str | None = None) -> Buffer:
@@ -405,6 +408,7 @@ class Device:
         copies, through small per-thread chunks for conversions, in parallel."""
         self._own(buf)
         _dtype_name(src_dtype)
+        offset = _offset(offset)
         if file_offset < 0 or nbytes < 0:
             raise ValueError("file_offset and nbytes must be >= 0")
         with _opened(file) as fd:
@@ -415,14 +419,17 @@ class Device:
                 # cycle (error -> traceback -> this frame -> error) that keeps
                 # `buf` alive until the cycle collector runs.
                 raise _file_read_error(file, name, e) from None
-        if result[0] >= 0:
-            _raise_file_nonfinite(result[0], buf, offset, name)
-        self._check_result((-1, result[1]), buf.shape, name)
+            cls = _file_value_class(fd, file_offset, result[0], src_dtype) if result[0] >= 0 else ""
+        first_bad = result[0] + offset if result[0] >= 0 else -1
+        self._check_result((first_bad, result[1]), buf.shape, name, value_class=cls)
 
     def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
                          shape: Sequence[int], *, name: str | None = None) -> Buffer:
         """A new buffer of dtype ``to`` and ``shape`` filled from ``nbytes`` of
         ``src_dtype`` data at ``offset`` in a file (path or open fd)."""
+        want = _source_nbytes(_numel(_shape(shape)), src_dtype)
+        if nbytes != want:
+            raise ValueError(f"{nbytes} bytes of {src_dtype} do not fill shape {tuple(shape)}: expected {want}")
         buf = self.alloc(shape, to)
         try:
             self.write_from_file(buf, file, offset, nbytes, src_dtype, name=name)
@@ -471,16 +478,32 @@ def _typed_view(flat: np.ndarray, sdt: str) -> np.ndarray | None:
     return flat.view(dt) if dt is not None else None
 
 
-def _raise_file_nonfinite(index: int, buf: Buffer, offset: int, name: str | None) -> None:
-    shape = buf.shape
-    pos = int(offset) + index
-    multi = tuple(int(i) for i in np.unravel_index(pos, shape)) if len(shape) > 1 else None
-    where = f" in '{name}'" if name else ""
-    mpos = f" {multi}" if multi is not None else ""
-    raise NonFiniteError(
-        f"non-finite input{where} at flat index {pos}{mpos}",
-        index=pos, multi_index=multi, value_class="nan or inf", tensor=name,
-    )
+def _offset(offset: int) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    return int(offset)
+
+
+_ITEMSIZE = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "u8": 1}
+
+
+def _source_nbytes(numel: int, src_dtype: str) -> int:
+    return numel // 32 * 34 if src_dtype == "q8_0" else numel * _ITEMSIZE[src_dtype]
+
+
+def _value_class(view: np.ndarray | None, index: int) -> str:
+    from ._arrays import value_class
+
+    return value_class(float(view.reshape(-1)[index])) if view is not None else "nan"
+
+
+def _file_value_class(fd: int, file_offset: int, index: int, src_dtype: str) -> str:
+    """``nan``/``+inf``/``-inf`` of the element at ``index`` in a file."""
+    dt = {"f32": F32, "f16": F16, "bf16": BF16}[src_dtype]
+    raw = os.pread(fd, dt.itemsize, file_offset + index * dt.itemsize)
+    return _value_class(np.frombuffer(raw, dtype=dt), 0) if len(raw) == dt.itemsize else "nan"
 
 
 def _file_read_error(file: PathOrFd, name: str | None, e: BaseException) -> FileReadError:

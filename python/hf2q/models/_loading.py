@@ -39,7 +39,8 @@ class _NoBar:
 
 def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
     reason = getattr(e, "reason", str(e))
-    return SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code="FileTruncated", path=path, tensor=tensor)
+    code = "FileTruncated" if "end of file" in reason else "Io"
+    return SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code=code, path=path, tensor=tensor)
 
 
 @dataclass

@@ -961,7 +961,7 @@ class DFlashModelTensors:
                 except FileReadError as e:
                     raise file_read_error(e, t.path, name) from None
                 bar.update(info.nbytes)
-                if name.endswith("mlp.up_proj.weight"):  # last tensor of a layer: one commit per layer
+                if name.endswith("self_attn.v_proj.weight"):  # last of a layer in manifest order: one commit per layer
                     device.residency.commit()
             device.residency.commit()
             layers = [
