@@ -57,8 +57,9 @@ if ! command -v clang++ >/dev/null 2>&1; then
   command -v clang++ >/dev/null 2>&1 || mode=plain
 fi
 
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-VPY="$ROOT/$VENV/bin/python"
+VPY="$VENV/bin/python"
 if [ "${HF2Q_SKIP_BUILD:-0}" != "1" ]; then
   "$VPY" -m pip install --quiet --disable-pip-version-check atheris
   if [ "$mode" = asan ]; then
@@ -125,7 +126,7 @@ for t in "${targets[@]}"; do
   set -e
   execs=$(awk '/stat::number_of_executed_units/ {v=$NF} END {print v+0}' "$log")
   rate=$(awk '/stat::average_exec_per_sec/ {v=$NF} END {print v+0}' "$log")
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | awk '{print $2}')
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | awk '{print $2}' || true)
   corpus=$(find "$WORK/corpus/$t" -type f | wc -l)
   result=ok
   if [ "$rc" -ne 0 ] || grep -q "ERROR: AddressSanitizer\|runtime error:\|ERROR: libFuzzer\|Uncaught Python exception" "$log"; then

@@ -33,12 +33,12 @@ PY=${PYTHON:-python3}
 LOGDIR="$ROOT/build/sanitizer-logs"
 t_start=$(date +%s)
 
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 if [ ! -x "$VENV/bin/python" ]; then
   echo "sanitizers: creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-VPY="$ROOT/$VENV/bin/python"
-[ -x "$VPY" ] || VPY="$VENV/bin/python"
+VPY="$VENV/bin/python"
 
 if [ "${HF2Q_SKIP_BUILD:-0}" != "1" ]; then
   echo "sanitizers: building hf2q with -DHF2Q_SANITIZE=ON into $VENV"
@@ -54,12 +54,17 @@ t_built=$(date +%s)
 # The module that will be imported must be the sanitized one from the venv
 # (found without importing it: an ASan module refuses to load before the
 # runtime is preloaded).
-CORE=$(ls "$ROOT/$VENV"/lib/python*/site-packages/hf2q/_core*.so 2>/dev/null | head -n 1 || true)
+CORE=$(ls "$VENV"/lib/python*/site-packages/hf2q/_core*.so 2>/dev/null | head -n 1 || true)
 if [ -z "$CORE" ]; then
   echo "sanitizers: no hf2q/_core*.so in $VENV" >&2
   exit 1
 fi
 ASAN_LIB=$(ldd "$CORE" | awk '/libasan\.so/ {print $3; exit}')
+if [ -z "$ASAN_LIB" ]; then
+  # A clang build (CXX=clang++) does not link its runtime into a shared module.
+  cand=$("${CXX:-clang++}" -print-file-name="libclang_rt.asan-$(uname -m).so" 2>/dev/null || true)
+  [ -f "$cand" ] && ASAN_LIB=$cand
+fi
 # libstdc++ is preloaded too: the interpreter does not link it, and ASan's
 # __cxa_throw interceptor must find the real one when the runtime starts
 # (otherwise the first C++ exception dies in "CHECK failed ... real___cxa_throw").
@@ -79,8 +84,8 @@ mkdir -p "$LOGDIR"
 # the tests' Python subprocesses inherit it.
 PY_ENV=(env
   "LD_PRELOAD=$ASAN_LIB${CXX_LIB:+:$CXX_LIB}${LD_PRELOAD:+:$LD_PRELOAD}"
-  "ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:exitcode=86:allocator_may_return_null=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:log_path=$LOGDIR/asan"
-  "UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:exitcode=87:log_path=$LOGDIR/ubsan"
+  "ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:exitcode=86:allocator_may_return_null=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:log_path=$LOGDIR/report"
+  "UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:exitcode=86:log_path=$LOGDIR/report"
   PYTHONMALLOC=malloc PYTHONFAULTHANDLER=1 HF2Q_UNDER_SANITIZER=1)
 
 IMPORTED=$(cd / && "${PY_ENV[@]}" "$VPY" -c "import hf2q._core as c; print(c.__file__)")
@@ -95,7 +100,7 @@ set +e
 "${PY_ENV[@]}" "$VPY" -c "import ctypes; b = ctypes.create_string_buffer(16); ctypes.memmove(b, b'x' * 64, 64)" 2>/dev/null
 canary=$?
 set -e
-if [ "$canary" -ne 86 ] || [ -z "$(find "$LOGDIR" -name 'asan.*' -size +0)" ]; then
+if [ "$canary" -ne 86 ] || [ -z "$(find "$LOGDIR" -type f -size +0)" ]; then
   echo "sanitizers: the ASan canary was not caught (exit $canary): reports would go unseen" >&2
   exit 1
 fi

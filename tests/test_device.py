@@ -426,6 +426,17 @@ def test_failed_write_from_file_keeps_no_reference_to_the_buffer(dev, tmp_path):
         gc.enable()
 
 
+@pytest.mark.parametrize("src_dtype", ["F32", None, "f64", ""])
+def test_upload_from_file_unknown_src_dtype_is_value_error(dev, tmp_path, src_dtype):
+    # Regression (found by fuzz/fuzz_device.py): the size check looked the
+    # source dtype up before validating it and raised KeyError.
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"\0" * 16)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        dev.upload_from_file(path, 0, 16, src_dtype, "f32", (4,))
+    assert dev.residency.count == 0
+
+
 def test_concurrent_uploads_from_threads(dev):
     xs = [rng_bf16((512, 1024), seed=s) for s in range(8)]
     results: dict[int, tuple[np.ndarray, np.ndarray]] = {}

@@ -427,7 +427,7 @@ class Device:
                          shape: Sequence[int], *, name: str | None = None) -> Buffer:
         """A new buffer of dtype ``to`` and ``shape`` filled from ``nbytes`` of
         ``src_dtype`` data at ``offset`` in a file (path or open fd)."""
-        want = _source_nbytes(_numel(_shape(shape)), src_dtype)
+        want = _source_nbytes(_numel(_shape(shape)), _dtype_name(src_dtype))
         if nbytes != want:
             raise ValueError(f"{nbytes} bytes of {src_dtype} do not fill shape {tuple(shape)}: expected {want}")
         buf = self.alloc(shape, to)
