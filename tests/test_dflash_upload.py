@@ -18,6 +18,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from _helpers import InterruptingBar
 
 import hf2q
 from hf2q import dflash, ops
@@ -421,33 +422,15 @@ def test_truncated_before_load_is_a_header_error(tmp_path: Path, single: Path, d
     assert count(dev) == 0
 
 
-class _InterruptingBar:
-    def __init__(self, after: int) -> None:
-        self.after = after
-        self.updates = 0
-        self.closed = False
-
-    def update(self, n: int) -> None:
-        self.updates += 1
-        if self.updates > self.after:
-            raise KeyboardInterrupt
-
-    def close(self) -> None:
-        self.closed = True
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-
 @pytest.mark.parametrize("after", [0, 1, 11, N_TENSORS - 1])
 def test_keyboard_interrupt_from_progress_bar(
     single: Path, dev: Device, monkeypatch: pytest.MonkeyPatch, after: int
 ) -> None:
-    bars: list[_InterruptingBar] = []
+    bars: list[InterruptingBar] = []
 
-    def make_bar(total: int, desc: str, enabled: bool) -> _InterruptingBar:
+    def make_bar(total: int, desc: str, enabled: bool) -> InterruptingBar:
         assert enabled and total == expected_total_data_bytes(TINY)
-        bars.append(_InterruptingBar(after))
+        bars.append(InterruptingBar(after))
         return bars[-1]
 
     monkeypatch.setattr(dflash_mod, "progress_bar", make_bar)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
+from _helpers import InterruptingBar
 
 import hf2q
 from hf2q import dflash, qwen35
@@ -333,24 +334,6 @@ def test_keyboard_interrupt_anywhere_in_a_load(kind: str, ckpts: dict[str, Path]
     assert interrupted >= samples * 9 // 10
 
 
-class _InterruptingBar:
-    def __init__(self, after: int) -> None:
-        self.after = after
-        self.updates = 0
-        self.closed = False
-
-    def update(self, n: int) -> None:
-        self.updates += 1
-        if self.updates > self.after:
-            raise KeyboardInterrupt
-
-    def close(self) -> None:
-        self.closed = True
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-
 def test_keyboard_interrupt_from_qwen35_progress_bar(ckpts: dict[str, Path], dev: Device,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import hf2q.models.qwen35_load as qwen35_load
@@ -359,10 +342,10 @@ def test_keyboard_interrupt_from_qwen35_progress_bar(ckpts: dict[str, Path], dev
     n_tensors = len(qwen35.load(path, device=dev, progress=False).names())
     before = settled("qwen35-sharded", path, dev)
     for after in range(0, n_tensors, 5):
-        bars: list[_InterruptingBar] = []
+        bars: list[InterruptingBar] = []
 
-        def make_bar(total: int, desc: str, enabled: bool) -> _InterruptingBar:
-            bars.append(_InterruptingBar(after))
+        def make_bar(total: int, desc: str, enabled: bool) -> InterruptingBar:
+            bars.append(InterruptingBar(after))
             return bars[-1]
 
         with monkeypatch.context() as m:

@@ -63,7 +63,7 @@ def test_from_file_dir_and_path(tmp_path) -> None:
 
 
 def test_from_file_errors(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="no such config"):
+    with pytest.raises(ConfigError, match="config.json: config file not found"):
         Qwen35Config.from_file(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="invalid JSON"):

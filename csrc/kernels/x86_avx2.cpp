@@ -27,6 +27,20 @@ inline __m256 round_half_away(__m256 p) {
   return _mm256_add_ps(t, _mm256_and_ps(ge_half, signed_one));
 }
 
+// The 32 quantized bytes of one block: round_half_away(x * id) as int8.
+inline void store_qs(const __m256 v[4], float id, std::uint8_t* qs) {
+  const __m256 vid = _mm256_set1_ps(id);
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k) q[k] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[k], vid)));
+  // Values lie in [-127, 127], so the saturating packs are exact. The packs
+  // work per 128-bit lane; the permute restores element order.
+  const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
+  const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+  __m256i bytes = _mm256_packs_epi16(p01, p23);
+  bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), bytes);
+}
+
 // Quantize one block held in four registers. Returns the index within the
 // block of the first non-finite element, or -1.
 inline int quantize_block(const __m256 v[4], std::uint8_t* out, std::size_t& inf_scales) {
@@ -57,16 +71,7 @@ inline int quantize_block(const __m256 v[4], std::uint8_t* out, std::size_t& inf
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_setzero_si256());
     return -1;
   }
-  const __m256 vid = _mm256_set1_ps(s.id);
-  __m256i q[4];
-  for (int k = 0; k < 4; ++k) q[k] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[k], vid)));
-  // Values lie in [-127, 127], so the saturating packs are exact. The packs
-  // work per 128-bit lane; the permute restores element order.
-  const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
-  const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
-  __m256i bytes = _mm256_packs_epi16(p01, p23);
-  bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), bytes);
+  store_qs(v, s.id, out + 2);
   return -1;
 }
 
@@ -123,14 +128,7 @@ bool quantize_8_blocks(std::size_t b0, std::uint8_t* dst, Load& load, std::size_
       continue;
     }
     load(b0 + static_cast<std::size_t>(k), v);
-    const __m256 vid = _mm256_set1_ps(ids[k]);
-    __m256i q[4];
-    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvttps_epi32(round_half_away(_mm256_mul_ps(v[j], vid)));
-    const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);
-    const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
-    __m256i bytes = _mm256_packs_epi16(p01, p23);
-    bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), bytes);
+    store_qs(v, ids[k], out + 2);
   }
   return true;
 }

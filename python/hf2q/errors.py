@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -155,3 +156,17 @@ class ShapeMismatchError(ManifestError):
 
 class DeviceError(Hf2qError):
     """A device could not be opened, or memory could not be allocated or made resident."""
+
+
+def read_config_text(path: str | os.PathLike[str]) -> tuple[Path, str]:
+    """The text of a model's ``config.json`` (``path``: the file or its
+    directory), or :class:`ConfigError` naming the file."""
+    p = Path(os.fspath(path))
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        return p, p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: cannot read config: {e}") from None

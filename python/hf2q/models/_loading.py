@@ -4,9 +4,8 @@ file-read errors mapped to SafetensorsError, load summaries."""
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from ..device import Device, FileReadError
 from ..device import _detached as detached  # noqa: F401  (re-exported for the loaders)
@@ -84,16 +83,3 @@ def residency_state(device: Device) -> dict[str, Any]:
         "unwired_bytes": int(st["unwired_bytes"]),
         "sets": int(st["sets"]),
     }
-
-
-class Timer:
-    def __enter__(self) -> "Timer":
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self.t0
-
-
-def total(values: Iterable[int]) -> int:
-    return sum(values)

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
+from ..errors import read_config_text
 from ..errors import (
     ConfigError,
     Hf2qError,
@@ -296,15 +297,7 @@ class DFlashConfig:
     @classmethod
     def from_file(cls, path: PathLike) -> DFlashConfig:
         """Read ``config.json`` (``path`` may be the file or its directory)."""
-        p = Path(os.fspath(path))
-        if p.is_dir():
-            p = p / "config.json"
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: config file not found") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{p}: cannot read config: {e}") from None
+        p, text = read_config_text(path)
         try:
             return cls.from_json_str(text)
         except ConfigError as e:
@@ -899,7 +892,6 @@ _LAYER_FIELDS: dict[str, str] = {
     "mlp_up": "mlp.up_proj.weight",
     "mlp_down": "mlp.down_proj.weight",
 }
-_NORM_FIELDS = ("q_norm", "k_norm", "input_layernorm", "post_attention_layernorm")
 
 
 @dataclass

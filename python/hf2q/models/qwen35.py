@@ -58,50 +58,9 @@ from .qwen35_transforms import (
     transform_tensor,
 )
 
-__all__ = [
-    # config
-    "Qwen35Config",
-    "LayerKind",
-    "LINEAR_ATTENTION",
-    "FULL_ATTENTION",
-    "MODEL_TYPES",
-    "DEFAULT_MROPE_SECTION",
-    # plan
-    "plan_qwen35_moe",
-    "Qwen35Plan",
-    "PlannedTensor",
-    "SourcePiece",
-    "Transform",
-    "TensorKind",
-    "DeviceDtype",
-    "SOURCE_DTYPES",
-    "DEVICE_DTYPES",
-    "hf_name_to_gguf",
-    "checkpoint_targets",
-    "is_multimodal_tensor",
-    "select_device_dtype",
-    "UnknownTensorError",
-    "DuplicateTensorError",
-    "MixedExpertFormsError",
-    # transforms
-    "reorder_v_heads",
-    "reorder_in_proj_qkv",
-    "reorder_in_proj_z",
-    "reorder_in_proj_ab",
-    "reorder_per_head",
-    "reorder_conv1d",
-    "reorder_out_proj",
-    "a_log_to_ssm_a",
-    "norm_plus_one",
-    "squeeze_conv1d",
-    "split_gate_up",
-    "stack_experts_reference",
-    "as_source_array",
-    "transform_tensor",
-    "to_device_dtype",
-    "convert_reference",
-    "device_nbytes",
-]
+from . import qwen35_config as _config, qwen35_plan as _plan, qwen35_transforms as _transforms  # noqa: E402
+
+__all__ = [*_config.__all__, *_plan.__all__, *_transforms.__all__]
 
 # The loader (device upload) lives in its own module.
 from .qwen35_load import Qwen35Layer, Qwen35Model, inspect, load  # noqa: E402

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, read_config_text
 
 __all__ = [
     "Qwen35Config",
@@ -192,15 +192,7 @@ class Qwen35Config:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Qwen35Config:
         """Read ``config.json`` (``path`` is the file or the checkpoint directory)."""
-        p = Path(path)
-        if p.is_dir():
-            p = p / "config.json"
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: no such config file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{p}: cannot read config: {e}") from None
+        p, text = read_config_text(path)
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
