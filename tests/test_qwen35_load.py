@@ -157,3 +157,12 @@ def test_cli_detects_qwen(ckpts, capsys):
     assert '"model": "qwen35moe"' in out
     assert main(["inspect", str(ckpts["plain"]), "--json"]) == 0
     assert '"planned_tensors"' in capsys.readouterr().out
+
+
+def test_layout_invariant_raises_not_asserts(dev, ckpts):
+    model = qwen35.load(ckpts["plain"], device=dev, progress=False)
+    name = "blk.0.ffn_gate_exps.weight"
+    buffers = {n: model[n] for n in model.names()}
+    buffers[name] = dev.alloc(model[name].shape, "bf16")  # planned q8_0
+    with pytest.raises(hf2q.Hf2qError, match=name):
+        qwen35.Qwen35Model(dev, model.config, model.plan, buffers)
