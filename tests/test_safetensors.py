@@ -513,7 +513,10 @@ def test_truncated_after_open(f: Path) -> None:
         with pytest.raises(SafetensorsError) as ei:
             sf.read_bytes(last.name)
         assert ei.value.code == "FileTruncated" and "truncated" in str(ei.value) and str(f) in str(ei.value)
-        sf.read_bytes(first.name)  # still readable
+        with pytest.raises(SafetensorsError) as ei:  # its bytes are intact, but the file changed (issue 11)
+            sf.read_bytes(first.name)
+        assert ei.value.code == "FileTruncated" and "modified after it was opened" in str(ei.value)
+        assert str(f) in str(ei.value)
         os.truncate(f, 0)
         with pytest.raises(SafetensorsError):
             sf.read_array(first.name)

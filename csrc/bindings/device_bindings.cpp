@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "device/device.h"
+#include "release_gil.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -58,7 +59,7 @@ nb::ndarray<Framework> make_view(const std::shared_ptr<BufferImpl>& b, bool dlpa
 nb::dict stats_dict(Device& d) {
   hf2q::device::ResidencyStats st;
   {
-    nb::gil_scoped_release nogil;  // may commit: mlock of staged buffers
+    hf2q::bindings::ReleaseGil nogil;  // may commit: mlock of staged buffers
     st = d.stats();
   }
   nb::dict out;
@@ -120,16 +121,16 @@ void bind_device(nb::module_& m) {
           "alloc",
           [](Device& d, const std::vector<std::int64_t>& shape, const std::string& dtype) {
             const DType t = hf2q::device::dtype_from_name(dtype);
-            nb::gil_scoped_release nogil;
+            hf2q::bindings::ReleaseGil nogil;
             return d.alloc(shape, t);
           },
           "shape"_a, "dtype"_a)
-      .def("register_buffer", [](Device& d, BufferImpl& b) { nb::gil_scoped_release nogil; return d.register_buffer(b); }, "buf"_a)
-      .def("is_registered", &Device::is_registered, "buf"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def("is_locked", &Device::is_locked, "buf"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def("commit", [](Device& d) { nb::gil_scoped_release nogil; d.commit(); })
-      .def("request_residency", [](Device& d) { nb::gil_scoped_release nogil; d.request_residency(); })
-      .def("end_residency", [](Device& d) { nb::gil_scoped_release nogil; d.end_residency(); })
+      .def("register_buffer", [](Device& d, BufferImpl& b) { hf2q::bindings::ReleaseGil nogil; return d.register_buffer(b); }, "buf"_a)
+      .def("is_registered", &Device::is_registered, "buf"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())
+      .def("is_locked", &Device::is_locked, "buf"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())
+      .def("commit", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.commit(); })
+      .def("request_residency", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.request_residency(); })
+      .def("end_residency", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.end_residency(); })
       .def("stats", &stats_dict)
       .def("attach_queue", &Device::attach_queue, "queue"_a)
       .def(
@@ -138,7 +139,7 @@ void bind_device(nb::module_& m) {
             const DType t = hf2q::device::dtype_from_name(src_dtype);
             hf2q::device::UploadResult r;
             {
-              nb::gil_scoped_release nogil;
+              hf2q::bindings::ReleaseGil nogil;
               r = d.write(b, elem_offset, src.data(), src.size(), t);
             }
             return result_pair(r);
@@ -147,20 +148,20 @@ void bind_device(nb::module_& m) {
       .def(
           "read_file",
           [](Device& d, BufferImpl& b, std::size_t elem_offset, int fd, std::uint64_t file_offset, std::size_t nbytes,
-             const std::string& src_dtype) {
+             const std::string& src_dtype, bool check_finite) {
             const DType t = hf2q::device::dtype_from_name(src_dtype);
             hf2q::device::UploadResult r;
             {
-              nb::gil_scoped_release nogil;
-              r = d.read_file(b, elem_offset, fd, file_offset, nbytes, t);
+              hf2q::bindings::ReleaseGil nogil;
+              r = d.read_file(b, elem_offset, fd, file_offset, nbytes, t, check_finite);
             }
             return result_pair(r);
           },
-          "buf"_a, "elem_offset"_a, "fd"_a, "file_offset"_a, "nbytes"_a, "src_dtype"_a)
+          "buf"_a, "elem_offset"_a, "fd"_a, "file_offset"_a, "nbytes"_a, "src_dtype"_a, "check_finite"_a = false)
       .def("checksums", [](Device& d, BufferImpl& b) {
         std::vector<std::uint32_t> sums;
         {
-          nb::gil_scoped_release nogil;
+          hf2q::bindings::ReleaseGil nogil;
           sums = d.device_checksums(b);
         }
         auto* heap = new std::vector<std::uint32_t>(std::move(sums));

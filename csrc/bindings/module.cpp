@@ -11,6 +11,7 @@
 #include "../kernels/checked_ops.h"
 #include "../kernels/kernels.h"
 #include "../kernels/thread_pool.h"
+#include "release_gil.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -28,18 +29,21 @@ void bind_device(nb::module_& m);
 
 NB_MODULE(_core, m) {
   m.doc() = "hf2q native core: conversion kernels and device buffers";
+  // We live inside other people's processes: no output unless asked. A daemon
+  // thread holding a buffer at interpreter exit is not a leak worth a message.
+  nb::set_leak_warnings(false);
 
   m.def(
       "bf16_to_f32",
       [](RoBytes src, RwBytes out) {
-        nb::gil_scoped_release nogil;
+        hf2q::bindings::ReleaseGil nogil;
         hf2q::ops::bf16_to_f32(src.data(), src.size(), out.data(), out.size());
       },
       "src"_a.noconvert(), "out"_a.noconvert());
   m.def(
       "f16_to_f32",
       [](RoBytes src, RwBytes out) {
-        nb::gil_scoped_release nogil;
+        hf2q::bindings::ReleaseGil nogil;
         hf2q::ops::f16_to_f32(src.data(), src.size(), out.data(), out.size());
       },
       "src"_a.noconvert(), "out"_a.noconvert());
@@ -48,7 +52,7 @@ NB_MODULE(_core, m) {
       [](RoBytes src, int src_type, RwBytes out) {
         hf2q::kernels::Q8Result r;
         {
-          nb::gil_scoped_release nogil;
+          hf2q::bindings::ReleaseGil nogil;
           r = hf2q::ops::quantize_q8_0(static_cast<hf2q::kernels::SrcType>(src_type), src.data(),
                                        src.size(), out.data(), out.size());
         }
@@ -62,7 +66,7 @@ NB_MODULE(_core, m) {
   m.def(
       "dequantize_q8_0",
       [](RoBytes src, RwBytes out) {
-        nb::gil_scoped_release nogil;
+        hf2q::bindings::ReleaseGil nogil;
         hf2q::ops::dequantize_q8_0(src.data(), src.size(), out.data(), out.size());
       },
       "src"_a.noconvert(), "out"_a.noconvert());
@@ -70,7 +74,7 @@ NB_MODULE(_core, m) {
       "f32_to_f16_rne",
       [](RoU32 src, RwU16 out) {
         if (src.size() != out.size()) throw std::invalid_argument("src and out sizes differ");
-        nb::gil_scoped_release nogil;
+        hf2q::bindings::ReleaseGil nogil;
         for (std::size_t i = 0; i < src.size(); ++i) {
           float f;
           std::memcpy(&f, src.data() + i, 4);
@@ -86,7 +90,7 @@ NB_MODULE(_core, m) {
       throw std::invalid_argument("number of threads must be in [1, " + std::to_string(hf2q::kMaxThreads) +
                                   "], got " + std::to_string(n));
     }
-    nb::gil_scoped_release nogil;
+    hf2q::bindings::ReleaseGil nogil;
     hf2q::set_num_threads(n);
   }, "n"_a);
   m.def("simd_isa", [] { return std::string(hf2q::kernels::isa_name(hf2q::kernels::active_isa())); });

@@ -1,6 +1,7 @@
 #include "device.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,6 +47,72 @@ void pread_full(int fd, std::uint8_t* dst, std::size_t len, std::uint64_t off) {
     len -= static_cast<std::size_t>(r);
     off += static_cast<std::uint64_t>(r);
   }
+}
+
+// Per-thread staging memory for file conversions, reached through a pthread
+// key rather than thread_local: glibc allocates a dlopen'ed module's
+// thread_local storage lazily and aborts the process when that fails (an
+// address-space limit); a failed allocation here is a std::bad_alloc.
+pthread_key_t g_staging_key;
+const bool g_staging_key_ready =
+    pthread_key_create(&g_staging_key, [](void* p) { delete static_cast<std::vector<std::uint8_t>*>(p); }) == 0;
+
+std::uint8_t* staging_buffer(std::size_t len) {
+  if (!g_staging_key_ready) throw std::bad_alloc();
+  auto* v = static_cast<std::vector<std::uint8_t>*>(pthread_getspecific(g_staging_key));
+  if (v == nullptr) {
+    v = new std::vector<std::uint8_t>();
+    if (pthread_setspecific(g_staging_key, v) != 0) {
+      delete v;
+      throw std::bad_alloc();
+    }
+  }
+  if (v->size() < len) v->resize(len);
+  return v->data();
+}
+
+// Index of the first NaN/+-Inf among n elements of a float dtype (raw bits),
+// or kNoIndex. A branch-free OR over the block first (vectorizes), the exact
+// index only when something was found.
+template <typename T>
+std::size_t first_nonfinite_bits(const std::uint8_t* p, std::size_t n, T exp_mask) {
+  constexpr std::size_t kBlock = 4096;
+  for (std::size_t b = 0; b < n; b += kBlock) {
+    const std::size_t e = std::min(n, b + kBlock);
+    T any = 0;
+    for (std::size_t i = b; i < e; ++i) {
+      T v;
+      std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+      any |= static_cast<T>((v & exp_mask) == exp_mask);
+    }
+    if (!any) continue;
+    for (std::size_t i = b; i < e; ++i) {
+      T v;
+      std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+      if ((v & exp_mask) == exp_mask) return i;
+    }
+  }
+  return kernels::kNoIndex;
+}
+
+std::size_t first_nonfinite(DType t, const std::uint8_t* p, std::size_t n) {
+  switch (t) {
+    case DType::BF16: return first_nonfinite_bits<std::uint16_t>(p, n, 0x7F80u);
+    case DType::F16: return first_nonfinite_bits<std::uint16_t>(p, n, 0x7C00u);
+    case DType::F32: return first_nonfinite_bits<std::uint32_t>(p, n, 0x7F800000u);
+    default: return kernels::kNoIndex;  // integers and Q8_0 bytes have no NaN
+  }
+}
+
+// Every live Device, for the fork handlers below. Leaked on purpose (never
+// destroyed at exit while a daemon thread may still use a device).
+struct DeviceRegistry {
+  std::mutex mu;
+  std::vector<Device*> devices;
+};
+DeviceRegistry& registry() {
+  static DeviceRegistry* r = new DeviceRegistry();
+  return *r;
 }
 
 enum class Op { Raw, Decode, Quantize };
@@ -122,6 +189,44 @@ bool residency_disabled_by_env() {
 
 void inject_alloc_failure(long n) { g_alloc_fail_countdown.store(n > 0 ? n : 0); }
 
+// Fork safety. A child forked while another thread held a device's mutex
+// would inherit it locked by a thread that does not exist there and hang at
+// its first alloc/residency call. The prepare handler takes the registry lock
+// and then every device's mutex (so the device state is consistent at the
+// fork); parent and child both release them afterwards. Nothing that holds a
+// device mutex waits for the registry or for the GIL, so this cannot deadlock;
+// a fork waits at most for the residency call in progress.
+void Device::lock_all_for_fork() {
+  DeviceRegistry& r = registry();
+  r.mu.lock();
+  for (Device* d : r.devices) d->mu_.lock();
+}
+
+void Device::unlock_all_after_fork() {
+  DeviceRegistry& r = registry();
+  for (Device* d : r.devices) d->mu_.unlock();
+  r.mu.unlock();
+}
+
+namespace {
+void register_device(Device* d) {
+  static const bool handlers = [] {
+    return pthread_atfork(&Device::lock_all_for_fork, &Device::unlock_all_after_fork,
+                          &Device::unlock_all_after_fork) == 0;
+  }();
+  (void)handlers;
+  DeviceRegistry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.devices.push_back(d);
+}
+
+void unregister_device(Device* d) noexcept {
+  DeviceRegistry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.devices.erase(std::remove(r.devices.begin(), r.devices.end(), d), r.devices.end());
+}
+}  // namespace
+
 // ---------------------------------------------------------------- BufferImpl
 
 BufferImpl::BufferImpl(std::shared_ptr<Device> dev, DType dtype, std::vector<std::int64_t> shape,
@@ -159,6 +264,7 @@ std::shared_ptr<Device> Device::open(const std::string& kind) {
 
 Device::Device(std::unique_ptr<Backend> backend)
     : backend_(std::move(backend)), residency_enabled_(!residency_disabled_by_env()) {
+  register_device(this);
   if (residency_enabled_) {
     sets_.resize(1);
     if (backend_->set_create(0, "hf2q weights 0", 64)) {
@@ -171,6 +277,7 @@ Device::Device(std::unique_ptr<Backend> backend)
 }
 
 Device::~Device() {
+  unregister_device(this);
   for (std::size_t i = 0; i < sets_.size(); ++i) {
     if (!sets_[i].created) continue;
     backend_->set_end(static_cast<int>(i));
@@ -435,7 +542,7 @@ UploadResult Device::write(BufferImpl& buf, std::size_t elem_offset, const void*
 }
 
 UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
-                               std::size_t nbytes, DType src_dtype) {
+                               std::size_t nbytes, DType src_dtype, bool check_finite) {
   const Plan p = plan_write(buf, elem_offset, nbytes, src_dtype);
   std::uint64_t file_end = 0;
   if (__builtin_add_overflow(file_offset, static_cast<std::uint64_t>(nbytes), &file_end) ||
@@ -444,11 +551,22 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   }
   std::uint8_t* dst = buf.data() + p.dst_off;
   UploadResult res;
+  std::atomic<std::size_t> first_bad{kernels::kNoIndex};
   if (p.op == Op::Raw) {
-    parallel_for(nbytes, kCopyChunk, [&](std::size_t b, std::size_t e) { pread_full(fd, dst + b, e - b, file_offset + b); });
+    // check_finite: the chunk is scanned right after its pread, while it is
+    // still in cache (one pass over memory, not two).
+    const std::size_t elem = p.src_elem == 0 ? 1 : p.src_elem;
+    const std::size_t chunk = kCopyChunk / elem * elem;
+    parallel_for(nbytes, chunk, [&](std::size_t b, std::size_t e) {
+      pread_full(fd, dst + b, e - b, file_offset + b);
+      if (check_finite) {
+        const std::size_t i = first_nonfinite(src_dtype, dst + b, (e - b) / elem);
+        if (i != kernels::kNoIndex) atomic_min(first_bad, b / elem + i);
+      }
+    });
+    res.first_nonfinite = first_bad.load();
     return res;
   }
-  std::atomic<std::size_t> first_bad{kernels::kNoIndex};
   std::atomic<std::size_t> inf_scales{0};
   // Enough chunks that every thread gets work even for one expert's slice
   // (512 x 2048 elements), few enough that each pread stays large.
@@ -457,12 +575,15 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   chunk = std::min(kConvertChunkElems, std::max(kMinConvertChunkElems, chunk));
   parallel_for(p.n_elems, chunk, [&](std::size_t b, std::size_t e) {
     // One small staging chunk per thread, reused across calls.
-    thread_local std::vector<std::uint8_t> staging;
     const std::size_t len = (e - b) * p.src_elem;
-    if (staging.size() < len) staging.resize(len);
-    pread_full(fd, staging.data(), len, file_offset + b * p.src_elem);
-    const auto* s16 = reinterpret_cast<const std::uint16_t*>(staging.data());
+    std::uint8_t* staging = staging_buffer(len);
+    pread_full(fd, staging, len, file_offset + b * p.src_elem);
+    const auto* s16 = reinterpret_cast<const std::uint16_t*>(staging);
     if (p.op == Op::Decode) {
+      if (check_finite) {
+        const std::size_t i = first_nonfinite(src_dtype, staging, e - b);
+        if (i != kernels::kNoIndex) atomic_min(first_bad, b + i);
+      }
       float* out = reinterpret_cast<float*>(dst) + b;
       if (src_dtype == DType::BF16) {
         kernels::bf16_to_f32_range(s16, out, e - b);
@@ -471,7 +592,7 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
       }
     } else {
       const kernels::Q8Result r =
-          kernels::quantize_q8_0_range(src_type(src_dtype), staging.data(), dst + b / 32 * 34, (e - b) / 32);
+          kernels::quantize_q8_0_range(src_type(src_dtype), staging, dst + b / 32 * 34, (e - b) / 32);
       inf_scales.fetch_add(r.inf_scales);
       if (r.first_nonfinite != kernels::kNoIndex) atomic_min(first_bad, b + r.first_nonfinite);
     }

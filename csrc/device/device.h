@@ -99,13 +99,19 @@ class Device : public std::enable_shared_from_this<Device> {
                      DType src_dtype);
   // The same from a file: pread straight into the buffer for raw copies,
   // through small per-thread chunks for conversions, in parallel.
+  // check_finite: raw copies and decodes of a float dtype report the first
+  // NaN/Inf element in first_nonfinite too (quantization always does).
   UploadResult read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
-                         std::size_t nbytes, DType src_dtype);
+                         std::size_t nbytes, DType src_dtype, bool check_finite = false);
 
   std::vector<std::uint32_t> device_checksums(BufferImpl& buf);
 
   // Called by ~BufferImpl.
   void release(BufferImpl& buf) noexcept;
+
+  // pthread_atfork handlers (device.cpp): every device's mutex is held across fork().
+  static void lock_all_for_fork();
+  static void unlock_all_after_fork();
 
  private:
   explicit Device(std::unique_ptr<Backend> backend);

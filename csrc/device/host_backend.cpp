@@ -116,18 +116,21 @@ class HostBackend final : public Backend {
   }
 
   void note_refusal(int err) {
-    std::call_once(refusal_logged_, [err] {
+    // An atomic flag, not std::call_once: a once-flag a fork caught mid-call
+    // would leave the child waiting forever.
+    if (refusal_logged_.exchange(true)) return;
+    {
       struct rlimit rl {};
       ::getrlimit(RLIMIT_MEMLOCK, &rl);
       std::fprintf(stderr,
                    "hf2q: mlock refused (%s; RLIMIT_MEMLOCK soft limit %llu bytes): buffers stay tracked "
                    "and prefaulted but unlocked\n",
                    std::strerror(err), static_cast<unsigned long long>(rl.rlim_cur));
-    });
+    }
   }
 
   BackendInfo info_;
-  std::once_flag refusal_logged_;
+  std::atomic<bool> refusal_logged_{false};
 };
 
 }  // namespace

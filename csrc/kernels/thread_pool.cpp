@@ -36,11 +36,24 @@ int default_num_threads() {
   return hc > 0 ? static_cast<int>(hc) : 1;
 }
 
-thread_local bool t_in_pool_work = false;
+// "This thread is running pool work" (a worker, or a caller inside a body),
+// so a nested parallel_for runs inline. A pthread key, not thread_local: in a
+// dlopen'ed module thread_local storage is allocated lazily on first use in
+// each thread, and glibc aborts the process ("cannot allocate memory for
+// thread-local data") when that allocation fails under an address-space
+// limit. The first pthread keys live inside the thread descriptor itself.
+pthread_key_t g_in_pool_work_key;
+const bool g_key_ready = pthread_key_create(&g_in_pool_work_key, nullptr) == 0;
+
+bool in_pool_work() { return g_key_ready && pthread_getspecific(g_in_pool_work_key) != nullptr; }
+void set_in_pool_work(bool v) {
+  if (g_key_ready) (void)pthread_setspecific(g_in_pool_work_key, v ? reinterpret_cast<void*>(1) : nullptr);
+}
 
 class Pool {
  public:
   Pool() : num_threads_(default_num_threads()) {}
+  explicit Pool(int n) : num_threads_(n) {}
   ~Pool() { stop_workers(); }
 
   int num_threads() const { return num_threads_.load(); }
@@ -48,6 +61,7 @@ class Pool {
   void set_num_threads(int n) {
     std::lock_guard<std::mutex> run_lock(run_mutex_);
     stop_workers();
+    attempted_ = kNotAttempted;
     num_threads_.store(n);
   }
 
@@ -55,7 +69,7 @@ class Pool {
     const int threads = num_threads_.load();
     // Nested calls (from a worker or from a body on the calling thread) run
     // inline before touching run_mutex_, which this thread may already own.
-    if (t_in_pool_work || threads <= 1 || nchunks < 2) {
+    if (in_pool_work() || threads <= 1 || nchunks < 2) {
       run_inline(nchunks, chunk_fn);
       return;
     }
@@ -89,28 +103,14 @@ class Pool {
     if (err) std::rethrow_exception(err);
   }
 
-  // After fork() only the forking thread exists in the child; forget the
-  // (non-existent) workers without joining them.
-  void forget_workers_after_fork() {
-    for (auto* t : workers_) (void)t;  // leaked on purpose: cannot be joined
-    workers_.clear();
-    new (&mutex_) std::mutex();
-    new (&run_mutex_) std::mutex();
-    new (&cv_work_) std::condition_variable();
-    new (&cv_done_) std::condition_variable();
-    job_ = nullptr;
-    stopping_ = false;
-    busy_workers_ = 0;
-  }
-
  private:
   static void run_inline(std::size_t nchunks, const std::function<void(std::size_t)>& chunk_fn) {
     for (std::size_t c = 0; c < nchunks; ++c) chunk_fn(c);
   }
 
   void work_loop() {
-    const bool was_in = t_in_pool_work;
-    t_in_pool_work = true;
+    const bool was_in = in_pool_work();
+    set_in_pool_work(true);
     for (;;) {
       const std::size_t c = next_chunk_.fetch_add(1);
       if (c >= job_chunks_) break;
@@ -121,7 +121,7 @@ class Pool {
         if (!error_) error_ = std::current_exception();
       }
     }
-    t_in_pool_work = was_in;
+    set_in_pool_work(was_in);
   }
 
   // `seen` starts at the generation current when the worker was created: a
@@ -144,9 +144,14 @@ class Pool {
     }
   }
 
+  // Starts up to n workers once per thread count. When the system refuses
+  // threads (EAGAIN, an address-space limit) the pool keeps those it got and
+  // does not try again until set_num_threads() asks for another count: no
+  // tear-down and re-creation on every parallel loop.
   void ensure_workers(std::size_t n) {
-    if (workers_.size() == n) return;
+    if (workers_.size() == n || attempted_ == n) return;
     stop_workers();
+    attempted_ = n;
     std::uint64_t gen;
     {
       std::lock_guard<std::mutex> lk(mutex_);
@@ -175,6 +180,8 @@ class Pool {
     stopping_ = false;
   }
 
+  static constexpr std::size_t kNotAttempted = static_cast<std::size_t>(-1);
+  std::size_t attempted_ = kNotAttempted;  // worker count last asked of the system
   std::atomic<int> num_threads_;
   std::mutex run_mutex_;  // one parallel job at a time
   std::mutex mutex_;
@@ -192,17 +199,32 @@ class Pool {
 
 // Never destroyed: worker threads must not outlive their pool during
 // interpreter shutdown, and a detached static avoids destructor-order races.
-Pool* g_pool = nullptr;
-std::once_flag g_pool_once;
+std::atomic<Pool*> g_pool{nullptr};
 
+// After fork() only the forking thread exists in the child. Its pool may have
+// been in any state in the parent (a job half done, workers being started, a
+// mutex held by a thread that is gone), so the child gets a fresh pool with
+// the same thread count; the old one is leaked on purpose (its workers cannot
+// be joined, its mutexes may be locked). The parent's pool is not touched.
+void replace_pool_in_child() {
+  Pool* old = g_pool.load();
+  if (old != nullptr) g_pool.store(new Pool(old->num_threads()));
+}
+
+// Lock-free creation: no once-flag or mutex a fork could leave held.
 Pool& pool() {
-  std::call_once(g_pool_once, [] {
-    g_pool = new Pool();
+  Pool* p = g_pool.load(std::memory_order_acquire);
+  if (p != nullptr) return *p;
+  auto* fresh = new Pool();
+  Pool* expected = nullptr;
+  if (g_pool.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) {
 #if defined(__unix__) || defined(__APPLE__)
-    pthread_atfork(nullptr, nullptr, [] { g_pool->forget_workers_after_fork(); });
+    pthread_atfork(nullptr, nullptr, replace_pool_in_child);
 #endif
-  });
-  return *g_pool;
+    return *fresh;
+  }
+  delete fresh;  // another thread won; it registers the fork handler
+  return *expected;
 }
 
 }  // namespace

@@ -402,29 +402,44 @@ class Device:
         return buf
 
     def write_from_file(self, buf: Buffer, file: PathOrFd, file_offset: int, nbytes: int, src_dtype: str, *,
-                        offset: int = 0, name: str | None = None) -> None:
+                        offset: int = 0, name: str | None = None, check_finite: bool = False) -> None:
         """``pread`` ``nbytes`` of ``src_dtype`` data at ``file_offset`` into
         ``buf`` from element ``offset`` on: straight into the buffer for raw
-        copies, through small per-thread chunks for conversions, in parallel."""
+        copies, through small per-thread chunks for conversions, in parallel.
+
+        A path is opened without blocking and must be a regular file; the
+        range must lie inside it; a file (path or fd) whose device, inode,
+        size or modification time changed during the read raises
+        :class:`FileReadError`. ``check_finite``: raw copies and decodes of
+        float data raise :class:`~hf2q.NonFiniteError` on a NaN/Inf element
+        too, found during the read (quantization always refuses them)."""
         self._own(buf)
         _dtype_name(src_dtype)
         offset = _offset(offset)
         if file_offset < 0 or nbytes < 0:
             raise ValueError("file_offset and nbytes must be >= 0")
         with _opened(file) as fd:
+            before = _fd_identity(file, fd)
+            if before is not None and before.size - file_offset < nbytes:
+                raise _file_error(file, name, f"unexpected end of file: {nbytes} bytes at offset {file_offset} run "
+                                  f"past the end of the {before.size}-byte file (file truncated or rewritten?)")
             try:
-                result = self._native.read_file(buf._native, int(offset), fd, int(file_offset), int(nbytes), src_dtype)
+                result = self._native.read_file(buf._native, int(offset), fd, int(file_offset), int(nbytes), src_dtype,
+                                                bool(check_finite))
             except FileReadError as e:
                 # Built by a helper: a local holding the new error would make a
                 # cycle (error -> traceback -> this frame -> error) that keeps
                 # `buf` alive until the cycle collector runs.
                 raise _file_read_error(file, name, e) from None
+            if before is not None and before != _fd_identity(file, fd):
+                raise _file_error(file, name, "the file was modified while it was read (device, inode, size or "
+                                  "modification time changed)")
             cls = _file_value_class(fd, file_offset, result[0], src_dtype) if result[0] >= 0 else ""
         first_bad = result[0] + offset if result[0] >= 0 else -1
         self._check_result((first_bad, result[1]), buf.shape, name, value_class=cls)
 
     def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
-                         shape: Sequence[int], *, name: str | None = None) -> Buffer:
+                         shape: Sequence[int], *, name: str | None = None, check_finite: bool = False) -> Buffer:
         """A new buffer of dtype ``to`` and ``shape`` filled from ``nbytes`` of
         ``src_dtype`` data at ``offset`` in a file (path or open fd)."""
         want = _source_nbytes(_numel(_shape(shape)), _dtype_name(src_dtype))
@@ -432,7 +447,7 @@ class Device:
             raise ValueError(f"{nbytes} bytes of {src_dtype} do not fill shape {tuple(shape)}: expected {want}")
         buf = self.alloc(shape, to)
         try:
-            self.write_from_file(buf, file, offset, nbytes, src_dtype, name=name)
+            self.write_from_file(buf, file, offset, nbytes, src_dtype, name=name, check_finite=check_finite)
         except BaseException as e:
             del buf  # inner frames in the traceback would keep it alive
             raise _detached(e)
@@ -513,6 +528,31 @@ def _file_read_error(file: PathOrFd, name: str | None, e: BaseException) -> File
     return err
 
 
+def _file_error(file: PathOrFd, name: str | None, reason: str) -> FileReadError:
+    # Returned, not raised here: see write_from_file (no local holds the error).
+    err = FileReadError(f"{_describe(file)}{_for(name)}: {reason}")
+    err.reason = reason  # type: ignore[attr-defined]
+    return err
+
+
+def _for(name: str | None) -> str:
+    return f" for '{name}'" if name else ""
+
+
+def _fd_identity(file: PathOrFd, fd: int) -> Any:
+    """The identity of a regular file behind ``fd`` (None for a borrowed fd
+    of another kind: a pipe's reads fail on their own)."""
+    from ._files import FileIdentity
+
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None  # a bad fd: the read reports it
+    import stat as _stat
+
+    return FileIdentity.of(st) if _stat.S_ISREG(st.st_mode) else None
+
+
 def _describe(file: PathOrFd) -> str:
     return f"fd {file}" if isinstance(file, int) else os.fspath(file)
 
@@ -531,10 +571,17 @@ class _opened:
         if isinstance(self._file, int):
             self._fd = self._file
         else:
-            try:
-                self._fd = os.open(os.fspath(self._file), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError as e:
-                raise FileReadError(e.errno, f"cannot open {self._file!s}: {e.strerror}") from None
+            from ._files import open_regular
+
+            path = os.fspath(self._file)
+
+            def error(reason: str, e: OSError | None) -> FileReadError:
+                if e is not None:
+                    return FileReadError(e.errno, f"cannot open {path!s}: {e.strerror}")
+                return FileReadError(f"{path!s}: {reason}")
+
+            # Non-blocking open of regular files only: a FIFO must not hang us.
+            self._fd, _ = open_regular(path, error)
             self._owned = True
         return self._fd
 

@@ -32,6 +32,7 @@ from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
+from ._files import INDEX_MAX_BYTES, FileIdentity, open_regular, read_capped
 from .errors import SafetensorsError
 
 __all__ = [
@@ -83,7 +84,7 @@ SINGLE_FILE_NAME = "model.safetensors"
 #: Large reads are split into chunks of this size, served by a small thread pool.
 READ_CHUNK_BYTES = 32 << 20
 READ_THREADS = 4
-_MAX_INDEX_BYTES = 100_000_000
+_MAX_INDEX_BYTES = INDEX_MAX_BYTES
 
 # Error codes (spec §3), in rule order; DuplicateKey is hf2q's addition.
 HEADER_TOO_SMALL = "HeaderTooSmall"
@@ -100,6 +101,7 @@ METADATA_INCOMPLETE_BUFFER = "MetadataIncompleteBuffer"
 # I/O and checkpoint codes.
 IO_ERROR = "Io"
 NOT_A_FILE = "NotAFile"
+FILE_CHANGED = "FileChanged"
 FILE_TRUNCATED = "FileTruncated"
 NO_CHECKPOINT = "NoCheckpoint"
 INVALID_INDEX = "InvalidIndex"
@@ -433,6 +435,27 @@ def _read_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+def _discard_pool(pool: ThreadPoolExecutor) -> None:
+    global _pool
+    pool.shutdown(wait=True)
+    with _pool_lock:
+        if _pool is pool:
+            _pool = None
+
+
+def _forget_pool_in_child() -> None:
+    # A forked child inherits the executor object but none of its threads:
+    # work submitted there would wait forever. The child starts its own pool
+    # on first use; the lock may have been held by a thread that is gone.
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -> None:
     """Fill ``dest`` (a writable byte memoryview) from ``fd`` at ``offset``,
     retrying EINTR and short reads; EOF first -> SafetensorsError."""
@@ -492,23 +515,28 @@ class SafetensorsFile:
     def __init__(self, path: PathLike) -> None:
         self._path = Path(os.fspath(path))
         spath = str(self._path)
+
+        def error(reason: str, e: OSError | None) -> SafetensorsError:
+            code = IO_ERROR if e is not None else NOT_A_FILE
+            return SafetensorsError(f"{spath}: {code}: {reason}", code=code, path=spath)
+
+        fd = -1
         try:
-            flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
-            fd = os.open(spath, flags)  # O_NONBLOCK: a FIFO must not block the open
-        except OSError as e:
-            raise SafetensorsError(f"{spath}: {IO_ERROR}: cannot open: {e.strerror or e}", code=IO_ERROR, path=spath) from e
-        self._fd = fd
-        self._finalizer = weakref.finalize(self, os.close, fd)
+            fd, st = open_regular(spath, error)  # non-blocking open, regular files only
+            self._fd = fd
+            self._finalizer = weakref.finalize(self, os.close, fd)
+        except BaseException:  # e.g. KeyboardInterrupt before the finalizer owns fd
+            if fd >= 0 and not hasattr(self, "_finalizer"):
+                os.close(fd)
+            raise
         try:
-            self._init(spath)
+            self._init(spath, st)
         except BaseException:
             self.close()
             raise
 
-    def _init(self, spath: str) -> None:
-        st = os.fstat(self._fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SafetensorsError(f"{spath}: {NOT_A_FILE}: not a regular file", code=NOT_A_FILE, path=spath)
+    def _init(self, spath: str, st: os.stat_result) -> None:
+        self._identity = FileIdentity.of(st)
         size = st.st_size
         if size < 8:
             raise _err(HEADER_TOO_SMALL, spath, f"file is {size} bytes, shorter than the 8-byte header length")
@@ -616,6 +644,38 @@ class SafetensorsFile:
         if self.closed:
             raise ValueError(f"I/O on closed safetensors file {self._path}")
 
+    @property
+    def identity(self) -> FileIdentity:
+        """Device, inode, size and modification time recorded at open."""
+        return self._identity
+
+    def check_unchanged(self, tensor: str | None = None) -> None:
+        """Raise :class:`~hf2q.SafetensorsError` (code ``FileChanged``) when
+        the open file's device, inode, size or modification time
+        differ from those recorded at open: the file was rewritten in place
+        after it was validated, so bytes read from it may belong to another
+        layout (code ``FileTruncated`` when it is shorter now). Called after
+        every read; loaders that read through :meth:`fileno` call it before
+        each tensor (``tensor``: the one about to be read, named in the
+        error) and the device's file reads compare the identity around each
+        read."""
+        self._check_open()
+        try:
+            now = FileIdentity.of(os.fstat(self._fd))
+        except OSError as e:  # pragma: no cover - fstat of an open fd
+            raise SafetensorsError(f"{self._path}: {IO_ERROR}: fstat: {e}", code=IO_ERROR, path=str(self._path)) from None
+        changed = self._identity.differences(now)
+        if changed:
+            code = FILE_TRUNCATED if now.size < self._identity.size else FILE_CHANGED
+            where = f" (tensor '{tensor}')" if tensor is not None else ""
+            raise SafetensorsError(
+                f"{self._path}: {code}: the file was modified after it was opened and validated "
+                f"({', '.join(changed)} changed); its tensors can no longer be trusted, open it again{where}",
+                code=code,
+                path=str(self._path),
+                tensor=tensor,
+            )
+
     # -- reading
     def read_into(self, name: str, out: Any) -> None:
         """Read tensor ``name``'s raw bytes into ``out``: any writable C-contiguous
@@ -629,6 +689,7 @@ class SafetensorsFile:
                 f"out holds {len(dest)} bytes but tensor '{name}' ({info.dtype} {list(info.shape)}) has {info.nbytes}"
             )
         self._read_range(dest, info.offset, f"tensor '{name}'")
+        self.check_unchanged()
 
     def read_bytes(self, name: str, out: _Buf | None = None) -> bytearray | _Buf:
         """Tensor ``name``'s raw bytes: into ``out`` (returned) or a new bytearray."""
@@ -656,11 +717,20 @@ class SafetensorsFile:
         if total <= 2 * READ_CHUNK_BYTES:
             _pread_exact(self._fd, dest, offset, spath, what)
             return
+        futures = []
         pool = _read_pool()
-        futures = [
-            pool.submit(_pread_exact, self._fd, dest[p : p + READ_CHUNK_BYTES], offset + p, spath, what)
-            for p in range(0, total, READ_CHUNK_BYTES)
-        ]
+        try:
+            for p in range(0, total, READ_CHUNK_BYTES):
+                futures.append(pool.submit(_pread_exact, self._fd, dest[p : p + READ_CHUNK_BYTES], offset + p, spath, what))
+        except RuntimeError:
+            # No thread could be started (a thread or address-space limit), or
+            # the interpreter is shutting down. submit() may have queued the
+            # chunk before failing: shut the pool down (its live workers finish
+            # the queue, so nothing writes into dest after we return), then
+            # read the rest on this thread. The next read starts a new pool.
+            _discard_pool(pool)
+            done = len(futures) * READ_CHUNK_BYTES
+            _pread_exact(self._fd, dest[done:], offset + done, spath, what)
         first: BaseException | None = None
         for f in futures:  # wait for all, so no worker writes into dest after we return
             try:
@@ -810,13 +880,14 @@ def _bad_shard_name(name: str) -> str | None:
 
 def _open_index(index_path: Path) -> Checkpoint:
     spath = str(index_path)
-    try:
-        with index_path.open("rb") as fh:
-            raw = fh.read(_MAX_INDEX_BYTES + 1)
-    except OSError as e:
-        raise SafetensorsError(f"{spath}: {IO_ERROR}: cannot read index: {e.strerror or e}", code=IO_ERROR, path=spath) from e
-    if len(raw) > _MAX_INDEX_BYTES:
-        raise _index_error(INVALID_INDEX, spath, f"index is larger than {_MAX_INDEX_BYTES} bytes")
+
+    def error(reason: str, e: OSError | None) -> SafetensorsError:
+        if e is not None:
+            return SafetensorsError(f"{spath}: {IO_ERROR}: cannot read index: {e.strerror or e}", code=IO_ERROR, path=spath)
+        code = INVALID_INDEX if "bytes" in reason else NOT_A_FILE
+        return SafetensorsError(f"{spath}: {code}: index {reason}", code=code, path=spath)
+
+    raw = read_capped(spath, _MAX_INDEX_BYTES, "model.safetensors.index.json", error)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -924,6 +995,13 @@ def open_checkpoint(path: PathLike) -> Checkpoint:
     ``model.safetensors``). Every file is validated (spec §3) and the index
     cross-checked (spec §4); failures raise :class:`~hf2q.SafetensorsError`."""
     p = Path(os.fspath(path))
+    try:
+        return _open_checkpoint(p)
+    except OSError as e:  # stat of the path or of the directory's entries
+        raise SafetensorsError(f"{p}: {IO_ERROR}: {e.strerror or e}", code=IO_ERROR, path=str(p)) from None
+
+
+def _open_checkpoint(p: Path) -> Checkpoint:
     if p.is_dir():
         index = p / INDEX_FILE_NAME
         if index.exists():

@@ -932,9 +932,12 @@ class DFlashModelTensors:
     # ------------------------------------------------------------------ build
     @classmethod
     def upload(cls, device: Device, cfg: DFlashConfig, weights: DFlashWeights, *,
-               progress: bool = False) -> "DFlashModelTensors":
+               progress: bool = False, check_finite: bool = True) -> "DFlashModelTensors":
         """Make ``weights`` resident on ``device``: one buffer per tensor,
         ``pread`` straight into it (BF16) or decoded into it (norms -> F32).
+        ``check_finite`` (default on): a NaN/Inf weight raises
+        :class:`~hf2q.NonFiniteError` naming the tensor, found during the
+        read (docs/RELIABILITY.md, "Non-finite weights").
         On any failure (including KeyboardInterrupt) every buffer allocated so
         far is freed before the exception propagates."""
         if weights.config != cfg:
@@ -946,9 +949,11 @@ class DFlashModelTensors:
             for t in weights:
                 name, entry, info = t.entry.name, t.entry, t.info
                 shard = weights.checkpoint.file_for(name)
+                shard.check_unchanged(name)  # rewritten in place since it was validated?
                 try:
                     bufs[name] = device.upload_from_file(
-                        shard.fileno(), info.offset, info.nbytes, "bf16", entry.device_dtype, entry.shape, name=name
+                        shard.fileno(), info.offset, info.nbytes, "bf16", entry.device_dtype, entry.shape, name=name,
+                        check_finite=check_finite,
                     )
                 except FileReadError as e:
                     raise file_read_error(e, t.path, name) from None
@@ -1031,10 +1036,10 @@ class DFlashModelTensors:
 
 
 def load(path: PathLike, device: Device | None = None, progress: bool = True,
-         config: DFlashConfig | None = None) -> DFlashModelTensors:
+         config: DFlashConfig | None = None, check_finite: bool = True) -> DFlashModelTensors:
     """Validate a DFlash drafter checkpoint (file or directory with
     ``config.json``) and make it resident on ``device`` (default:
     :meth:`hf2q.Device.default`). ``model.summary`` holds the load summary."""
     dev = device if device is not None else Device.default()
     with DFlashWeights.load(path, config) as weights:
-        return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress)
+        return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress, check_finite=check_finite)

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Union
 import numpy as np
 
 from ..device import Buffer, Device, FileReadError
-from ..errors import Hf2qError
+from ..errors import Hf2qError, NonFiniteError
 from ..safetensors import Checkpoint, open_checkpoint
 from ._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
 from .qwen35_config import FULL_ATTENTION, Qwen35Config
@@ -134,12 +134,14 @@ class Qwen35Model:
                 f"on {self.device.kind}>")
 
 
-def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer) -> None:
+def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer, check_finite: bool = True) -> None:
     """Fill ``buf`` from the file: whole tensors, per-expert slices, or the
     gate/up halves of a fused ``gate_up_proj``, one expert at a time."""
     for piece in pt.sources:
         info = ckpt[piece.name]
-        fd = ckpt.file_for(piece.name).fileno()
+        shard = ckpt.file_for(piece.name)
+        shard.check_unchanged(piece.name)  # rewritten in place since it was validated?
+        fd = shard.fileno()
         src = _SRC[piece.dtype]
         esize = _ITEMSIZE[piece.dtype]
         try:
@@ -151,16 +153,21 @@ def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer) ->
                 for e in range(n_exp):
                     off = info.offset + (e * two_i + first_row) * row_elems * esize
                     device.write_from_file(buf, fd, off, per_expert * esize, src, offset=e * per_expert,
-                                           name=pt.gguf_name)
+                                           name=pt.gguf_name, check_finite=check_finite)
             else:
                 offset = 0 if piece.expert is None else piece.expert * int(np.prod(piece.shape, dtype=np.int64))
-                device.write_from_file(buf, fd, info.offset, info.nbytes, src, offset=offset, name=pt.gguf_name)
+                device.write_from_file(buf, fd, info.offset, info.nbytes, src, offset=offset, name=pt.gguf_name,
+                                       check_finite=check_finite)
         except FileReadError as e:
             raise file_read_error(e, info.path, piece.name) from None
 
 
-def _materialize(device: Device, ckpt: Checkpoint, cfg: Qwen35Config, pt: PlannedTensor) -> Buffer:
+def _materialize(device: Device, ckpt: Checkpoint, cfg: Qwen35Config, pt: PlannedTensor,
+                 check_finite: bool = True) -> Buffer:
     arrays = [ckpt.read_array(p.name) for p in pt.sources]
+    if check_finite:
+        for p, a in zip(pt.sources, arrays):
+            _check_finite_array(a, p.name)
     x = transform_tensor(pt, arrays, cfg)
     if _native_conversion({"float32": "F32", "float16": "F16", "bfloat16": "BF16"}.get(x.dtype.name, "?"), pt.dtype):
         return device.upload(x, to=pt.dtype, name=pt.gguf_name)
@@ -170,8 +177,21 @@ def _materialize(device: Device, ckpt: Checkpoint, cfg: Qwen35Config, pt: Planne
     return device.upload(y, to=pt.dtype, name=pt.gguf_name)
 
 
+def _check_finite_array(a: np.ndarray, name: str) -> None:
+    flat = a.reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(flat.astype(np.float32, copy=False)))
+    if bad.size:
+        from .._arrays import value_class
+
+        i = int(bad[0])
+        cls = value_class(float(flat[i]))
+        multi = tuple(int(j) for j in np.unravel_index(i, a.shape)) if a.ndim > 1 else None
+        raise NonFiniteError(f"non-finite weight in '{name}' at flat index {i}: {cls}", index=i,
+                             multi_index=multi, value_class=cls, tensor=name)
+
+
 def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-         progress: bool = True, mtp: bool | None = None) -> Qwen35Model:
+         progress: bool = True, mtp: bool | None = None, check_finite: bool = True) -> Qwen35Model:
     """Load a Qwen3.5/3.6 MoE checkpoint (directory with ``config.json``,
     single-file or sharded) into inference-ready device buffers.
 
@@ -180,6 +200,8 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     same tensors are quantized as by ``convert_hf_to_gguf.py --outtype q8_0``)
     to the other matrices; norms, ``ssm_*`` and routers stay F32. ``mtp``:
     keep (None: when present), require (True) or drop (False) the MTP block.
+    ``check_finite`` (default on): a NaN/Inf weight copied or decoded as it is
+    raises :class:`~hf2q.NonFiniteError` (quantized tensors always do).
     On any failure every buffer allocated so far is freed."""
     path = Path(path)
     dev = device if device is not None else Device.default()
@@ -201,9 +223,9 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
                 if streamable:
                     buf = dev.alloc(pt.shape, pt.dtype)
                     bufs[pt.gguf_name] = buf
-                    _stream(dev, ckpt, pt, buf)
+                    _stream(dev, ckpt, pt, buf, check_finite)
                 else:
-                    bufs[pt.gguf_name] = _materialize(dev, ckpt, cfg, pt)
+                    bufs[pt.gguf_name] = _materialize(dev, ckpt, cfg, pt, check_finite)
                 bar.update(pt.source_nbytes)
             dev.residency.commit()
             model = Qwen35Model(dev, cfg, plan, bufs)

@@ -1,0 +1,127 @@
+"""How hf2q opens the files it reads (config.json, index, shards, upload
+sources, the demo cache): without blocking, regular files only, with a size
+cap that fits the kind of file, and with the file's identity recorded so a
+rewrite in place is noticed (docs/RELIABILITY.md, "Files").
+
+A FIFO, a device node, a directory or a socket is refused at once: the open
+uses ``O_NONBLOCK`` (a FIFO without a writer would otherwise block the open
+forever) and ``fstat`` checks the type before a byte is read; ``O_NONBLOCK``
+is then cleared again.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["FileIdentity", "open_regular", "read_capped", "file_kind", "CONFIG_MAX_BYTES", "INDEX_MAX_BYTES"]
+
+#: A model's config.json: real ones are a few KiB (the largest published,
+#: with long layer lists, ~100 KiB). More than this is refused unread.
+CONFIG_MAX_BYTES = 4 << 20
+#: model.safetensors.index.json: ~100 bytes per tensor name; 100 MB allows
+#: about a million tensors.
+INDEX_MAX_BYTES = 100_000_000
+
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_CLOEXEC", 0)
+    | getattr(os, "O_BINARY", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0)
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """Device, inode, size and modification time of an open file. Not the
+    change time: it also moves when the file is renamed over or unlinked,
+    which leaves an open descriptor's bytes intact (an atomic re-download)."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def differences(self, other: FileIdentity) -> list[str]:
+        out = []
+        if (self.dev, self.ino) != (other.dev, other.ino):
+            out.append("device/inode")
+        if self.size != other.size:
+            out.append(f"size {self.size} -> {other.size}")
+        if self.mtime_ns != other.mtime_ns:
+            out.append("modification time")
+        return out
+
+
+def open_regular(path: str, error: Callable[[str, OSError | None], BaseException]) -> tuple[int, os.stat_result]:
+    """Open ``path`` read-only without blocking and return ``(fd, fstat)`` of
+    a regular file. Anything else, or an OSError, raises ``error(reason, oserror)``."""
+    fd = -1
+    try:
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError as e:
+            raise error(f"cannot open: {e.strerror or e}", e) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"is {file_kind(st.st_mode)}, not a regular file", None)
+        if _OPEN_FLAGS & getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(fd, True)
+        return fd, st
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+
+
+def read_capped(path: str, cap: int, what: str, error: Callable[[str, OSError | None], BaseException]) -> bytes:
+    """The whole content of a small regular file, refused unread when it is
+    larger than ``cap`` bytes (and when it grows past it or changes while read)."""
+    fd = -1
+    try:
+        fd, st = open_regular(path, error)
+        if st.st_size > cap:
+            raise error(f"is {st.st_size} bytes, more than the {cap} bytes a {what} may have", None)
+        chunks = []
+        total = 0
+        while total <= cap:
+            try:
+                b = os.read(fd, min(1 << 20, cap + 1 - total))
+            except OSError as e:
+                raise error(f"cannot read: {e.strerror or e}", e) from None
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        if total > cap:
+            raise error(f"grew past the {cap} bytes a {what} may have while being read", None)
+        after = FileIdentity.of(os.fstat(fd))
+        changed = FileIdentity.of(st).differences(after)
+        if changed and after.size != total:
+            raise error(f"changed while being read ({', '.join(changed)})", None)
+        return b"".join(chunks)
+    finally:
+        if fd >= 0:
+            os.close(fd)

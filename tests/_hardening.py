@@ -1,0 +1,62 @@
+"""Helpers for the hardening tests: every scenario that could hang or abort
+runs in a child interpreter under a wall-clock limit, so a regression fails
+the test instead of hanging the suite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+UNDER_SANITIZER = os.environ.get("HF2Q_UNDER_SANITIZER") == "1"
+
+
+def run_python(code: str, *, timeout: float = 60.0, env: dict[str, str] | None = None,
+               args: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter; a timeout fails the calling test."""
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONFAULTHANDLER", "1")
+    if env:
+        full_env.update(env)
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), *(args or [])],
+            capture_output=True, text=True, timeout=timeout, env=full_env,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail(f"child interpreter hung (> {timeout} s)\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
+
+
+# Python source the fork scenarios share: fork, wait for the child with a
+# deadline (kill it and report a hang past the deadline), return its status.
+FORK_HELPERS = r'''
+import os, sys, time, signal
+
+def fork_and_wait(child_fn, deadline=10.0):
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if child_fn() else 3
+        except BaseException as e:
+            try:
+                sys.stderr.write(f"child error: {type(e).__name__}: {e}\n")
+            finally:
+                code = 4
+        os._exit(code)
+    end = time.monotonic() + deadline
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got == pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > end:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "hang"
+        time.sleep(0.01)
+'''

@@ -1,0 +1,120 @@
+"""Fork safety (issue 11, row "fork"): a child forked while other threads are
+mid-alloc/residency, mid-read and mid-kernel works, and the parent is
+unaffected. Each scenario runs in a child interpreter with a deadline; a
+forked child that hangs is killed and counted as a failure."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from _hardening import FORK_HELPERS, run_python
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="fork")
+
+FORKS = 8
+
+
+def _check(r, forks: int = FORKS) -> None:
+    assert r.returncode == 0, f"rc={r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+    assert r.stdout.strip().splitlines()[-1] == f"children ok {forks}/{forks}; parent ok", r.stdout
+
+
+def test_fork_while_another_thread_holds_the_device_lock() -> None:
+    # A thread loops over residency calls that hold the host device's mutex
+    # for a while (request_residency locks/prefaults 64 MiB), plus allocs and
+    # frees; the main thread forks in the middle of it.
+    r = run_python(FORK_HELPERS + r'''
+import threading, numpy as np, hf2q
+dev = hf2q.Device("host")
+big = dev.alloc((8 << 20,), "bf16")
+stop = False
+def churn():
+    while not stop:
+        dev.residency.end(); dev.residency.request()
+        b = dev.alloc((4096,), "f32"); del b
+        dev.residency.stats()
+t = threading.Thread(target=churn, daemon=True); t.start()
+time.sleep(0.05)
+def child():
+    b = dev.alloc((1 << 20,), "f32")
+    dev.residency.commit(); dev.residency.stats()
+    up = dev.upload(np.arange(1 << 16, dtype=np.float32))
+    return bool((up.numpy() == np.arange(1 << 16, dtype=np.float32)).all()) and b.registered
+ok = 0
+for i in range(@N@):
+    time.sleep(0.01 * (i % 3))
+    st = fork_and_wait(child)
+    ok += st == 0
+    if st != 0: print("child", i, "->", st)
+stop = True; t.join(10)
+b = dev.alloc((1 << 20,), "f32"); dev.residency.stats()
+print(f"children ok {ok}/@N@; parent ok")
+'''.replace('@N@', str(FORKS)), timeout=120)
+    _check(r)
+
+
+def test_fork_after_the_read_pool_started_and_while_a_read_is_running(tmp_path) -> None:
+    # Tensors over 2 x 32 MiB are read by the package's thread pool. The child
+    # is forked after the pool started and while another thread reads.
+    path = tmp_path / "big.safetensors"
+    r = run_python(FORK_HELPERS + r'''
+import threading, numpy as np, hf2q
+from hf2q import safetensors as st
+import safetensors.numpy as sn
+path = sys.argv[1]
+data = (np.arange(48 << 20, dtype=np.uint32) * 2654435761).astype(np.uint32)
+sn.save_file({"t": data.view(np.uint16)}, path)
+f = st.open(path)
+out = np.empty(f["t"].nbytes, np.uint8)
+f.read_into("t", out)   # the pool exists now
+stop = False
+def reader():
+    o = np.empty(f["t"].nbytes, np.uint8)
+    while not stop:
+        f.read_into("t", o)
+t = threading.Thread(target=reader, daemon=True); t.start()
+def child():
+    o = np.empty(f["t"].nbytes, np.uint8)
+    f.read_into("t", o)
+    return bool((o.view(np.uint32) == data).all())
+ok = 0
+for i in range(@N@):
+    time.sleep(0.02)
+    s = fork_and_wait(child, deadline=30)
+    ok += s == 0
+    if s != 0: print("child", i, "->", s)
+stop = True; t.join(30)
+f.read_into("t", out)
+assert (out.view(np.uint32) == data).all()
+print(f"children ok {ok}/@N@; parent ok")
+'''.replace('@N@', str(4)), args=[str(path)], timeout=240)
+    _check(r, 4)
+
+
+def test_fork_while_another_thread_runs_a_kernel_on_the_native_pool() -> None:
+    r = run_python(FORK_HELPERS + r'''
+import threading, numpy as np, hf2q
+from hf2q import ops, reference
+x = np.random.default_rng(0).standard_normal(1 << 22).astype(np.float32)
+want = reference.quantize_q8_0(x)
+stop = False
+def work():
+    while not stop:
+        ops.quantize_q8_0(x); ops.bf16_to_f32(np.zeros(1 << 22, np.uint16))
+t = threading.Thread(target=work, daemon=True); t.start()
+time.sleep(0.05)
+def child():
+    got = ops.quantize_q8_0(x)
+    return bool(np.array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8)))
+ok = 0
+for i in range(@N@):
+    time.sleep(0.01 * (i % 3))
+    s = fork_and_wait(child)
+    ok += s == 0
+    if s != 0: print("child", i, "->", s)
+stop = True; t.join(30)
+assert np.array_equal(ops.quantize_q8_0(x).view(np.uint8), np.asarray(want).view(np.uint8))
+print(f"children ok {ok}/@N@; parent ok")
+'''.replace('@N@', str(FORKS)), env={"HF2Q_NUM_THREADS": "4"}, timeout=180)
+    _check(r)
