@@ -10,20 +10,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, Hf2qError
+from .errors import CacheError, ConfigError, Hf2qError
 
 
 def detect_architecture(path: Path) -> str:
     """``"dflash"``, ``"qwen35moe"`` or ``"safetensors"`` (no config.json),
     read from the checkpoint's ``config.json``."""
-    directory = path if path.is_dir() else path.parent
-    cfg_path = directory / "config.json"
-    if not cfg_path.is_file():
-        return "safetensors"
+    from .errors import parse_config_json, read_config_text
+
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{cfg_path}: cannot read config.json: {e}") from None
+        directory = path if path.is_dir() else path.parent
+        cfg_path = directory / "config.json"
+        if not os.path.lexists(cfg_path):
+            return "safetensors"
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror or e}") from None
+    # Non-blocking, regular files only, size-capped; bounded JSON.
+    cfg = parse_config_json(read_config_text(cfg_path)[1], f"{cfg_path}: cannot read config.json")
     if not isinstance(cfg, dict):
         raise ConfigError(f"{cfg_path}: config.json is not a JSON object")
     archs = cfg.get("architectures") or []
@@ -167,7 +170,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     use ``tiny``). Only that sub-folder is ever replaced, never the cache
     folder itself."""
     from . import dflash
-    from .testing import make_dflash_checkpoint
 
     config = args.config or os.environ.get("HF2Q_DEMO_CONFIG") or None
     if config == "gemma-4-26B-A4B-it":
@@ -176,6 +178,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown demo config {config!r}; known: {', '.join(sorted(dflash.DRAFTER_CONFIGS))}")
     base = Path(args.cache_dir) if args.cache_dir else demo_cache_dir()
     target = base / ("demo-gemma-4-26B-A4B-dflash" if config is None else f"demo-{config}-dflash")
+    try:
+        _fill_demo_cache(base, target, config)
+    except OSError as e:
+        raise CacheError(f"demo cache {base}: {e.strerror or e}"
+                         + (f": {e.filename}" if getattr(e, "filename", None) else "")) from None
+    device = _device(args.device)
+    model = dflash.load(target, device=device, progress=not args.json)
+    verify = model.verify() if not args.no_verify else None
+    _print_summary(model.summary, args.json, verify)
+    return 0
+
+
+def _fill_demo_cache(base: Path, target: Path, config: str | None) -> None:
+    from .testing import make_dflash_checkpoint
+
+    if base.exists() and not base.is_dir():
+        raise NotADirectoryError(20, "not a directory", str(base))
     if not (target / ".complete").is_file():
         what = ("the full-size synthetic gemma-4-26B-A4B DFlash drafter (859 MB)" if config is None
                 else f"the synthetic {config} DFlash drafter")
@@ -188,11 +207,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tmp.rename(target)
     else:
         print(f"hf2q demo: using the cached synthetic drafter in {target}", file=sys.stderr)
-    device = _device(args.device)
-    model = dflash.load(target, device=device, progress=not args.json)
-    verify = model.verify() if not args.no_verify else None
-    _print_summary(model.summary, args.json, verify)
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args))
-    except Hf2qError as e:
+    except (Hf2qError, OSError) as e:  # bad input: one line (OSError: a path the OS refused), exit 2
         print(f"hf2q {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

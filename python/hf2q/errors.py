@@ -21,6 +21,7 @@ __all__ = [
     "DtypeMismatchError",
     "ShapeMismatchError",
     "DeviceError",
+    "CacheError",
 ]
 
 
@@ -70,7 +71,8 @@ class SafetensorsError(Hf2qError):
     ``TensorNotInShard``, ``TensorNotInIndex``, ``DuplicateTensor``,
     ``NoCheckpoint``), or an I/O code (``Io``, ``FileTruncated``,
     ``NotAFile``, ``FileChanged``: the file's device, inode, size or
-    modification time changed after it was opened). ``path`` is the file concerned and ``tensor`` the tensor's
+    modification time changed after it was opened), or ``NotRepresentable``
+    (a valid tensor numpy cannot hold, e.g. shape ``[0, 2^64-1]``). ``path`` is the file concerned and ``tensor`` the tensor's
     name, when there is one. The message names all three.
     """
 
@@ -159,6 +161,11 @@ class DeviceError(Hf2qError):
     """A device could not be opened, or memory could not be allocated or made resident."""
 
 
+class CacheError(Hf2qError, OSError):
+    """A cache folder (``hf2q demo --cache-dir``) cannot be used: not a
+    directory, not writable, full."""
+
+
 #: Deepest nesting of arrays/objects a config.json may have (real ones: 3).
 CONFIG_MAX_DEPTH = 64
 #: Most digits an integer in a config.json may have (u64 has 20).
@@ -215,7 +222,7 @@ def parse_config_json(text: str | bytes, source: str = "config") -> Any:
     try:
         return json.loads(text, parse_int=_config_int)
     except (ValueError, RecursionError) as e:
-        raise ConfigError(f"{source} is not valid JSON: {e}") from None
+        raise ConfigError(f"{source}: invalid JSON: {e}") from None
 
 
 def _max_nesting(text: str) -> int:

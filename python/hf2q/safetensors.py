@@ -102,6 +102,7 @@ METADATA_INCOMPLETE_BUFFER = "MetadataIncompleteBuffer"
 IO_ERROR = "Io"
 NOT_A_FILE = "NotAFile"
 FILE_CHANGED = "FileChanged"
+NOT_REPRESENTABLE = "NotRepresentable"
 FILE_TRUNCATED = "FileTruncated"
 NO_CHECKPOINT = "NoCheckpoint"
 INVALID_INDEX = "InvalidIndex"
@@ -707,6 +708,11 @@ class SafetensorsFile:
         dt = _numpy_dtype(info.dtype)
         if dt is None:
             raise TypeError(f"tensor '{name}' has dtype {info.dtype}, which has no numpy equivalent")
+        if any(d > np.iinfo(np.intp).max for d in info.shape) or len(info.shape) > 64:
+            # Valid safetensors (a zero-element tensor may have a 2^64-1
+            # dimension), but numpy cannot build the array.
+            raise _err(NOT_REPRESENTABLE, str(self._path),
+                       f"shape {list(info.shape)} cannot be a numpy array (dimensions must be < 2^63, rank <= 64)", name)
         arr = np.empty(info.shape, dtype=dt)
         self.read_into(name, arr)
         return arr

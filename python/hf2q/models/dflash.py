@@ -27,7 +27,8 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
-from ..errors import read_config_text
+from ..errors import parse_config_json, read_config_text
+from ._limits import check_bound
 from ..errors import (
     ConfigError,
     Hf2qError,
@@ -140,6 +141,7 @@ def _as_int(v: Any, key: str, *, minimum: int | None = None) -> int:
         raise _type_error(key, "an integer", v)
     if minimum is not None and v < minimum:
         raise ConfigError(f"config key '{key}' must be >= {minimum}, got {v}", key=key)
+    check_bound(key, v)  # cost limits: nothing scales with an unreasonable number
     return int(v)
 
 
@@ -305,10 +307,7 @@ class DFlashConfig:
 
     @classmethod
     def from_json_str(cls, text: str | bytes) -> DFlashConfig:
-        try:
-            d = json.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise ConfigError(f"config is not valid JSON: {e}") from None
+        d = parse_config_json(text)  # bounded depth and integer sizes: ConfigError otherwise
         if not isinstance(d, dict):
             raise ConfigError(f"config must be a JSON object, got {_type_name(d)}")
         return cls.from_dict(d)
@@ -564,10 +563,17 @@ def check_manifest(
     return problems
 
 
+#: Problems a manifest error's message lists; the rest are counted.
+MAX_LISTED_PROBLEMS = 50
+
+
 def manifest_error(problems: Sequence[ManifestProblem], where: str) -> ManifestError:
     """The error for a non-empty problem list: class of the first kind present."""
     cls = _KIND_CLASS[problems[0].kind]
-    lines = "\n".join(f"  {p}" for p in problems)
+    # A bounded message (the full list is the error's `problems`).
+    lines = "\n".join(f"  {p}" for p in problems[:MAX_LISTED_PROBLEMS])
+    if len(problems) > MAX_LISTED_PROBLEMS:
+        lines += f"\n  ... and {len(problems) - MAX_LISTED_PROBLEMS} more"
     return cls(
         f"{where}: checkpoint does not match the DFlash drafter manifest ({len(problems)} problem(s)):\n{lines}",
         problems,

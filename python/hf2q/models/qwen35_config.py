@@ -17,7 +17,7 @@ Defaults are used only where the format itself defines one:
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError, read_config_text
+from ..errors import ConfigError, parse_config_json, read_config_text
+from ._limits import check_bound
 
 __all__ = [
     "Qwen35Config",
@@ -118,6 +119,7 @@ class _Reader:
             raise self.error(name, f"must be an integer, got {type(value).__name__} {value!r}")
         if value < minimum:
             raise self.error(name, f"must be >= {minimum}, got {value}")
+        check_bound(name, value, self.source)  # cost limits: nothing scales with an unreasonable number
         return value
 
     def float_(self, key: str, *, default: Any = _MISSING, rope: bool = False, positive: bool = True) -> float:
@@ -193,10 +195,7 @@ class Qwen35Config:
     def from_file(cls, path: str | os.PathLike[str]) -> Qwen35Config:
         """Read ``config.json`` (``path`` is the file or the checkpoint directory)."""
         p, text = read_config_text(path)
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}: invalid JSON: {e}") from None
+        d = parse_config_json(text, f"{p}: config")  # ConfigError for bad JSON, deep nesting, huge integers
         return cls.from_dict(d, source=str(p))
 
     @classmethod
@@ -320,9 +319,11 @@ class Qwen35Config:
         """``r = nv / nk`` (an integer; checked at parse time)."""
         return self.linear_num_value_heads // self.linear_num_key_heads
 
-    @property
+    @functools.cached_property
     def layer_kinds(self) -> list[LayerKind]:
-        """``"linear"`` / ``"full"`` per main layer (MTP layers are not included)."""
+        """``"linear"`` / ``"full"`` per main layer (MTP layers are not included).
+        Computed once: the planner asks per layer and per tensor (linear, not
+        quadratic, in the layer count)."""
         return [_LAYER_TYPE_KIND[t] for t in self.layer_types]
 
     @property

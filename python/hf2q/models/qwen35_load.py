@@ -89,10 +89,12 @@ class Qwen35Model:
         self.layers: list[Qwen35Layer] = []
         for b in range(n_blocks):
             kind = config.layer_types[b] if b < config.num_hidden_layers else FULL_ATTENTION
-            layer = Qwen35Layer(b, kind)
-            prefix = f"blk.{b}."
-            layer.tensors.update({n[len(prefix):]: buf for n, buf in buffers.items() if n.startswith(prefix)})
-            self.layers.append(layer)
+            self.layers.append(Qwen35Layer(b, kind))
+        for n, buf in buffers.items():  # one pass over the buffers, not one per block
+            if n.startswith("blk."):
+                b_text, _, rest = n[4:].partition(".")
+                if b_text.isdigit() and int(b_text) < n_blocks:
+                    self.layers[int(b_text)].tensors[rest] = buf
         # Always-on invariant: every buffer has its planned dtype and shape.
         bad = [f"{pt.gguf_name}: expected {pt.dtype} {tuple(pt.shape)}, found "
                f"{buffers[pt.gguf_name].dtype} {buffers[pt.gguf_name].shape}"

@@ -400,7 +400,11 @@ def is_multimodal_tensor(name: str) -> bool:
 
 
 def _canon_int(s: str) -> int | None:
-    """A decimal index as written by HF (no sign, no leading zeros)."""
+    """A decimal index as written by HF (no sign, no leading zeros); None
+    otherwise, and for more digits than any index can have (int() of
+    thousands of digits raises ValueError)."""
+    if len(s) > 18:
+        return None
     n = int(s)
     return n if str(n) == s else None
 
@@ -798,9 +802,19 @@ def plan_qwen35_moe(
             src_dtype = dtype
         elif (b, proj) in per_expert:
             by_e = per_expert[(b, proj)]
-            absent = [e for e in range(E) if e not in by_e]
-            if absent:
-                missing.extend(_mtp_name(f"model.layers.{b}.mlp.experts.{e}.{proj}_proj.weight", cfg) for e in absent)
+            if len(by_e) < E:
+                # Name the first few absent experts and count the rest: the work
+                # follows the checkpoint's tensors, not num_experts.
+                shown: list[int] = []
+                e = 0
+                while len(shown) < 8 and e < E:
+                    if e not in by_e:
+                        shown.append(e)
+                    e += 1
+                missing.extend(_mtp_name(f"model.layers.{b}.mlp.experts.{x}.{proj}_proj.weight", cfg) for x in shown)
+                if E - len(by_e) > len(shown):
+                    missing.append(f"... and {E - len(by_e) - len(shown)} more experts of "
+                                   + _mtp_name(f"model.layers.{b}.mlp.experts", cfg) + f".*.{proj}_proj.weight")
                 return
             want = (spec.src_shape or spec.shape)(cfg)
             pieces = tuple(SourcePiece(*by_e[e][0], expert=e) for e in range(E))
