@@ -156,6 +156,14 @@ def _as_float(v: Any, key: str, *, positive: bool = False) -> float:
     return f
 
 
+def _copy_json(v: Any, key: str) -> Any:
+    # A mapping handed to from_dict may nest deeper than the recursion limit.
+    try:
+        return copy.deepcopy(v)
+    except RecursionError:
+        raise ConfigError(f"config key '{key}' nests too deeply", key=key) from None
+
+
 def _as_object(v: Any, key: str) -> Mapping[str, Any]:
     if not isinstance(v, Mapping):
         raise _type_error(key, "an object", v)
@@ -349,7 +357,7 @@ class DFlashConfig:
 
         # Optional keys.
         raw_scaling = d.get("rope_scaling")
-        rope_scaling = dict(copy.deepcopy(raw_scaling)) if isinstance(raw_scaling, Mapping) else None
+        rope_scaling = dict(_copy_json(raw_scaling, "rope_scaling")) if isinstance(raw_scaling, Mapping) else None
         rope_params: Mapping[str, Any] | None = None
         if d.get("rope_parameters") is not None:
             rope_params = _as_object(d["rope_parameters"], "rope_parameters")
@@ -411,7 +419,7 @@ class DFlashConfig:
             if not isinstance(rt, str):
                 raise _type_error("rope_parameters.rope_type", "a string", rt)
             if rt != "default":
-                rope_scaling = dict(copy.deepcopy(rope_params))
+                rope_scaling = dict(_copy_json(rope_params, "rope_parameters"))
 
         return cls(
             hidden_size=H,
