@@ -121,8 +121,11 @@ class Buffer:
         return bool(self._device._native.is_locked(self._native))
 
     def numpy(self) -> np.ndarray:
-        """Zero-copy writable view: ``bf16`` as ``ml_dtypes.bfloat16``, ``q8_0``
-        as raw uint8 of shape ``(..., last // 32 * 34)``."""
+        """Zero-copy writable view: ``bf16`` as ``ml_dtypes.bfloat16`` (raw
+        bits: ``.view(np.uint16)``), ``q8_0`` as raw uint8 of shape
+        ``(..., last // 32 * 34)``. ``np.from_dlpack(buf)`` works for every
+        dtype but bf16 (numpy has no DLPack bfloat16); ``torch.from_dlpack(buf)``
+        gives bf16 buffers as ``torch.bfloat16``."""
         arr = self._native.numpy_view()
         storage = _STORAGE_NUMPY.get(self.dtype)
         return arr.view(storage) if storage is not None else arr

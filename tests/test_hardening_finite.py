@@ -1,0 +1,96 @@
+"""Non-finite weights in tensors copied raw or decoded (issue 11, item 9).
+
+Policy: the model loaders (``dflash.load``, ``qwen35.load``,
+``DFlashModelTensors.upload``) refuse a NaN/Inf weight by default with
+:class:`hf2q.NonFiniteError` naming the tensor and the first bad element, as
+quantization always did; ``check_finite=False`` keeps the bytes as they are.
+The check is fused into the read (each chunk scanned right after its pread).
+The low-level ``Device.upload_from_file``/``write_from_file`` copy bytes and
+check only when asked (``check_finite=True``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from hf2q import dflash, qwen35
+from hf2q.device import Device
+from hf2q.errors import NonFiniteError
+from hf2q.testing import make_dflash_checkpoint, make_qwen35_moe_checkpoint
+
+BITS = {"nan": 0x7FC0, "+inf": 0x7F80, "-inf": 0xFF80}
+
+
+def _poison(ck: Path, name: str, flat_index: int, value_bits: int) -> None:
+    f = ck / "model.safetensors"
+    tensors = load_file(str(f))
+    t = tensors[name].copy()
+    t.reshape(-1).view(np.uint16)[flat_index] = value_bits
+    tensors[name] = t
+    save_file(tensors, str(f))
+
+
+@pytest.fixture(scope="module")
+def dflash_ck(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dflash_checkpoint(tmp_path_factory.mktemp("finite") / "d", "tiny", seed=6)
+
+
+@pytest.mark.parametrize("cls", list(BITS))
+@pytest.mark.parametrize("name", ["layers.1.mlp.down_proj.weight", "layers.0.input_layernorm.weight"])
+def test_dflash_load_refuses_non_finite_raw_and_decoded(cls: str, name: str, dflash_ck: Path,
+                                                        tmp_path: Path) -> None:
+    d = tmp_path / "ck"
+    shutil.copytree(dflash_ck, d)
+    _poison(d, name, 37, BITS[cls])
+    dev = Device._isolated("host")
+    with pytest.raises(NonFiniteError) as ei:
+        dflash.load(d, dev, progress=False)
+    e = ei.value
+    assert e.tensor == name and e.index == 37 and e.value_class == cls, str(e)
+    assert name in str(e)
+    assert dev.residency.count == 0
+    m = dflash.load(d, dev, progress=False, check_finite=False)  # kept as it is, on request
+    bits = m[name].numpy().reshape(-1).view(np.uint16 if m[name].dtype == "bf16" else np.uint32)
+    want = BITS[cls] if m[name].dtype == "bf16" else BITS[cls] << 16
+    assert int(bits[37]) == want
+
+
+def test_qwen35_load_refuses_non_finite_raw_copied_tensor(tmp_path: Path) -> None:
+    ck = make_qwen35_moe_checkpoint(tmp_path / "q", "tiny", seed=6)
+    name = "model.layers.0.mlp.experts.1.down_proj.weight"
+    _poison(ck, name, 5, BITS["+inf"])
+    with pytest.raises(NonFiniteError) as ei:  # bf16 experts: copied raw
+        qwen35.load(ck, Device._isolated("host"), expert_dtype="bf16", progress=False)
+    assert ei.value.value_class == "+inf" and "blk.0.ffn_down_exps" in str(ei.value)
+    with pytest.raises(NonFiniteError):  # q8_0 experts: quantization refuses, as always
+        qwen35.load(ck, Device._isolated("host"), progress=False)
+    qwen35.load(ck, Device._isolated("host"), expert_dtype="bf16", progress=False, check_finite=False)
+
+
+@pytest.mark.parametrize("src,to", [("bf16", "bf16"), ("f16", "f16"), ("f32", "f32"), ("bf16", "f32"),
+                                    ("f16", "f32")])
+def test_upload_from_file_check_finite(src: str, to: str, tmp_path: Path) -> None:
+    dt = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}[src]
+    n = 3 << 20  # several native chunks
+    x = np.linspace(-1, 1, n).astype(dt)
+    bad = 2_500_123
+    x[bad] = -np.inf
+    x[bad + 7] = np.nan
+    p = tmp_path / "w.bin"
+    p.write_bytes(x.tobytes())
+    dev = Device._isolated("host")
+    buf = dev.upload_from_file(p, 0, x.nbytes, src, to, (n,))  # default: bytes as they are
+    assert np.isneginf(buf.numpy()[bad].astype(np.float32))
+    del buf
+    with pytest.raises(NonFiniteError) as ei:
+        dev.upload_from_file(p, 0, x.nbytes, src, to, (n,), check_finite=True, name="w")
+    assert ei.value.index == bad and ei.value.value_class == "-inf" and ei.value.tensor == "w"
+    assert dev.residency.count == 0
+    # integers have no NaN: nothing to report
+    p.write_bytes(np.full(64, -1, np.int32).tobytes())
+    dev.upload_from_file(p, 0, 256, "i32", "i32", (64,), check_finite=True)
