@@ -13,6 +13,16 @@ An input is a sequence of entries, read until the bytes run out::
                                u64 prefix, u32 N, N header bytes, u32 data
                                length, u8 fill seed
     kind 3, truncate:          u32 length: cut the named file to this length
+    kind 3 with tag bit 5 set, special entry: u8 what, then
+        what % 5 == 0  the name is a FIFO
+                  1  the name is a directory
+                  2  the name is a symlink to /dev/zero
+                  3  the name is a sparse regular file of (u16 + 1) MiB
+                     (oversized config/index/shard, read from its size only)
+                  4  rewrite in place once the checkpoint is open: the named
+                     file's bytes after offset 8 + N are reversed (same size,
+                     same inode), its mtime moved on (as a writer a clock tick
+                     later would); the target applies it (REWRITE)
 
 Generated data are finite bfloat16 values (so that a valid header reaches the
 loaders' conversions), capped at MAX_DATA bytes per file. All numbers are
@@ -38,6 +48,21 @@ NAMES = (
     "model-00001-of-00002.safetensors",
 )
 LITERAL = 7
+SPECIAL_BIT = 1 << 5
+FIFO, DIRECTORY, DEV_ZERO, SPARSE, REWRITE = range(5)
+
+
+class Special:
+    """A file that is not plain bytes: FIFO, directory, /dev/zero link, sparse file."""
+
+    __slots__ = ("what", "size")
+
+    def __init__(self, what: int, size: int = 0) -> None:
+        self.what = what
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"Special({self.what}, {self.size})"
 MAX_DATA = 4 << 20
 MAX_FILES = 12
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -70,9 +95,12 @@ def fill(n: int, seed: int) -> bytes:
 
 
 def decode(data: bytes) -> dict[str, bytes]:
-    """The files (name -> bytes) an input describes."""
+    """The files (name -> bytes, or a :class:`Special`) an input describes;
+    in-place rewrites to apply after opening are under the key ``REWRITES``
+    (a tuple of names)."""
     r = _Reader(data)
-    files: dict[str, bytes] = {}
+    files: dict = {}
+    rewrites: list[str] = []
     while r.left() > 0 and len(files) <= MAX_FILES:
         tag = r.uint(1)
         idx, kind = tag & 7, (tag >> 3) & 3
@@ -92,11 +120,49 @@ def decode(data: bytes) -> dict[str, bytes]:
             seed = r.uint(1)
             le = struct.pack("<Q", len(header) if prefix is None else prefix)
             files[name] = le + header + fill(n_data, seed)
+        elif tag & SPECIAL_BIT:
+            what = r.uint(1) % 5
+            if what == REWRITE:
+                rewrites.append(name)
+            elif what == SPARSE:
+                files[name] = Special(SPARSE, (r.uint(2) + 1) << 20)
+            else:
+                files[name] = Special(what)
         else:
             cut = r.uint(4)
-            if name in files:
+            if isinstance(files.get(name), bytes):
                 files[name] = files[name][:cut]
+    if rewrites:
+        files["REWRITES"] = tuple(rewrites)
     return files
+
+
+def encode_special(name: str, what: int, size_mib: int = 1) -> bytes:
+    """A special entry (see the module docstring)."""
+    tag_name = NAMES.index(name) if name in NAMES else LITERAL
+    lit = b"" if tag_name != LITERAL else bytes([len(name.encode())]) + name.encode()
+    extra = struct.pack("<H", size_mib - 1) if what == SPARSE else b""
+    return bytes([tag_name | (3 << 3) | SPECIAL_BIT]) + lit + bytes([what]) + extra
+
+
+def rewrite_in_place(path: Path) -> None:
+    """Reverse a safetensors file's data section in place; move mtime on."""
+    import os
+
+    try:
+        with open(path, "r+b") as fh:
+            raw = fh.read()
+            if len(raw) < 8:
+                return
+            start = 8 + int.from_bytes(raw[:8], "little")
+            if start >= len(raw):
+                return
+            fh.seek(start)
+            fh.write(raw[start:][::-1])
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    except (OSError, ValueError):
+        pass
 
 
 def encode_file(name: str, body: bytes) -> bytes:
@@ -116,9 +182,29 @@ def encode_dir(path: Path) -> bytes:
     return b"".join(encode_file(p.name, p.read_bytes()) for p in sorted(Path(path).iterdir()) if p.is_file())
 
 
-def write(files: dict[str, bytes], directory: Path) -> None:
+def write(files: dict, directory: Path) -> None:
     """Replace `directory`'s files with `files`."""
+    import os
+    import shutil
+
     for p in directory.iterdir():
-        p.unlink()
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
     for name, body in files.items():
-        (directory / name).write_bytes(body)
+        if name == "REWRITES":
+            continue
+        path = directory / name
+        if isinstance(body, Special):
+            if body.what == FIFO:
+                os.mkfifo(path)
+            elif body.what == DIRECTORY:
+                path.mkdir()
+            elif body.what == DEV_ZERO:
+                path.symlink_to("/dev/zero")
+            else:
+                with open(path, "wb") as fh:
+                    fh.truncate(body.size)
+        else:
+            path.write_bytes(body)

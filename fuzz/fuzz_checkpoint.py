@@ -10,7 +10,12 @@ so even ``ValueError``/``TypeError`` would be a bug here. Oracle:
 * when there is a config.json: ``hf2q.dflash.load`` and ``hf2q.qwen35.load``
   onto a private host device either succeed (then ``verify()`` must pass) or
   raise an hf2q error; either way no device buffer is left once the model
-  or the exception is gone.
+  or the exception is gone;
+* special entries (FIFO, directory, /dev/zero, sparse oversized files) must
+  be refused at once with an hf2q error (a hang is a libFuzzer timeout);
+* an in-place rewrite after validation: every read of a tensor of the
+  rewritten shard raises ``SafetensorsError`` with code ``FileChanged``; loads
+  on it raise an hf2q error or succeed with buffers that verify.
 """
 
 from __future__ import annotations
@@ -20,20 +25,41 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _ckpt_codec import decode, write  # noqa: E402
+from _ckpt_codec import decode, rewrite_in_place, write  # noqa: E402
 from _harness import OracleFailure, check_no_buffers, expect, hf2q, run, scratch_dir  # noqa: E402
 
 _DIR = scratch_dir("ckpt")
 _DEV = hf2q.Device._isolated("host")
 
 
-def _check_checkpoint(files: dict[str, bytes]) -> None:
+def _rewrite(files: dict) -> None:
+    for name in files.get("REWRITES", ()):
+        if isinstance(files.get(name), bytes):
+            rewrite_in_place(_DIR / name)
+
+
+def _check_checkpoint(files: dict) -> None:
     try:
         ck = hf2q.safetensors.open_checkpoint(_DIR)
     except BaseException as e:  # noqa: BLE001 - the oracle decides
         expect(e, misuse=False, what="open_checkpoint")
         return
+    rewritten = {n for n in files.get("REWRITES", ()) if isinstance(files.get(n), bytes)}
+    if rewritten:
+        _rewrite(files)  # after validation: reads must refuse (FileChanged), never return other bytes
     with ck:
+        if rewritten:
+            for name in ck.keys():
+                if ck.file_for(name).path.name in rewritten and ck[name].nbytes:
+                    try:
+                        ck.read_bytes(name)
+                    except BaseException as e:  # noqa: BLE001 - the oracle decides
+                        expect(e, misuse=False, what="read after an in-place rewrite")
+                        if getattr(e, "code", None) != "FileChanged":
+                            raise OracleFailure(f"read after an in-place rewrite: {e!r}") from None
+                        continue
+                    raise OracleFailure(f"read_bytes({name!r}) succeeded after its shard was rewritten in place")
+            return
         names = ck.keys()
         if len(set(names)) != len(names) or len(ck) != len(names):
             raise OracleFailure("duplicate tensor names in keys()")
@@ -50,8 +76,18 @@ def _check_checkpoint(files: dict[str, bytes]) -> None:
         raise OracleFailure("checkpoint not closed after 'with'")
 
 
-def _check_load(loader, what: str, **kwargs) -> None:
+def _check_load(loader, what: str, files: dict, **kwargs) -> None:
     baseline = _DEV.residency.count
+    if files.get("REWRITES"):
+        real = hf2q.safetensors.open_checkpoint
+
+        def open_then_rewrite(path):  # the loader validates, then the files change under it
+            ck = real(path)
+            _rewrite(files)
+            return ck
+
+        mod = sys.modules["hf2q.models.dflash" if "dflash" in what else "hf2q.models.qwen35_load"]
+        mod.open_checkpoint = open_then_rewrite
     try:
         model = loader(_DIR, device=_DEV, progress=False, **kwargs)
     except BaseException as e:  # noqa: BLE001 - the oracle decides
@@ -59,6 +95,9 @@ def _check_load(loader, what: str, **kwargs) -> None:
         del e
         check_no_buffers(_DEV, baseline, f"{what} (failed)")
         return
+    finally:
+        if files.get("REWRITES"):
+            mod.open_checkpoint = real
     try:
         model.verify()
     finally:
@@ -71,9 +110,13 @@ def test_one_input(data: bytes) -> None:
     write(files, _DIR)
     _check_checkpoint(files)
     if "config.json" in files:
-        _check_load(hf2q.dflash.load, "hf2q.dflash.load")
+        if files.get("REWRITES"):
+            write(files, _DIR)  # the rewrite above changed the files: start again from the input
+        _check_load(hf2q.dflash.load, "hf2q.dflash.load", files)
+        if files.get("REWRITES"):
+            write(files, _DIR)
         dense = ("f32", "bf16", "q8_0")[len(data) % 3]  # every dense dtype path, chosen by the input
-        _check_load(hf2q.qwen35.load, "hf2q.qwen35.load", dense_dtype=dense)
+        _check_load(hf2q.qwen35.load, "hf2q.qwen35.load", files, dense_dtype=dense)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _ckpt_codec import encode_dir, encode_file  # noqa: E402
+from _ckpt_codec import DEV_ZERO, DIRECTORY, FIFO, REWRITE, SPARSE, encode_dir, encode_file, encode_special  # noqa: E402
 
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
@@ -118,6 +118,19 @@ def checkpoint_seeds(tmp: Path) -> dict[str, bytes]:
     single = dirs["dflash_single"] / "model.safetensors"
     size = single.stat().st_size
     seeds["dflash_truncated"] = seeds["dflash_single"] + bytes([2 | (3 << 3)]) + struct.pack("<I", size - 100)
+    # issue 11: special files, oversized configs, in-place rewrites after validation
+    for what, tag in ((FIFO, "fifo"), (DIRECTORY, "dir"), (DEV_ZERO, "devzero")):
+        seeds[f"dflash_config_{tag}"] = seeds["dflash_single"] + encode_special("config.json", what)
+        seeds[f"dflash_index_{tag}"] = seeds["dflash_sharded"] + encode_special("model.safetensors.index.json", what)
+        seeds[f"dflash_shard_{tag}"] = seeds["dflash_sharded"] + encode_special("model-00002-of-00003.safetensors", what)
+    seeds["dflash_config_sparse_5mib"] = seeds["dflash_single"] + encode_special("config.json", SPARSE, 5)
+    seeds["qwen35_rewrite_in_place"] = seeds["qwen35_single"] + encode_special("model.safetensors", REWRITE)
+    seeds["dflash_rewrite_shard"] = seeds["dflash_sharded"] + encode_special("model-00001-of-00003.safetensors", REWRITE)
+    cfg = json.loads((dirs["dflash_single"] / "config.json").read_text())
+    for key, value in (("num_hidden_layers", 10**9), ("num_hidden_layers", 1024), ("hidden_size", 10**30)):
+        seeds[f"dflash_config_{key}_{len(str(value))}"] = seeds["dflash_single"] + encode_file(
+            "config.json", json.dumps(dict(cfg, **{key: value})).encode())
+    seeds["dflash_config_deep"] = seeds["dflash_single"] + encode_file("config.json", b"[" * 5000 + b"]" * 5000)
     return seeds
 
 

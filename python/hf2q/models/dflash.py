@@ -28,7 +28,6 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from ..errors import parse_config_json, read_config_text
-from ._limits import check_bound
 from ..errors import (
     ConfigError,
     Hf2qError,
@@ -37,10 +36,12 @@ from ..errors import (
     ManifestError,
     ManifestProblem,
     MissingTensorError,
+    NonFiniteError,
     ShapeMismatchError,
 )
 from ..device import Buffer, Device, FileReadError
 from ..safetensors import Checkpoint, SafetensorsFile, TensorInfo, open_checkpoint
+from ._limits import check_bound
 from ._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
 
 __all__ = [
@@ -963,14 +964,22 @@ class DFlashModelTensors:
             for t in weights:
                 name, entry, info = t.entry.name, t.entry, t.info
                 shard = weights.checkpoint.file_for(name)
-                shard.check_unchanged(name)  # rewritten in place since it was validated?
+                # Rewritten in place since it was validated? Checked before and
+                # after each read (and first when a read fails: a changed file
+                # explains truncation or stray NaNs better).
+                shard.check_unchanged(name)
                 try:
                     bufs[name] = device.upload_from_file(
                         shard.fileno(), info.offset, info.nbytes, "bf16", entry.device_dtype, entry.shape, name=name,
                         check_finite=check_finite,
                     )
                 except FileReadError as e:
+                    shard.check_unchanged(name)
                     raise file_read_error(e, t.path, name) from None
+                except NonFiniteError:
+                    shard.check_unchanged(name)
+                    raise
+                shard.check_unchanged(name)
                 bar.update(info.nbytes)
                 if name.endswith("self_attn.v_proj.weight"):  # last of a layer in manifest order: one commit per layer
                     device.residency.commit()

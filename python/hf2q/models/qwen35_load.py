@@ -142,7 +142,7 @@ def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer, ch
     for piece in pt.sources:
         info = ckpt[piece.name]
         shard = ckpt.file_for(piece.name)
-        shard.check_unchanged(piece.name)  # rewritten in place since it was validated?
+        shard.check_unchanged(piece.name)  # rewritten in place since it was validated? (before and after)
         fd = shard.fileno()
         src = _SRC[piece.dtype]
         esize = _ITEMSIZE[piece.dtype]
@@ -161,7 +161,12 @@ def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer, ch
                 device.write_from_file(buf, fd, info.offset, info.nbytes, src, offset=offset, name=pt.gguf_name,
                                        check_finite=check_finite)
         except FileReadError as e:
+            shard.check_unchanged(piece.name)
             raise file_read_error(e, info.path, piece.name) from None
+        except NonFiniteError:
+            shard.check_unchanged(piece.name)
+            raise
+        shard.check_unchanged(piece.name)
 
 
 def _materialize(device: Device, ckpt: Checkpoint, cfg: Qwen35Config, pt: PlannedTensor,
