@@ -14,9 +14,6 @@
 
 #include <nanobind/nanobind.h>
 
-#if defined(__GLIBCXX__)
-#include <cxxabi.h>
-#endif
 #include <unistd.h>
 
 namespace hf2q::bindings {
@@ -25,16 +22,16 @@ namespace hf2q::bindings {
   for (;;) ::pause();
 }
 
+// PyEval_RestoreThread is C and throws nothing else: whatever unwinds out of
+// it is the forced unwind of pthread_exit (abi::__forced_unwind on glibc,
+// caught with "..." because it has no C++ object to bind a reference to).
+// A forced unwind may be caught as long as the handler does not return.
 inline void restore_thread(PyThreadState* state) noexcept {
-#if defined(__GLIBCXX__)
   try {
     PyEval_RestoreThread(state);
-  } catch (abi::__forced_unwind&) {
+  } catch (...) {
     park_thread_forever();
   }
-#else
-  PyEval_RestoreThread(state);
-#endif
 }
 
 class ReleaseGil {

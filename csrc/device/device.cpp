@@ -264,7 +264,6 @@ std::shared_ptr<Device> Device::open(const std::string& kind) {
 
 Device::Device(std::unique_ptr<Backend> backend)
     : backend_(std::move(backend)), residency_enabled_(!residency_disabled_by_env()) {
-  register_device(this);
   if (residency_enabled_) {
     sets_.resize(1);
     if (backend_->set_create(0, "hf2q weights 0", 64)) {
@@ -274,6 +273,7 @@ Device::Device(std::unique_ptr<Backend> backend)
       sets_.clear();
     }
   }
+  register_device(this);  // last: a constructor that threw must not stay registered
 }
 
 Device::~Device() {

@@ -117,10 +117,9 @@ def read_capped(path: str, cap: int, what: str, error: Callable[[str, OSError | 
             total += len(b)
         if total > cap:
             raise error(f"grew past the {cap} bytes a {what} may have while being read", None)
-        after = FileIdentity.of(os.fstat(fd))
-        changed = FileIdentity.of(st).differences(after)
-        if changed and after.size != total:
-            raise error(f"changed while being read ({', '.join(changed)})", None)
+        changed = FileIdentity.of(st).differences(FileIdentity.of(os.fstat(fd)))
+        if changed:
+            raise error(f"changed while being read ({', '.join(changed)} changed)", None)
         return b"".join(chunks)
     finally:
         if fd >= 0:
