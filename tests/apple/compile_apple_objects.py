@@ -8,7 +8,8 @@ adding -Werror to the project's own sources (third-party sources, e.g.
 nanobind's, keep their own flags). Then checks that every object is a Mach-O
 arm64 object (MH_OBJECT, CPU_TYPE_ARM64) built for macOS with the expected
 minimum OS version (LC_BUILD_VERSION), and whether the Metal backend's object
-references the residency-set selectors (it must exactly when the SDK is 15).
+references the residency-set selectors (it must exactly when the SDK is 15),
+with the macOS 15 classes weak-linked when the deployment target is older.
 
 Prints one line per translation unit and a summary; exit 0 when all pass,
 1 when any compile or check fails, 2 on bad input.
@@ -31,6 +32,11 @@ MH_MAGIC_64 = 0xFEEDFACF
 CPU_TYPE_ARM64 = 0x0100000C
 MH_OBJECT = 1
 LC_BUILD_VERSION = 0x32
+LC_SYMTAB = 0x2
+N_WEAK_REF = 0x0040
+# Classes that exist only from macOS 15: below it, their references must be weak
+# (else the module would not load on macOS 14: "Symbol not found").
+MACOS15_CLASSES = ("_OBJC_CLASS_$_MTLResidencySetDescriptor",)
 PLATFORM_MACOS = 1
 RESIDENCY_SELECTORS = (b"newResidencySetWithDescriptor:error:", b"addResidencySet:", b"addAllocation:",
                        b"requestResidency", b"endResidency", b"removeAllAllocations")
@@ -58,6 +64,25 @@ def macho_info(path: Path) -> tuple[str, str | None]:
             return "", f"{minos >> 16}.{(minos >> 8) & 0xFF}"
         off += cmdsize
     return "no LC_BUILD_VERSION load command", None
+
+
+def undefined_symbols(path: Path) -> dict[str, bool]:
+    """Undefined external symbols of a Mach-O object -> whether weak-referenced."""
+    data = path.read_bytes()
+    ncmds = struct.unpack_from("<I", data, 16)[0]
+    off = 32
+    out: dict[str, bool] = {}
+    for _ in range(ncmds):
+        cmd, cmdsize = struct.unpack_from("<II", data, off)
+        if cmd == LC_SYMTAB:
+            symoff, nsyms, stroff, _strsize = struct.unpack_from("<IIII", data, off + 8)
+            for i in range(nsyms):
+                strx, ntype, _sect, desc, _value = struct.unpack_from("<IBBHQ", data, symoff + 16 * i)
+                if ntype & 0x01 and (ntype & 0x0E) == 0:  # N_EXT, N_UNDF
+                    end = data.index(b"\0", stroff + strx)
+                    out[data[stroff + strx:end].decode()] = bool(desc & N_WEAK_REF)
+        off += cmdsize
+    return out
 
 
 def main() -> int:
@@ -140,6 +165,14 @@ def main() -> int:
                 missing = [s.decode() for s in RESIDENCY_SELECTORS if s not in data]
                 if args.residency == "yes" and missing:
                     problem = f"residency-set code not compiled (selectors missing: {', '.join(missing)})"
+                elif args.residency == "yes":
+                    syms = undefined_symbols(Path(obj))
+                    below15 = tuple(int(x) for x in args.minos.split(".")) < (15, 0)
+                    for sym in MACOS15_CLASSES:
+                        if sym not in syms:
+                            problem = f"{sym} is not referenced"
+                        elif below15 and not syms[sym]:
+                            problem = f"{sym} is not weak-linked: the module would not load below macOS 15"
                 if args.residency == "no" and len(missing) != len(RESIDENCY_SELECTORS):
                     problem = "residency-set selectors present although the SDK has no residency sets"
         status = "ok" if not problem else "FAIL: " + problem
