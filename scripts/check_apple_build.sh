@@ -14,7 +14,7 @@
 # from Debian: apt-get install clang-19), cmake >= 3.18 with make or ninja,
 # and python3. With CI=true (or --install) missing tools are installed with
 # apt-get; the nanobind headers (for the bindings) come from the Python in
-# PYTHON (default python3) or, when installing, from PyPI into build/apple/.
+# PYTHON (default python3) or, when installing, from PyPI into build/apple-pydeps/.
 #
 # What it does:
 #  1. CMake configures this project for Darwin arm64 (CMAKE_SYSTEM_NAME=Darwin,
@@ -59,6 +59,7 @@ set -u -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${HF2Q_APPLE_BUILD_DIR:-$ROOT/build/apple}
+PYDEPS=$ROOT/build/apple-pydeps  # nanobind from PyPI when installing (kept apart from BUILD)
 INSTALL=0
 [ "${CI:-}" = true ] && INSTALL=1
 CONFIGS=()
@@ -186,9 +187,9 @@ if [ ! -f "$PY_INC/Python.h" ]; then
 elif [ -z "$NB_DIR" ]; then
   NB_SPEC=$(grep -o '"nanobind[^"]*"' "$ROOT/pyproject.toml" | head -1 | tr -d '"')
   NB_SPEC=${NB_SPEC:-nanobind}
-  if [ -d "$BUILD/pydeps/nanobind" ] || { [ "$INSTALL" = 1 ] &&
-       "$PY" -m pip install --quiet --disable-pip-version-check --target "$BUILD/pydeps" "$NB_SPEC" >/dev/null 2>&1; }; then
-    NB_DIR=$(PYTHONPATH="$BUILD/pydeps" "$PY" -c 'import nanobind; print(nanobind.cmake_dir())' 2>/dev/null)
+  if [ -d "$PYDEPS/nanobind" ] || { [ "$INSTALL" = 1 ] &&
+       "$PY" -m pip install --quiet --disable-pip-version-check --target "$PYDEPS" "$NB_SPEC" >/dev/null 2>&1; }; then
+    NB_DIR=$(PYTHONPATH="$PYDEPS" "$PY" -c 'import nanobind; print(nanobind.cmake_dir())' 2>/dev/null)
   fi
   [ -n "$NB_DIR" ] || { BINDINGS=OFF; WHY_NO_BINDINGS="nanobind is not importable by $PY (pip install '$NB_SPEC', or --install)"; }
 fi

@@ -29,6 +29,7 @@ GENERATOR = ROOT / "tests" / "apple" / "gen_sdk15_overlay.py"
 OVERLAY = ROOT / "tests" / "apple" / "sdk15" / "Metal"
 MM = "csrc/device/metal/metal_backend.mm"
 CI = os.environ.get("CI", "").strip().lower() == "true"
+INSTALL = "--install" if CI else "--no-install"  # CI may install clang/cmake/nanobind; elsewhere never
 
 
 def _sdk() -> Path | None:
@@ -59,7 +60,7 @@ def configured(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if _sdk() is None:
         _skip_or_fail("no Apple SDK (HF2Q_APPLE_SDK unset and ../shared/apple-sdk missing)")
     build = tmp_path_factory.mktemp("apple")
-    proc = _run(build, "--no-install", "--only", MM)
+    proc = _run(build, INSTALL, "--only", MM)
     if proc.returncode == 77:
         reason = next((ln for ln in proc.stdout.splitlines() if ln.startswith("skipped:")), "skipped")
         _skip_or_fail(f"the Apple build check {reason}")
@@ -90,7 +91,7 @@ def test_overlay_declares_what_the_backend_uses() -> None:
 
 def test_clean_metal_backend_passes(configured: Path) -> None:
     # The fixture ran it; running again without configuring must also pass.
-    proc = _run(configured, "--no-install", "--no-configure", "--only", MM)
+    proc = _run(configured, INSTALL, "--no-configure", "--only", MM)
     assert proc.returncode == 0, proc.stdout[-4000:]
 
 
@@ -125,7 +126,7 @@ def test_planted_mistake_fails_the_check(configured: Path, tmp_path: Path, what:
     assert source.count(old) >= 1, f"the text to plant '{what}' in is no longer in {MM}: update this test"
     planted = tmp_path / "metal_backend.mm"
     planted.write_text(source.replace(old, new, 1))
-    proc = _run(configured, "--no-install", "--no-configure", "--config", config, "--only", MM,
+    proc = _run(configured, INSTALL, "--no-configure", "--config", config, "--only", MM,
                 "--replace", f"{MM}={planted}")
     assert proc.returncode == 1, f"planted {what}: the check did not fail (exit {proc.returncode}):\n{proc.stdout[-4000:]}"
     assert "FAIL" in proc.stdout and re.search(diagnostic, proc.stdout), proc.stdout[-4000:]
