@@ -9,7 +9,8 @@ nanobind's, keep their own flags). Then checks that every object is a Mach-O
 arm64 object (MH_OBJECT, CPU_TYPE_ARM64) built for macOS with the expected
 minimum OS version (LC_BUILD_VERSION), and whether the Metal backend's object
 references the residency-set selectors (it must exactly when the SDK is 15),
-with the macOS 15 classes weak-linked when the deployment target is older.
+with the macOS 15 classes weak-linked when the deployment target is older,
+and that arm_neon.cpp's object defines the NEON kernels.
 
 Prints one line per translation unit and a summary; exit 0 when all pass,
 1 when any compile or check fails, 2 on bad input.
@@ -66,8 +67,9 @@ def macho_info(path: Path) -> tuple[str, str | None]:
     return "no LC_BUILD_VERSION load command", None
 
 
-def undefined_symbols(path: Path) -> dict[str, bool]:
-    """Undefined external symbols of a Mach-O object -> whether weak-referenced."""
+def symbols(path: Path, undefined: bool = True) -> dict[str, bool]:
+    """External symbols of a Mach-O object, undefined (-> whether weak-referenced)
+    or defined (-> False)."""
     data = path.read_bytes()
     ncmds = struct.unpack_from("<I", data, 16)[0]
     off = 32
@@ -78,7 +80,7 @@ def undefined_symbols(path: Path) -> dict[str, bool]:
             symoff, nsyms, stroff, _strsize = struct.unpack_from("<IIII", data, off + 8)
             for i in range(nsyms):
                 strx, ntype, _sect, desc, _value = struct.unpack_from("<IBBHQ", data, symoff + 16 * i)
-                if ntype & 0x01 and (ntype & 0x0E) == 0:  # N_EXT, N_UNDF
+                if ntype & 0x01 and ((ntype & 0x0E) == 0) == undefined:  # N_EXT; N_UNDF or defined
                     end = data.index(b"\0", stroff + strx)
                     out[data[stroff + strx:end].decode()] = bool(desc & N_WEAK_REF)
         off += cmdsize
@@ -160,13 +162,16 @@ def main() -> int:
                 problem = bad
             elif minos != args.minos:
                 problem = f"minimum macOS {minos}, expected {args.minos}"
+            elif e["file"].endswith("arm_neon.cpp"):
+                if not any("4neon" in name for name in symbols(Path(obj), undefined=False)):
+                    problem = "the NEON kernels compiled out (no hf2q::kernels::neon symbol defined)"
             elif e["file"].endswith("metal_backend.mm"):
                 data = Path(obj).read_bytes()
                 missing = [s.decode() for s in RESIDENCY_SELECTORS if s not in data]
                 if args.residency == "yes" and missing:
                     problem = f"residency-set code not compiled (selectors missing: {', '.join(missing)})"
                 elif args.residency == "yes":
-                    syms = undefined_symbols(Path(obj))
+                    syms = symbols(Path(obj))
                     below15 = tuple(int(x) for x in args.minos.split(".")) < (15, 0)
                     for sym in MACOS15_CLASSES:
                         if sym not in syms:
