@@ -151,6 +151,9 @@ if [ -z "$CXX" ] || [ -z "$CMAKE" ] || [ -z "$GEN" ]; then
   [ -n "$CMAKE" ] || pkgs+=(cmake)
   [ -n "$GEN" ] || pkgs+=(make)
   what="${pkgs[*]}"
+  if [ -z "$CXX" ] && [ -n "${HF2Q_APPLE_CXX:-}" ]; then
+    skip "HF2Q_APPLE_CXX=$HF2Q_APPLE_CXX cannot compile for arm64-apple-macos14 (not a clang with the AArch64 target?)"
+  fi
   [ "$INSTALL" = 1 ] || skip "not installed: $what (apt-get install $what, or run with --install)"
   command -v apt-get >/dev/null 2>&1 || skip "not installed: $what, and there is no apt-get to install them"
   if [ "$(id -u)" = 0 ]; then
