@@ -79,6 +79,19 @@ def test_overlay_matches_metal_cpp() -> None:
     assert proc.returncode == 0, proc.stdout
 
 
+def test_overlay_check_detects_an_edit(tmp_path: Path) -> None:
+    sdk = _sdk()
+    if sdk is None or not (sdk / "metal-cpp").is_dir():
+        _skip_or_fail("no metal-cpp (HF2Q_APPLE_SDK unset and ../shared/apple-sdk missing)")
+    edited = tmp_path / "Metal"
+    shutil.copytree(OVERLAY, edited)
+    h = edited / "MTLResidencySet.h"
+    h.write_text(h.read_text().replace("requestResidency", "requestResidence"))
+    proc = subprocess.run([sys.executable, str(GENERATOR), "check", str(sdk / "metal-cpp"), str(edited)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.returncode == 1 and "MTLResidencySet.h" in proc.stdout, proc.stdout
+
+
 def test_overlay_declares_what_the_backend_uses() -> None:
     """Every residency selector metal_backend.mm sends is declared by the overlay."""
     text = "\n".join(p.read_text() for p in OVERLAY.glob("*.h"))

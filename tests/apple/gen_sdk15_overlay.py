@@ -72,14 +72,17 @@ class Overlay:
         self.methods: dict[str, list[dict]] = {}
         self.sources: set[str] = {"MTLHeaderBridge.hpp"}
         self.bases: dict[str, list[str]] = {}
+        self.base_kind: dict[str, str] = {}  # NS::Referencing or NS::Copying
         for hpp in sorted(self.dir.glob("MTL*.hpp")):
             text = hpp.read_text()
             for m in _METHOD_RE.finditer(text):
                 d = m.groupdict()
                 d["file"] = hpp.name
                 self.methods.setdefault(d["cls"], []).append(d)
-            for cls, bases in re.findall(r"^class (\w+) : public NS::(?:Referencing|Copying)<\w+(?:, ([\w, ]+))?>", text, re.M):
+            for cls, kind, bases in re.findall(r"^class (\w+) : public NS::(Referencing|Copying)<\w+(?:, ([\w, ]+))?>",
+                                               text, re.M):
                 self.bases[cls] = [b.strip() for b in bases.split(",")] if bases else []
+                self.base_kind[cls] = kind
         self.enum_text: dict[str, str] = {}
         for fname, enum in NEW_ENUMS:
             text = (self.dir / fname).read_text()
@@ -147,7 +150,7 @@ class Overlay:
             setter = "set" + n[:1].upper() + n[1:]
             if m["const"] and not params and ":" not in sel:
                 # A getter: a property (read-write when metal-cpp has the setter too).
-                if setter in members or any(x["name"] == setter for x in self.methods.get(cls, [])) and setter in names:
+                if setter in members:
                     attrs = "nonatomic, copy" if ret == "NSString *" else "nonatomic"
                     done.add(setter)
                 else:
@@ -160,32 +163,24 @@ class Overlay:
             parts = sel.split(":")[:-1] if ":" in sel else [sel]
             if len(parts) != max(1, len(params)) or (params and ":" not in sel):
                 raise SystemExit(f"selector {sel} does not fit the parameters of MTL::{cls}::{n}")
-            ret_s = ret if ret.endswith("*") or ret.startswith("id<") else ret
             if not params:
-                out.append(f"- ({ret_s}){sel} {AVAIL};")
+                out.append(f"- ({ret}){sel} {AVAIL};")
             else:
                 pieces = []
                 for part, p in zip(parts, params):
                     typ, pname = self.objc_param(p)
                     pieces.append(f"{part}:({typ}){pname}")
-                out.append(f"- ({ret_s}){' '.join(pieces)} {AVAIL};")
+                out.append(f"- ({ret}){' '.join(pieces)} {AVAIL};")
         return out
 
     def type_block(self, cls: str) -> str:
         names = [m["name"] for m in self.methods.get(cls, []) if m["name"] not in ("alloc", "init")]
         body = "\n".join(self.declarations(cls, names))
         if cls in self.classes:
-            base = "NSObject <NSCopying>" if "Copying" in self._base_kind(cls) else "NSObject"
+            base = "NSObject <NSCopying>" if self.base_kind.get(cls) == "Copying" else "NSObject"
             return f"{AVAIL}\n@interface MTL{cls} : {base}\n{body}\n@end\n"
         parents = ", ".join(["NSObject"] + [f"MTL{b}" for b in self.bases.get(cls, [])])
         return f"{AVAIL}\n@protocol MTL{cls} <{parents}>\n{body}\n@end\n"
-
-    def _base_kind(self, cls: str) -> str:
-        for hpp in self.dir.glob("MTL*.hpp"):
-            m = re.search(r"^class %s : public NS::(\w+)<" % cls, hpp.read_text(), re.M)
-            if m:
-                return m.group(1)
-        return ""
 
     def enum_block(self, enum: str) -> str:
         text = self.enum_text[enum]
