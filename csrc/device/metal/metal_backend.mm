@@ -378,9 +378,9 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
   }
 
   // One command buffer on the backend's queue (the residency sets are
-  // attached to it), one dispatch per kChunkGroups groups, each binding the
-  // buffer at the byte offset of its first group. Returns an error message,
-  // empty on success.
+  // attached to it), the dispatches of metal_verify::for_each_dispatch (one
+  // per kChunkGroups groups, each binding the buffer at the byte offset of its
+  // first group). Returns an error message, empty on success.
   std::string run_checksums(DType dtype, id<MTLBuffer> src, std::size_t need, std::size_t numel,
                             std::uint32_t* out, std::size_t ngroups) {
     if (static_cast<std::size_t>([src length]) < need) {
