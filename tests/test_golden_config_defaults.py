@@ -221,3 +221,33 @@ def test_dflash_absent_layer_types_and_window() -> None:
 def test_dflash_absent_optional_scaling_and_softcap() -> None:
     c = DFlashConfig.from_dict(dfl(rope_scaling=_DEL))
     assert c.rope_scaling is None and c.final_logit_softcapping is None
+
+
+def test_absent_mtp_num_hidden_layers_counts_the_mtp_tensors(tmp_path) -> None:
+    """llama.cpp's converter counts mtp.layers.{i} when the config does not
+    say; a stated 0 with MTP tensors present is still an error."""
+    import json
+
+    from hf2q import Device, qwen35
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = make_qwen35_moe_checkpoint(tmp_path / "a", "tiny")
+    cfg_path = d / "config.json"
+    raw = json.loads(cfg_path.read_text())
+    del raw["mtp_num_hidden_layers"]
+    cfg_path.write_text(json.dumps(raw))
+    c = Qwen35Config.from_file(d)
+    assert c.mtp_num_hidden_layers == 0 and not c.mtp_num_hidden_layers_stated
+    model = qwen35.load(d, device=Device._isolated("host"), progress=False)
+    assert model.config.mtp_num_hidden_layers == 1 and model.plan.mtp_layers == 1
+    assert "blk.4.nextn.eh_proj.weight" in model and len(model.layers) == 5
+    raw["mtp_num_hidden_layers"] = 0
+    cfg_path.write_text(json.dumps(raw))
+    with pytest.raises(Exception, match="mtp_num_hidden_layers = 0"):
+        qwen35.load(d, device=Device._isolated("host"), progress=False)
+    # without MTP tensors an absent count stays 0
+    d2 = make_qwen35_moe_checkpoint(tmp_path / "b", "tiny", mtp=False)
+    raw2 = json.loads((d2 / "config.json").read_text())
+    del raw2["mtp_num_hidden_layers"]
+    (d2 / "config.json").write_text(json.dumps(raw2))
+    assert qwen35.load(d2, device=Device._isolated("host"), progress=False).plan.mtp_layers == 0

@@ -201,6 +201,9 @@ class Qwen35Config:
     model_type: str | None = None
     architectures: tuple[str, ...] = ()
     multimodal: bool = False  # the file nests the text model under text_config
+    #: False when config.json leaves ``mtp_num_hidden_layers`` out: the plan then
+    #: counts the ``mtp.layers.{i}`` tensors, as llama.cpp's converter does.
+    mtp_num_hidden_layers_stated: bool = field(default=True, compare=False, repr=False)
     rope_parameters: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # -- construction -----------------------------------------------------------
@@ -251,6 +254,7 @@ class Qwen35Config:
         max_pos = r.int_("max_position_embeddings")
         eps = r.float_("rms_norm_eps")
         mtp_n = r.int_("mtp_num_hidden_layers", default=0, minimum=0)
+        mtp_stated = r.lookup("mtp_num_hidden_layers")[1] not in (_MISSING, None)
         gate = r.bool_("attn_output_gate", default=True)
         tie = r.bool_("tie_word_embeddings", default=False)
 
@@ -322,7 +326,7 @@ class Qwen35Config:
             full_attention_interval=interval, mrope_section=mrope, mrope_interleaved=interleaved,
             rope_type=rope_type, attn_output_gate=gate, mtp_num_hidden_layers=mtp_n,
             tie_word_embeddings=tie, model_type=model_type, architectures=tuple(archs),
-            multimodal=r.text is not None, rope_parameters=dict(r.rope),
+            multimodal=r.text is not None, mtp_num_hidden_layers_stated=mtp_stated, rope_parameters=dict(r.rope),
         )
 
     # -- derived ------------------------------------------------------------------
