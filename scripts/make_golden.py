@@ -104,6 +104,28 @@ QWEN_VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
         "vision tower, sharded, fused experts; rope given as rope_scaling (transformers writes rope_parameters)"),
 }
 
+# MTP: transformers saves no mtp.* tensors, so the MTP block is checked on a
+# checkpoint written by hf2q.testing.make_qwen35_moe_checkpoint (real HF naming,
+# real checkpoints' dtypes: A_log F32, the rest BF16; the multimodal wrapper,
+# sharded), converted by the same converter with its MTP export on.
+HF2Q_QWEN_VARIANTS: dict[str, dict[str, Any]] = {
+    "qwen35moe_hf2q_mtp": {
+        "config": {
+            "model_type": "qwen3_5_moe_text", "attn_output_gate": True, "head_dim": 32, "hidden_act": "silu",
+            "hidden_size": 32, "full_attention_interval": 4,
+            "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+            "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 6, "linear_value_head_dim": 32, "max_position_embeddings": 4096,
+            "moe_intermediate_size": 32, "mtp_num_hidden_layers": 1, "num_attention_heads": 2, "num_experts": 4,
+            "num_experts_per_tok": 2, "num_hidden_layers": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-06,
+            "shared_expert_intermediate_size": 32, "tie_word_embeddings": False, "vocab_size": 128,
+            "rope_parameters": {"mrope_interleaved": True, "rope_type": "default", "rope_theta": 10000000,
+                                "partial_rotary_factor": 0.25},
+        },
+        "kwargs": {"multimodal": True, "sharded": True, "fused_gate_up": True},
+    },
+}
+
 # z-lab drafters' config fields (spec dflash.md §7/§8), tiny sizes.
 DFLASH_VARIANTS: dict[str, dict[str, Any]] = {
     "dflash_original": {
@@ -172,6 +194,8 @@ CONFIG_VARIANTS: dict[str, tuple[str, list[Any]]] = {
                                        [_del("layer_types"), _set(2, "full_attention_interval")]),
     "qwen_layer_types_and_interval": ("qwen35moe_causal_lm", [_set(4, "full_attention_interval")]),
     "qwen_mm_no_text_rope_parameters": ("qwen35moe_conditional_generation", [_del("text_config", "rope_parameters")]),
+    "qwen_mtp_stated": ("qwen35moe_hf2q_mtp", []),
+    "qwen_mtp_absent": ("qwen35moe_hf2q_mtp", [_del("text_config", "mtp_num_hidden_layers")]),
     "dflash_no_block_size": ("dflash_original", [_del("block_size")]),
     "dflash_no_mask_token_id": ("dflash_original", [_del("dflash_config", "mask_token_id")]),
     "dflash_no_layer_types": ("dflash_new", [_set(None, "sliding_window")]),
@@ -238,6 +262,16 @@ def make_qwen(name: str, out: Path) -> None:
     model.save_pretrained(out, **save_kw)
 
 
+def make_hf2q_qwen(name: str, out: Path, hf2q_python: str) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    v = HF2Q_QWEN_VARIANTS[name]
+    code = ("import json, sys; from hf2q.testing import make_qwen35_moe_checkpoint; "
+            "make_qwen35_moe_checkpoint(sys.argv[1], json.loads(sys.argv[2]), seed=7, **json.loads(sys.argv[3]))")
+    subprocess.run([hf2q_python, "-c", code, str(out), json.dumps(v["config"]), json.dumps(v["kwargs"])],
+                   check=True, cwd=REPO)
+
+
 def make_dflash(name: str, out: Path, hf2q_python: str) -> None:
     if out.exists():
         shutil.rmtree(out)
@@ -273,6 +307,17 @@ def convert(conv_dir: Path, model_dir: Path, outtype: str, outfile: Path, extra:
         convert_hf_to_gguf.main()
     finally:
         sys.argv = argv
+
+
+def _reset_converter_state() -> None:
+    """convert_hf_to_gguf sets class attributes (no_mtp) on the model class;
+    undo them so that one conversion does not leak into the next."""
+    import conversion.qwen as qwen  # noqa: PLC0415
+
+    for cls in (qwen.Qwen3_5MoeTextModel,):
+        for attr in ("no_mtp", "mtp_only"):
+            if attr in cls.__dict__:
+                delattr(cls, attr)
 
 
 def record(conv_dir: Path, gguf_path: Path, blobs: dict[str, bytes], hf_dir: Path) -> dict[str, Any]:
@@ -333,7 +378,9 @@ def config_variants(conv_dir: Path) -> list[dict[str, Any]]:
             (d / "config.json").write_text(json.dumps(cfg, indent=2))
             entry: dict[str, Any] = {"name": name, "base": base, "edited": True, "config": cfg}
             try:
-                convert(conv_dir, d, "f32", Path(tmp) / "out.gguf", [] if base.startswith("dflash") else ["--no-mtp"])
+                no_mtp = base in QWEN_VARIANTS
+                convert(conv_dir, d, "f32", Path(tmp) / "out.gguf", ["--no-mtp"] if no_mtp else [])
+                _reset_converter_state()
                 entry["converter"] = {k: v for k, v in record(conv_dir, Path(tmp) / "out.gguf", {}, d).items()
                                       if k != "tensors"}
             except BaseException as e:  # the converter refuses the config: record why
@@ -351,7 +398,7 @@ def main() -> None:
     args = ap.parse_args()
     versions = check_versions(args.any_version)
     conv_dir = fetch_converter(args.cache)
-    names = list(QWEN_VARIANTS) + list(DFLASH_VARIANTS)
+    names = list(QWEN_VARIANTS) + list(HF2Q_QWEN_VARIANTS) + list(DFLASH_VARIANTS)
     for name in (names if args.only is None else [n for n in args.only if n in names]):
         vdir = GOLDEN / name
         hf = vdir / "hf"
@@ -360,6 +407,10 @@ def main() -> None:
             make_qwen(name, hf)
             note = QWEN_VARIANTS[name][3]
             writer = f"transformers {versions['transformers']} save_pretrained ({QWEN_VARIANTS[name][0]})"
+        elif name in HF2Q_QWEN_VARIANTS:
+            make_hf2q_qwen(name, hf, args.hf2q_python)
+            note = "MTP block (transformers saves none): multimodal, sharded, fused experts, A_log F32"
+            writer = "hf2q.testing.make_qwen35_moe_checkpoint"
         else:
             make_dflash(name, hf, args.hf2q_python)
             note = "DFlash drafter with z-lab's config fields"
@@ -374,6 +425,7 @@ def main() -> None:
                 # transformers saves no mtp.* tensors and no mtp_num_hidden_layers;
                 # the converter then needs --no-mtp (it asserts otherwise).
                 convert(conv_dir, hf, ot, g, ["--no-mtp"] if name in QWEN_VARIANTS else [])
+                _reset_converter_state()
                 out["outtypes"][ot] = record(conv_dir, g, blobs, hf)
         import numpy as np
 

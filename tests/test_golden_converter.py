@@ -47,7 +47,7 @@ def dev() -> hf2q.Device:
 
 def test_golden_data_present() -> None:
     # An empty glob would make every parametrized test below vanish silently.
-    assert len(QWEN_VARIANTS) == 4 and len(DFLASH_VARIANTS) == 2
+    assert len(QWEN_VARIANTS) == 5 and len(DFLASH_VARIANTS) == 2
     total = sum(f.stat().st_size for f in GOLDEN.rglob("*") if f.is_file())
     assert total < 8 << 20  # "a few MB"
     for v in QWEN_VARIANTS + DFLASH_VARIANTS:
@@ -112,7 +112,7 @@ def qwen_expected_metadata(cfg: Qwen35Config, arch: str = "qwen35moe") -> dict[s
     f32 = float(np.float32(cfg.rms_norm_eps))
     p = arch + "."
     return {
-        p + "block_count": cfg.num_hidden_layers,  # converted with --no-mtp: transformers saves no MTP
+        p + "block_count": cfg.num_hidden_layers + cfg.mtp_num_hidden_layers,
         p + "context_length": cfg.max_position_embeddings,
         p + "embedding_length": cfg.hidden_size,
         p + "attention.head_count": cfg.num_attention_heads,
@@ -130,7 +130,8 @@ def qwen_expected_metadata(cfg: Qwen35Config, arch: str = "qwen35moe") -> dict[s
         p + "ssm.group_count": cfg.linear_num_key_heads,
         p + "ssm.time_step_rank": cfg.linear_num_value_heads,
         p + "ssm.inner_size": cfg.linear_num_value_heads * cfg.linear_value_head_dim,
-        p + "attention.recurrent_layers": [k == "linear" for k in cfg.layer_kinds],
+        # MTP blocks are full attention (not recurrent)
+        p + "attention.recurrent_layers": [k == "linear" for k in cfg.layer_kinds] + [False] * cfg.mtp_num_hidden_layers,
         p + "rope.dimension_count": cfg.rotary_dim,
         p + "rope.dimension_sections": list(cfg.mrope_section_gguf),
     }
@@ -152,7 +153,11 @@ def assert_qwen_config_matches(cfg: Qwen35Config, metadata: dict[str, Any], wher
     if cfg.full_attention_interval is None:
         assert metadata["qwen35moe.full_attention_interval"] == DEFAULT_FULL_ATTENTION_INTERVAL
         compared += 1
-    assert "qwen35moe.nextn_predict_layers" not in metadata and cfg.mtp_num_hidden_layers == 0
+    if cfg.mtp_num_hidden_layers:
+        assert metadata["qwen35moe.nextn_predict_layers"] == cfg.mtp_num_hidden_layers, where
+        compared += 1
+    else:  # transformers saves no MTP (converted with --no-mtp)
+        assert "qwen35moe.nextn_predict_layers" not in metadata, where
     return compared
 
 
@@ -243,17 +248,20 @@ def test_config_variant_equals_converter_metadata(variant) -> None:
         cfg = DFlashConfig.from_dict(v["config"])
         assert assert_dflash_config_matches(cfg, v["config"], md, variant) >= 12
     else:
-        cfg = Qwen35Config.from_dict(v["config"])
+        # through the plan over the base checkpoint's tensors: it resolves what
+        # needs the names (mtp_num_hidden_layers absent -> count mtp.layers.{i})
+        with hf2q.open_checkpoint(GOLDEN / v["base"] / "hf") as ck:
+            cfg = qwen35.plan_qwen35_moe(ck, Qwen35Config.from_dict(v["config"])).config
         assert assert_qwen_config_matches(cfg, md, variant) >= 21
 
 
 def test_config_variants_cover_every_default() -> None:
     names = {v["name"] for v in CONFIG_VARIANTS}
-    assert len(names) >= 14
+    assert len(names) >= 16
     for n in ("qwen_no_mrope_prf_0.5", "qwen_no_partial_rotary_factor", "qwen_no_rope_parameters",
               "qwen_rope_scaling", "qwen_no_layer_types", "qwen_no_layer_types_interval_2",
               "qwen_mm_no_text_rope_parameters", "dflash_no_block_size", "dflash_no_mask_token_id",
-              "dflash_no_rope_theta", "dflash_new_no_rope_parameters"):
+              "dflash_no_rope_theta", "dflash_new_no_rope_parameters", "qwen_mtp_absent"):
         assert n in names
 
 
@@ -326,7 +334,8 @@ def test_public_api_inspect(variant) -> None:
     meta, _ = golden(variant)
     info = qwen35.inspect(GOLDEN / variant / "hf")
     assert info["planned_tensors"] == len(meta["outtypes"]["q8_0"]["tensors"])
-    if "conditional_generation" in variant:
+    if "conditional_generation" in variant or json.loads((GOLDEN / variant / "hf" / "config.json").read_text()).get(
+            "vision_config"):
         assert info["skipped"] and all(".visual." in n or n.startswith("model.visual") for n in info["skipped"])
     else:
         assert info["skipped"] == []
