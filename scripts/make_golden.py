@@ -31,6 +31,18 @@ building cmake from source just to read the sdist's metadata, so
 ``convert_hf_to_gguf.py``, ``conversion/`` and ``gguf-py/`` are extracted
 there. Nothing of llama.cpp or transformers is copied into this repository.
 
+MTP: transformers saves no ``mtp.*`` tensors and no ``mtp_num_hidden_layers``,
+and the converter asserts on such a Qwen3.5 checkpoint unless told ``--no-mtp``,
+so the transformers-written variants are converted with ``--no-mtp``. The MTP
+block is covered by ``qwen35moe_hf2q_mtp`` (written by
+``hf2q.testing.make_qwen35_moe_checkpoint``), converted with MTP on.
+
+What transformers 5.24 can and cannot write: it always writes ``layer_types``
+(``full_attention_interval`` is consumed, not saved), never ``mrope_section``
+unless given one, turns ``rope_scaling`` into ``rope_parameters``, and writes
+fused experts only with ``save_pretrained(save_original_format=False)``.
+The absent-field cases it cannot write are the edited ``config_variants``.
+
 How the tokenizer step is skipped: the tiny checkpoints have no tokenizer
 files, and no tensor depends on the vocabulary. The converter runs in this
 process, with ``TextModel.set_vocab`` replaced (at run time only) by a function
