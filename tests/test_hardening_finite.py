@@ -1,12 +1,13 @@
 """Non-finite weights in tensors copied raw or decoded (issue 11, item 9).
 
-Policy: the model loaders (``dflash.load``, ``qwen35.load``,
-``DFlashModelTensors.upload``) refuse a NaN/Inf weight by default with
-:class:`hf2q.NonFiniteError` naming the tensor and the first bad element, as
-quantization always did; ``check_finite=False`` keeps the bytes as they are.
-The check is fused into the read (each chunk scanned right after its pread).
-The low-level ``Device.upload_from_file``/``write_from_file`` copy bytes and
-check only when asked (``check_finite=True``)."""
+Policy (docs/RELIABILITY.md, "Non-finite weights"): raw copies and decodes
+keep the file's bytes by default, exactly (the loaders' contract, and no cost
+on the load path); ``check_finite=True`` on the loaders (``dflash.load``,
+``qwen35.load``, ``DFlashModelTensors.upload``) and on
+``Device.upload_from_file``/``write_from_file`` refuses a NaN/Inf with
+:class:`hf2q.NonFiniteError` naming the tensor and the first bad element,
+found during the read (each piece scanned right after its pread).
+Quantization refuses them always (Q8_0 has no encoding for them)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ from hf2q.errors import NonFiniteError
 from hf2q.testing import make_dflash_checkpoint, make_qwen35_moe_checkpoint
 
 BITS = {"nan": 0x7FC0, "+inf": 0x7F80, "-inf": 0xFF80}
+
+
+def _poison_f32(ck: Path, name: str, flat_index: int) -> None:
+    f = ck / "model.safetensors"
+    tensors = load_file(str(f))
+    t = tensors[name].astype(np.float32)
+    t.reshape(-1)[flat_index] = np.nan
+    tensors[name] = t
+    save_file(tensors, str(f))
 
 
 def _poison(ck: Path, name: str, flat_index: int, value_bits: int) -> None:
@@ -49,12 +59,12 @@ def test_dflash_load_refuses_non_finite_raw_and_decoded(cls: str, name: str, dfl
     _poison(d, name, 37, BITS[cls])
     dev = Device._isolated("host")
     with pytest.raises(NonFiniteError) as ei:
-        dflash.load(d, dev, progress=False)
+        dflash.load(d, dev, progress=False, check_finite=True)
     e = ei.value
     assert e.tensor == name and e.index == 37 and e.value_class == cls, str(e)
     assert name in str(e)
     assert dev.residency.count == 0
-    m = dflash.load(d, dev, progress=False, check_finite=False)  # kept as it is, on request
+    m = dflash.load(d, dev, progress=False)  # default: the file's bytes, exactly
     bits = m[name].numpy().reshape(-1).view(np.uint16 if m[name].dtype == "bf16" else np.uint32)
     want = BITS[cls] if m[name].dtype == "bf16" else BITS[cls] << 16
     assert int(bits[37]) == want
@@ -65,11 +75,21 @@ def test_qwen35_load_refuses_non_finite_raw_copied_tensor(tmp_path: Path) -> Non
     name = "model.layers.0.mlp.experts.1.down_proj.weight"
     _poison(ck, name, 5, BITS["+inf"])
     with pytest.raises(NonFiniteError) as ei:  # bf16 experts: copied raw
-        qwen35.load(ck, Device._isolated("host"), expert_dtype="bf16", progress=False)
+        qwen35.load(ck, Device._isolated("host"), expert_dtype="bf16", progress=False, check_finite=True)
     assert ei.value.value_class == "+inf" and "blk.0.ffn_down_exps" in str(ei.value)
     with pytest.raises(NonFiniteError):  # q8_0 experts: quantization refuses, as always
         qwen35.load(ck, Device._isolated("host"), progress=False)
-    qwen35.load(ck, Device._isolated("host"), expert_dtype="bf16", progress=False, check_finite=False)
+    m = qwen35.load(ck, Device._isolated("host"), expert_dtype="bf16", progress=False)  # default: bytes as they are
+    assert int(m["blk.0.ffn_down_exps.weight"].numpy()[1].reshape(-1).view(np.uint16)[5]) == BITS["+inf"]
+
+
+def test_qwen35_check_finite_on_materialized_tensors(tmp_path: Path) -> None:
+    ck = make_qwen35_moe_checkpoint(tmp_path / "q", "tiny", seed=6)
+    name = "model.layers.0.linear_attn.A_log"  # transformed in numpy (-exp), not streamed
+    _poison_f32(ck, name, 1)
+    with pytest.raises(NonFiniteError) as ei:
+        qwen35.load(ck, Device._isolated("host"), progress=False, check_finite=True)
+    assert ei.value.tensor == name and ei.value.index == 1
 
 
 @pytest.mark.parametrize("src,to", [("bf16", "bf16"), ("f16", "f16"), ("f32", "f32"), ("bf16", "f32"),

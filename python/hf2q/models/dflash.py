@@ -953,12 +953,13 @@ class DFlashModelTensors:
     # ------------------------------------------------------------------ build
     @classmethod
     def upload(cls, device: Device, cfg: DFlashConfig, weights: DFlashWeights, *,
-               progress: bool = False, check_finite: bool = True) -> "DFlashModelTensors":
+               progress: bool = False, check_finite: bool = False) -> "DFlashModelTensors":
         """Make ``weights`` resident on ``device``: one buffer per tensor,
         ``pread`` straight into it (BF16) or decoded into it (norms -> F32).
-        ``check_finite`` (default on): a NaN/Inf weight raises
+        ``check_finite=True``: a NaN/Inf weight raises
         :class:`~hf2q.NonFiniteError` naming the tensor, found during the
-        read (docs/RELIABILITY.md, "Non-finite weights").
+        read; off by default, the bytes are the file's (docs/RELIABILITY.md,
+        "Non-finite weights").
         On any failure (including KeyboardInterrupt) every buffer allocated so
         far is freed before the exception propagates."""
         if weights.config != cfg:
@@ -1065,7 +1066,7 @@ class DFlashModelTensors:
 
 
 def load(path: PathLike, device: Device | None = None, progress: bool = True,
-         config: DFlashConfig | None = None, check_finite: bool = True) -> DFlashModelTensors:
+         config: DFlashConfig | None = None, check_finite: bool = False) -> DFlashModelTensors:
     """Validate a DFlash drafter checkpoint (file or directory with
     ``config.json``) and make it resident on ``device`` (default:
     :meth:`hf2q.Device.default`). ``model.summary`` holds the load summary."""

@@ -136,7 +136,7 @@ class Qwen35Model:
                 f"on {self.device.kind}>")
 
 
-def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer, check_finite: bool = True) -> None:
+def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer, check_finite: bool = False) -> None:
     """Fill ``buf`` from the file: whole tensors, per-expert slices, or the
     gate/up halves of a fused ``gate_up_proj``, one expert at a time."""
     for piece in pt.sources:
@@ -170,7 +170,7 @@ def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer, ch
 
 
 def _materialize(device: Device, ckpt: Checkpoint, cfg: Qwen35Config, pt: PlannedTensor,
-                 check_finite: bool = True) -> Buffer:
+                 check_finite: bool = False) -> Buffer:
     arrays = [ckpt.read_array(p.name) for p in pt.sources]
     if check_finite:
         for p, a in zip(pt.sources, arrays):
@@ -198,7 +198,7 @@ def _check_finite_array(a: np.ndarray, name: str) -> None:
 
 
 def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-         progress: bool = True, mtp: bool | None = None, check_finite: bool = True) -> Qwen35Model:
+         progress: bool = True, mtp: bool | None = None, check_finite: bool = False) -> Qwen35Model:
     """Load a Qwen3.5/3.6 MoE checkpoint (directory with ``config.json``,
     single-file or sharded) into inference-ready device buffers.
 
@@ -207,8 +207,9 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     same tensors are quantized as by ``convert_hf_to_gguf.py --outtype q8_0``)
     to the other matrices; norms, ``ssm_*`` and routers stay F32. ``mtp``:
     keep (None: when present), require (True) or drop (False) the MTP block.
-    ``check_finite`` (default on): a NaN/Inf weight copied or decoded as it is
-    raises :class:`~hf2q.NonFiniteError` (quantized tensors always do).
+    ``check_finite=True``: a NaN/Inf weight copied or decoded as it is raises
+    :class:`~hf2q.NonFiniteError` (off by default: the bytes are the file's;
+    quantized tensors always refuse them).
     On any failure every buffer allocated so far is freed."""
     path = Path(path)
     dev = device if device is not None else Device.default()
