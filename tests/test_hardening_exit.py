@@ -73,3 +73,34 @@ time.sleep(0.3)
     for i in range(RUNS):
         r = run_python(code, args=[str(tmp_path / f"ck{i}")], env={"HF2Q_NUM_THREADS": "3"}, timeout=60)
         assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), f"run {i}: rc={r.returncode}\n{r.stderr[-2000:]}"
+
+
+def test_open_files_stay_open_for_daemon_threads_during_atexit(tmp_path) -> None:
+    """weakref.finalize's atexit hook used to close every open safetensors
+    file while daemon threads still read them (found by the fault-injection
+    exit test under ASan: 'I/O on closed safetensors file' in a daemon)."""
+    code = r"""
+import sys, threading, time, atexit
+from hf2q import safetensors
+from hf2q.testing import make_dflash_checkpoint
+errors = []
+def late():  # registered before the file's finalizer: runs after weakref's atexit hook
+    time.sleep(0.2)
+    if errors:
+        sys.stderr.write("daemon saw " + errors[0] + "\n")
+atexit.register(late)
+path = make_dflash_checkpoint(sys.argv[1], "tiny", seed=1)
+f = safetensors.open(path / "model.safetensors")
+name = f.keys()[0]
+def body():
+    while True:
+        try:
+            f.read_bytes(name)
+        except Exception as e:
+            errors.append(repr(e))
+            return
+threading.Thread(target=body, daemon=True).start()
+time.sleep(0.05)
+"""
+    r = run_python(code, args=[str(tmp_path / "ck")], timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r.stderr[-2000:]

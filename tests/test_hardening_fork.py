@@ -118,3 +118,25 @@ assert np.array_equal(ops.quantize_q8_0(x).view(np.uint8), np.asarray(want).view
 print(f"children ok {ok}/@N@; parent ok")
 '''.replace('@N@', str(FORKS)), env={"HF2Q_NUM_THREADS": "4"}, timeout=180)
     _check(r)
+
+
+def test_fork_while_another_thread_opens_a_device() -> None:
+    # The Python lock around the per-kind native devices, held by another
+    # thread at the fork, must not block the child's first Device().
+    r = run_python(FORK_HELPERS + r'''
+import threading, hf2q
+from hf2q import device as d
+held = threading.Event(); release = threading.Event()
+def holder():
+    with d._native_lock:
+        held.set(); release.wait(30)
+t = threading.Thread(target=holder, daemon=True); t.start(); held.wait(10)
+def child():
+    dev = hf2q.Device("host")
+    return dev.alloc((16,), "f32").numel == 16
+ok = fork_and_wait(child) == 0
+release.set(); t.join(10)
+hf2q.Device("host").alloc((16,), "f32")
+print(f"children ok {int(ok)}/1; parent ok")
+''', timeout=60)
+    _check(r, 1)

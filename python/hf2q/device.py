@@ -227,6 +227,18 @@ _native_devices: dict[str, Any] = {}
 _native_lock = threading.Lock()
 
 
+def _new_lock_in_child() -> None:
+    # A forked child inherits the lock as it was: held, maybe, by a thread
+    # that does not exist there. (The native devices' own mutexes are
+    # handled by pthread_atfork in device.cpp.)
+    global _native_lock
+    _native_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def _open_native(kind: str) -> Any:
     with _native_lock:
         dev = _native_devices.get(kind)

@@ -526,6 +526,11 @@ class SafetensorsFile:
             fd, st = open_regular(spath, error)  # non-blocking open, regular files only
             self._fd = fd
             self._finalizer = weakref.finalize(self, os.close, fd)
+            # Not at interpreter exit: weakref.finalize's atexit hook would
+            # close the descriptor under a daemon thread still reading it
+            # (EBADF, or another file's bytes once the number is reused);
+            # the process's exit closes it.
+            self._finalizer.atexit = False
         except BaseException:  # e.g. KeyboardInterrupt before the finalizer owns fd
             if fd >= 0 and not hasattr(self, "_finalizer"):
                 os.close(fd)
