@@ -48,12 +48,19 @@ std::vector<std::size_t> storage_shape(const BufferImpl& b) {
   return shape;
 }
 
+// A view of the buffer's memory where it lives: CPU for host/Metal, the
+// backend's DLPack device (kDLCUDA, index) otherwise.
 template <typename Framework>
 nb::ndarray<Framework> make_view(const std::shared_ptr<BufferImpl>& b, bool dlpack_bf16) {
   const std::vector<std::size_t> shape = storage_shape(*b);
+  const auto& info = b->device()->info();
   return nb::ndarray<Framework>(b->data(), shape.size(), shape.data(), keep_alive(b), nullptr,
-                                storage_dtype(b->dtype(), dlpack_bf16), nb::device::cpu::value);
+                                storage_dtype(b->dtype(), dlpack_bf16), info.dlpack_device_type,
+                                info.device_index);
 }
+
+// Storage bytes [offset, offset + out.size()) copied into a CPU array.
+using RwBytes = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 nb::dict stats_dict(Device& d) {
   hf2q::device::ResidencyStats st;
@@ -104,8 +111,26 @@ void bind_device(nb::module_& m) {
       .def_prop_ro("alloc_len", &BufferImpl::alloc_len)
       .def_prop_ro("address", [](const BufferImpl& b) { return reinterpret_cast<std::uintptr_t>(b.data()); })
       .def_prop_ro("device", [](const BufferImpl& b) { return b.device(); })
-      .def("numpy_view", [](std::shared_ptr<BufferImpl> b) { return make_view<nb::numpy>(b, false); })
-      .def("dlpack_view", [](std::shared_ptr<BufferImpl> b) { return make_view<nb::array_api>(b, true); });
+      .def("numpy_view",
+           [](std::shared_ptr<BufferImpl> b) {
+             if (!b->device()->info().cpu_visible) {
+               throw hf2q::device::DeviceError("a " + b->device()->info().kind +
+                                               " buffer lives in device memory the CPU cannot address");
+             }
+             return make_view<nb::numpy>(b, false);
+           })
+      .def("dlpack_view", [](std::shared_ptr<BufferImpl> b) { return make_view<nb::array_api>(b, true); })
+      .def_prop_ro("dlpack_device", [](const BufferImpl& b) {
+        const auto& info = b.device()->info();
+        return std::make_pair(info.dlpack_device_type, info.device_index);
+      })
+      .def(
+          "copy_out",
+          [](std::shared_ptr<BufferImpl> b, std::size_t offset, RwBytes out) {
+            nb::gil_scoped_release nogil;
+            b->device()->copy_out(*b, offset, out.data(), out.size());
+          },
+          "offset"_a, "out"_a.noconvert());
 
   nb::class_<Device>(m, "NativeDevice")
       .def_static("open", &Device::open, "kind"_a)
@@ -116,6 +141,8 @@ void bind_device(nb::module_& m) {
       .def_prop_ro("working_set_bytes", [](const Device& d) { return d.info().working_set_bytes; })
       .def_prop_ro("wired_budget_bytes", [](const Device& d) { return d.info().wired_budget_bytes; })
       .def_prop_ro("residency_enabled", &Device::residency_enabled)
+      .def_prop_ro("cpu_visible", [](const Device& d) { return d.info().cpu_visible; })
+      .def_prop_ro("index", [](const Device& d) { return d.info().device_index; })
       .def(
           "alloc",
           [](Device& d, const std::vector<std::int64_t>& shape, const std::string& dtype) {
@@ -169,6 +196,13 @@ void bind_device(nb::module_& m) {
         return nb::ndarray<nb::numpy, std::uint32_t, nb::ndim<1>>(heap->data(), {n}, owner);
       }, "buf"_a);
 
+  m.def("backend_kinds", [] {
+    std::size_t n = 0;
+    const hf2q::device::BackendEntry* e = hf2q::device::backend_registry(&n);
+    std::vector<std::string> kinds;
+    for (std::size_t i = 0; i < n; ++i) kinds.emplace_back(e[i].kind);
+    return kinds;
+  });
   m.def("residency_disabled_by_env", &hf2q::device::residency_disabled_by_env);
   m.def("inject_alloc_failure", &hf2q::device::inject_alloc_failure, "n"_a,
         "Testing hook: the n-th allocation from now fails with DeviceError (0 disables).");
