@@ -86,3 +86,26 @@ def test_metal_unavailable_off_apple_is_a_device_error():
     with pytest.raises(DeviceError, match="no Metal backend"):
         Device("metal")
     assert isinstance(hf2q.Device.default(), Device)
+
+
+@pytest.mark.parametrize("src_dtype,to", [("f32", "q8_0"), ("bf16", "q8_0"), ("f16", "q8_0"), ("bf16", "f32"),
+                                          ("f16", "f32"), ("f32", "f32")])
+def test_convert_on_the_device_equals_an_upload(src_dtype, to):
+    from hf2q._arrays import BF16
+
+    dev = Device("host")
+    x = np.random.default_rng(3).standard_normal((16, 128)).astype(np.float32)
+    x = x.astype({"f32": np.float32, "f16": np.float16, "bf16": BF16}[src_dtype])
+    src = dev.upload(x)
+    out = dev.convert(src, to)
+    assert out.dtype == to and out.shape == src.shape
+    assert np.array_equal(out.numpy().view(np.uint8), dev.upload(x, to=to).numpy().view(np.uint8))
+
+
+def test_convert_refuses_other_devices_and_bad_pairs():
+    dev, other = Device("host"), Device._isolated("host")
+    buf = dev.upload(np.ones(64, dtype=np.float32))
+    with pytest.raises(DeviceError):
+        other.convert(buf, "q8_0")
+    with pytest.raises(ValueError, match="cannot convert"):
+        dev.convert(buf, "bf16")

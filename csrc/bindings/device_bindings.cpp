@@ -8,6 +8,9 @@
 #include <nanobind/stl/vector.h>
 
 #include "device/device.h"
+#if defined(HF2Q_HAVE_CUDA)
+#include "device/cuda/cuda_api.h"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -184,6 +187,17 @@ void bind_device(nb::module_& m) {
             return result_pair(r);
           },
           "buf"_a, "elem_offset"_a, "fd"_a, "file_offset"_a, "nbytes"_a, "src_dtype"_a)
+      .def(
+          "convert",
+          [](Device& d, BufferImpl& dst, BufferImpl& src) {
+            hf2q::device::UploadResult r;
+            {
+              nb::gil_scoped_release nogil;
+              r = d.convert(dst, src);
+            }
+            return result_pair(r);
+          },
+          "dst"_a, "src"_a)
       .def("checksums", [](Device& d, BufferImpl& b) {
         std::vector<std::uint32_t> sums;
         {
@@ -203,6 +217,17 @@ void bind_device(nb::module_& m) {
     for (std::size_t i = 0; i < n; ++i) kinds.emplace_back(e[i].kind);
     return kinds;
   });
+  m.def(
+      "cuda_configure",
+      [](const std::vector<std::string>& nvrtc_candidates, const std::string& cache_dir) {
+#if defined(HF2Q_HAVE_CUDA)
+        hf2q::device::cuda::configure(nvrtc_candidates, cache_dir);
+#else
+        (void)nvrtc_candidates, (void)cache_dir;
+#endif
+      },
+      "nvrtc_candidates"_a, "cache_dir"_a,
+      "Where the CUDA backend looks for NVRTC first, and its kernel cache directory ('' disables it).");
   m.def("residency_disabled_by_env", &hf2q::device::residency_disabled_by_env);
   m.def("inject_alloc_failure", &hf2q::device::inject_alloc_failure, "n"_a,
         "Testing hook: the n-th allocation from now fails with DeviceError (0 disables).");

@@ -140,6 +140,14 @@ class Backend {
   virtual UploadResult read_file(const UploadTarget& dst, const UploadPlan& plan, int fd,
                                  std::uint64_t file_offset);
 
+  // Convert a whole buffer of the same device (`src`, CPU pointer or device
+  // address) into `dst` as planned. Default: the memory upload from `src`.
+  virtual UploadResult convert(const UploadTarget& dst, const UploadPlan& plan, void* src_handle,
+                               const void* src) {
+    (void)src_handle;
+    return write(dst, plan, src);
+  }
+
   // Copy `len` bytes at byte `offset` of a buffer into CPU memory `out`
   // (bounds already checked). Default: memcpy from the CPU pointer.
   virtual void copy_out(void* handle, const void* ptr, std::size_t offset, void* out, std::size_t len);

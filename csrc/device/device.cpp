@@ -430,6 +430,19 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   return backend_->read_file(UploadTarget{buf.handle(), buf.data()}, p, fd, file_offset);
 }
 
+UploadResult Device::convert(BufferImpl& dst, BufferImpl& src) {
+  if (src.device().get() != this || dst.device().get() != this) {
+    throw DeviceError("convert: both buffers must belong to this " + info().kind + " device");
+  }
+  if (&src == &dst) throw std::invalid_argument("convert: source and destination are the same buffer");
+  if (src.numel() != dst.numel()) {
+    throw std::invalid_argument("convert: the source has " + std::to_string(src.numel()) +
+                                " elements, the destination " + std::to_string(dst.numel()));
+  }
+  const Plan p = plan_write(dst, 0, src.byte_len(), src.dtype());
+  return backend_->convert(UploadTarget{dst.handle(), dst.data()}, p, src.handle(), src.data());
+}
+
 void Device::copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_t len) {
   std::size_t end = 0;
   if (!ops::checked_add(offset, len, &end) || end > buf.byte_len()) {

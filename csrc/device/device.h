@@ -99,6 +99,11 @@ class Device : public std::enable_shared_from_this<Device> {
   UploadResult read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
                          std::size_t nbytes, DType src_dtype);
 
+  // Convert all of `src` (a buffer of this device) into `dst` on the device
+  // (GPU kernels on CUDA, the CPU kernels on host and Metal); the same
+  // conversions and element counts as write().
+  UploadResult convert(BufferImpl& dst, BufferImpl& src);
+
   // Copy `len` bytes at byte `offset` of the buffer's storage into CPU
   // memory (a device copy where the memory is not CPU-visible).
   void copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_t len);

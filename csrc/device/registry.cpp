@@ -21,9 +21,23 @@ std::unique_ptr<Backend> open_metal(int, std::string* why) {
 #endif
 }
 
+std::unique_ptr<Backend> open_cuda(int index, std::string* why) {
+#if defined(HF2Q_HAVE_CUDA)
+  std::string reason;
+  std::unique_ptr<Backend> b = make_cuda_backend(index, &reason);
+  if (!b) *why = "CUDA device unavailable: " + reason;
+  return b;
+#else
+  (void)index;
+  *why = "CUDA device unavailable: this build of hf2q has no CUDA backend (it is built on Linux only)";
+  return nullptr;
+#endif
+}
+
 const BackendEntry kBackends[] = {
     {"host", false, open_host},
     {"metal", false, open_metal},
+    {"cuda", true, open_cuda},
 };
 
 }  // namespace

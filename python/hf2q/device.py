@@ -4,7 +4,10 @@ registered in the device's residency set.
 ``Device("host")`` works everywhere (page-aligned memory; residency = mlock +
 prefault). ``Device("metal")`` uses shared-storage ``MTLBuffer`` objects in
 ``MTLResidencySet``\\ s on Apple silicon. Conversions (BF16/F16 -> F32, -> Q8_0)
-run in native code straight into the buffer's memory.
+run in native code straight into the buffer's memory. ``Device("cuda")`` /
+``Device("cuda:N")`` keeps buffers in NVIDIA GPU memory: file bytes are staged
+through pinned buffers, copied raw, and converted by GPU kernels (the driver
+and NVRTC are loaded at run time; ``pip install "hf2q[cuda]"`` brings NVRTC).
 """
 
 from __future__ import annotations
@@ -273,6 +276,10 @@ def _device_spec(kind: str) -> str:
 
 
 def _open_native(spec: str) -> Any:
+    if spec.startswith("cuda"):
+        from . import _cuda
+
+        _cuda.prepare()  # where NVRTC and the kernel cache are, before the first open
     return _core.NativeDevice.open(spec)
 
 
@@ -499,6 +506,27 @@ class Device:
             raise _detached(e)
         return buf
 
+    def convert(self, buf: Buffer, to: str, *, name: str | None = None) -> Buffer:
+        """A new buffer of dtype ``to`` holding ``buf`` converted on this device
+        (GPU kernels on CUDA; the CPU kernels on host and Metal): the
+        conversions of :meth:`write` (bf16/f16 -> f32, f32/f16/bf16 -> q8_0,
+        same dtype: a copy)."""
+        self._own(buf)
+        out = self.alloc(buf.shape, _dtype_name(to))
+        try:
+            result = self._native.convert(out._native, buf._native)
+            if result[0] >= 0:
+                idx = result[0]
+                one = buf._storage_bytes(idx * _ITEMSIZE[buf.dtype], (idx + 1) * _ITEMSIZE[buf.dtype])
+                cls = _value_class(one.view(_typed_dtype(buf.dtype)), 0)
+            else:
+                cls = ""
+            self._check_result(result, buf.shape, name, value_class=cls)
+        except BaseException as e:
+            del out
+            raise _detached(e)
+        return out
+
     # ------------------------------------------------------------ read-back
 
     def verify(self, buf: Buffer) -> VerifyReport:
@@ -547,6 +575,10 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def _typed_dtype(sdt: str) -> np.dtype:
+    return {"f32": F32, "f16": F16, "bf16": BF16}[sdt]
 
 
 def _typed_view(flat: np.ndarray, sdt: str) -> np.ndarray | None:
