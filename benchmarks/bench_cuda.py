@@ -115,6 +115,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--profile", action="store_true", help="cProfile one hf2q load of each checkpoint (stderr)")
     args = ap.parse_args()
 
     import torch
@@ -186,7 +187,12 @@ def main() -> int:
     with open(f, "rb") as fh:
         hdr = int.from_bytes(fh.read(8), "little")
     nbytes = f.stat().st_size - 8 - hdr
-    raw_s = best(lambda: dev.upload_from_file(f, 8 + hdr, nbytes, "u8", "u8", (nbytes,)), args.repeat, cleanup)
+    def raw_upload() -> Any:
+        buf = dev.upload_from_file(f, 8 + hdr, nbytes, "u8", "u8", (nbytes,))
+        dev.synchronize()
+        return buf
+
+    raw_s = best(raw_upload, args.repeat, cleanup)
     raw_rate = nbytes / raw_s / GB
     results["raw_upload_GBps"] = raw_rate
 
@@ -220,8 +226,12 @@ def main() -> int:
             print(f"fastsafetensors not run: {e}", file=sys.stderr)
         return cases
 
-    for name, loader in (("drafter", lambda d: dflash.load(d, device=dev, progress=False)),
-                         ("qwen", lambda d: qwen35.load(d, device=dev, progress=False))):
+    def synced(model: Any) -> Any:
+        dev.synchronize()  # every copy landed, as the peers' torch.cuda.synchronize()
+        return model
+
+    for name, loader in (("drafter", lambda d: synced(dflash.load(d, device=dev, progress=False))),
+                         ("qwen", lambda d: synced(qwen35.load(d, device=dev, progress=False)))):
         files = _files(ck[name])
         _warm(files)
         size = _data_bytes(files)
@@ -229,6 +239,26 @@ def main() -> int:
         rows.append({"checkpoint": name, "loader": "hf2q", "s": ours, "GB/s": size / ours / GB, "hf2q speed-up": 1.0})
         results[f"{name}_bytes"] = size
         results[f"{name}_hf2q_s"] = ours
+        if args.profile:
+            import cProfile
+            import pstats
+
+            model = loader(ck[name])
+            shapes = [(model[n].shape, model[n].dtype) for n in model.names()]
+            del model
+            cleanup()
+            t0 = time.perf_counter()
+            bufs = [dev.alloc(sh, dt) for sh, dt in shapes]
+            print(f"{name}: {len(shapes)} buffers, alloc only {time.perf_counter() - t0:.4f} s", file=sys.stderr)
+            del bufs
+            cleanup()
+            prof = cProfile.Profile()
+            prof.enable()
+            model = loader(ck[name])
+            prof.disable()
+            del model
+            cleanup()
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(12)
         for peer, fn in peers(files).items():
             try:
                 secs = best(fn, args.repeat, cleanup)

@@ -30,6 +30,6 @@ if [ "$what" != bench ]; then
   tail -3 "$OUT/full_tests.log"
 fi
 if [ "$what" != tests ]; then
-  $PY benchmarks/bench_cuda.py --dir /tmp/hf2q-bench --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" | tail -30
+  $PY benchmarks/bench_cuda.py ${BENCH_ARGS:-} --dir /tmp/hf2q-bench --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" | tail -30
 fi
 exit $rc

@@ -72,46 +72,83 @@ extern "C" __global__ void hf2q_f16_to_f32(const u16* __restrict__ src, float* _
 // status[0]: smallest flat index (relative to the upload's source, `base`
 // added) of a NaN/Inf element, atomically minimised; status[1]: blocks whose
 // scale overflowed to +Inf in binary16.
-//
-// One warp per 32-element block: lane j loads element j (coalesced), the
-// block maximum is a butterfly of exact fmaxf, lane j stores quant j.
+template <int kSrc>
+struct Q8Shape {
+  static constexpr int kE = kSrc == 0 ? 4 : 8;     // elements per lane per step
+  static constexpr int kL = 32 / kE;               // lanes per block
+  static constexpr int kBlocksPerStep = 32 / kL;   // blocks per warp step
+};
+
+// One warp step: the 16 bytes `v` this lane loaded for step `st`.
+template <int kSrc>
+__device__ __forceinline__ void q8_step(uint4 v, bool loaded, u64 st, u32 lane, u8* __restrict__ dst, u64 nblocks,
+                                        u64 base, u64* status) {
+  constexpr int kE = Q8Shape<kSrc>::kE, kL = Q8Shape<kSrc>::kL, kBlocksPerStep = Q8Shape<kSrc>::kBlocksPerStep;
+  const u64 b = st * kBlocksPerStep + lane / kL;  // this lane's block
+  const bool live = loaded && b < nblocks;
+  const u64 first = b * 32u + (lane % kL) * kE;   // its first element
+  float x[kE];
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+  if (kSrc == 0) {
+    for (int k = 0; k < 4; ++k) x[k] = live ? __uint_as_float(w[k]) : 0.0f;
+  } else {
+    for (int k = 0; k < 4; ++k) {
+      const u16 lo = (u16)(w[k] & 0xFFFFu), hi = (u16)(w[k] >> 16);
+      x[2 * k] = live ? (kSrc == 1 ? f16_to_f32(lo) : bf16_to_f32(lo)) : 0.0f;
+      x[2 * k + 1] = live ? (kSrc == 1 ? f16_to_f32(hi) : bf16_to_f32(hi)) : 0.0f;
+    }
+  }
+  float amax = 0.0f;
+  int bad = -1;
+  for (int k = 0; k < kE; ++k) {
+    if (bad < 0 && nonfinite_bits(__float_as_uint(x[k]))) bad = k;
+    amax = fmaxf(amax, fabsf(x[k]));
+  }
+  if (bad >= 0) atomicMin(&status[0], base + first + (u64)bad);  // the upload fails; bytes do not matter
+  for (int off = kL / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(HF2Q_FULL_MASK, amax, off));
+  if (!live) return;
+  const float d = amax / 127.0f;                 // one float32 division
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;  // reciprocal of the rounded d
+  // 1/d overflowed: every product is +-Inf or NaN, which the C reference
+  // stores as 0x00 on x86.
+  const bool zero_qs = (__float_as_uint(id) & 0x7FFFFFFFu) == 0x7F800000u;
+  u8* out = dst + b * 34u;
+  if (lane % kL == 0) {
+    const u16 d16 = f32_to_f16_rn(d);
+    *(u16*)out = d16;  // little-endian, 2-byte aligned (34 * b)
+    if (d16 == 0x7C00u) atomicAdd(&status[1], 1ull);
+  }
+  u16* qs = (u16*)(out + 2 + (lane % kL) * kE);
+  for (int k = 0; k < kE; k += 2) {
+    const int q0 = zero_qs ? 0 : (int)round_half_away(x[k] * id);
+    const int q1 = zero_qs ? 0 : (int)round_half_away(x[k + 1] * id);
+    qs[k / 2] = (u16)((u32)(u8)(i8)q0 | ((u32)(u8)(i8)q1 << 8));
+  }
+}
+
+// Each lane loads 16 bytes (kE elements: 4 float32 or 8 16-bit values), so a
+// warp reads 512 contiguous bytes per step, fully coalesced; a 32-element
+// block spans kL = 32 / kE neighbouring lanes, whose maximum is a butterfly
+// of exact fmaxf over those lanes. Each lane then writes its kE quants (an
+// even byte offset: 2-byte stores) and the block's first lane its scale.
+// (Loading two steps before processing either measured slower on an H200.)
+// The source must be 16-byte aligned (device buffers and staging are).
 template <int kSrc>  // 0: f32, 1: f16, 2: bf16
 __device__ __forceinline__ void quantize_q8_0(const void* __restrict__ src, u8* __restrict__ dst, u64 nblocks,
                                               u64 base, u64* status) {
+  constexpr int kBlocksPerStep = Q8Shape<kSrc>::kBlocksPerStep;
   const u32 lane = threadIdx.x & 31u;
   const u64 warp = global_thread() >> 5;
   const u64 warps = grid_threads() >> 5;
-  for (u64 b = warp; b < nblocks; b += warps) {
-    const u64 k = b * 32u + lane;
-    float x;
-    if (kSrc == 0) {
-      x = ((const float*)src)[k];
-    } else if (kSrc == 1) {
-      x = f16_to_f32(((const u16*)src)[k]);
-    } else {
-      x = bf16_to_f32(((const u16*)src)[k]);
-    }
-    const u32 bad = __ballot_sync(HF2Q_FULL_MASK, nonfinite_bits(__float_as_uint(x)));
-    if (bad != 0u) {
-      if (lane == (u32)(__ffs(bad) - 1)) atomicMin(&status[0], base + k);
-      continue;  // the upload fails; what this block holds does not matter
-    }
-    float amax = fabsf(x);
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(HF2Q_FULL_MASK, amax, off));
-    const float d = amax / 127.0f;             // one float32 division
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;  // reciprocal of the rounded d
-    const u16 d16 = f32_to_f16_rn(d);
-    // 1/d overflowed: every product is +-Inf or NaN, which the C reference
-    // stores as 0x00 on x86.
-    const bool zero_qs = (__float_as_uint(id) & 0x7FFFFFFFu) == 0x7F800000u;
-    u8* out = dst + b * 34u;
-    if (lane == 0) {
-      out[0] = (u8)(d16 & 0xFFu);
-      out[1] = (u8)(d16 >> 8);
-      if (d16 == 0x7C00u) atomicAdd(&status[1], 1ull);
-    }
-    const float q = zero_qs ? 0.0f : round_half_away(x * id);
-    out[2 + lane] = (u8)(i8)(int)q;
+  const u64 steps = (nblocks + kBlocksPerStep - 1) / kBlocksPerStep;
+  const uint4* src16 = (const uint4*)src;
+  // 16-byte words in the source: lanes of a partial last step past it load nothing.
+  const u64 words = nblocks * 32u * (kSrc == 0 ? 4u : 2u) / 16u;
+  for (u64 st = warp; st < steps; st += warps) {
+    const u64 i = st * 32u + lane;
+    const bool loaded = i < words;
+    const uint4 v = loaded ? src16[i] : make_uint4(0u, 0u, 0u, 0u);
+    q8_step<kSrc>(v, loaded, st, lane, dst, nblocks, base, status);
   }
 }
 

@@ -164,6 +164,19 @@ def test_convert_on_the_gpu_equals_host(gpu, host, src_dtype, to):
     assert e.value.index == 40_001 and e.value.value_class == "-inf"
 
 
+def test_segments_equal_host(gpu, host, tmp_path):
+    x = RNG.standard_normal((64, 512, 256)).astype(np.float32).astype(BF16)  # 64 "experts" of 256 KiB
+    f = tmp_path / "x.bin"
+    f.write_bytes(x.tobytes())
+    per = 512 * 256
+    segs = [(e * per, (63 - e) * per * 2, per * 2) for e in range(64)]
+    for to in ("bf16", "f32", "q8_0"):
+        a, b = gpu.alloc(x.shape, to), host.alloc(x.shape, to)
+        gpu.write_from_file_segments(a, f, segs, "bf16")
+        host.write_from_file_segments(b, f, segs, "bf16")
+        assert _raw(a) == _raw(b), to
+
+
 def test_q8_0_matches_gguf_py(gpu):
     gguf = pytest.importorskip("gguf")
     x = RNG.standard_normal((64, 4096)).astype(np.float32)

@@ -109,3 +109,23 @@ def test_convert_refuses_other_devices_and_bad_pairs():
         other.convert(buf, "q8_0")
     with pytest.raises(ValueError, match="cannot convert"):
         dev.convert(buf, "bf16")
+
+
+def test_segments_from_one_file_equal_separate_writes(tmp_path):
+    from hf2q._arrays import BF16
+
+    dev = Device("host")
+    x = np.random.default_rng(4).standard_normal((6, 64)).astype(BF16)
+    f = tmp_path / "x.bin"
+    f.write_bytes(b"\0" * 10 + x.tobytes())
+    # rows in reverse order, each 64 bf16 = 128 bytes
+    segs = [(r * 64, 10 + (5 - r) * 128, 128) for r in range(6)]
+    for to in ("bf16", "f32", "q8_0"):
+        a = dev.alloc((6, 64), to)
+        dev.write_from_file_segments(a, f, segs, "bf16")
+        assert np.array_equal(a.numpy().view(np.uint8), dev.upload(x[::-1].copy(), to=to).numpy().view(np.uint8))
+    x[3, 7] = np.nan
+    f.write_bytes(b"\0" * 10 + x.tobytes())
+    with pytest.raises(hf2q.NonFiniteError) as e:
+        dev.write_from_file_segments(dev.alloc((6, 64), "q8_0"), f, segs, "bf16", name="t")
+    assert e.value.index == (5 - 3) * 64 + 7 and e.value.value_class == "nan"

@@ -5,6 +5,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "device/device.h"
@@ -122,7 +123,14 @@ void bind_device(nb::module_& m) {
              }
              return make_view<nb::numpy>(b, false);
            })
-      .def("dlpack_view", [](std::shared_ptr<BufferImpl> b) { return make_view<nb::array_api>(b, true); })
+      .def("dlpack_view",
+           [](std::shared_ptr<BufferImpl> b) {
+             {
+               nb::gil_scoped_release nogil;
+               b->device()->synchronize();  // the consumer may read at once, on any stream
+             }
+             return make_view<nb::array_api>(b, true);
+           })
       .def_prop_ro("dlpack_device", [](const BufferImpl& b) {
         const auto& info = b.device()->info();
         return std::make_pair(info.dlpack_device_type, info.device_index);
@@ -158,6 +166,7 @@ void bind_device(nb::module_& m) {
       .def("is_registered", &Device::is_registered, "buf"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("is_locked", &Device::is_locked, "buf"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("commit", [](Device& d) { nb::gil_scoped_release nogil; d.commit(); })
+      .def("synchronize", [](Device& d) { nb::gil_scoped_release nogil; d.synchronize(); })
       .def("request_residency", [](Device& d) { nb::gil_scoped_release nogil; d.request_residency(); })
       .def("end_residency", [](Device& d) { nb::gil_scoped_release nogil; d.end_residency(); })
       .def("stats", &stats_dict)
@@ -187,6 +196,24 @@ void bind_device(nb::module_& m) {
             return result_pair(r);
           },
           "buf"_a, "elem_offset"_a, "fd"_a, "file_offset"_a, "nbytes"_a, "src_dtype"_a)
+      .def(
+          "read_file_segments",
+          [](Device& d, BufferImpl& b, const std::vector<std::tuple<std::size_t, int, std::uint64_t, std::size_t>>& segs,
+             const std::string& src_dtype) {
+            const DType t = hf2q::device::dtype_from_name(src_dtype);
+            std::vector<Device::SegmentSpec> specs;
+            specs.reserve(segs.size());
+            for (const auto& [elem_offset, fd, file_offset, nbytes] : segs) {
+              specs.push_back(Device::SegmentSpec{elem_offset, fd, file_offset, nbytes});
+            }
+            hf2q::device::UploadResult r;
+            {
+              nb::gil_scoped_release nogil;
+              r = d.read_file_segments(b, specs, t);
+            }
+            return result_pair(r);
+          },
+          "buf"_a, "segments"_a, "src_dtype"_a)
       .def(
           "convert",
           [](Device& d, BufferImpl& dst, BufferImpl& src) {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dtype.h"
 
@@ -79,6 +80,15 @@ struct UploadTarget {
   std::uint8_t* base;
 };
 
+// One piece of a batched file upload: `plan` (planned at `elem_offset` of
+// the buffer) from `fd` at `file_offset`.
+struct FileSegment {
+  UploadPlan plan;
+  int fd;
+  std::uint64_t file_offset;
+  std::size_t elem_offset;
+};
+
 struct UploadResult {
   std::size_t first_nonfinite = static_cast<std::size_t>(-1);  // element index relative to the source
   std::size_t inf_scales = 0;
@@ -139,6 +149,11 @@ class Backend {
   virtual UploadResult write(const UploadTarget& dst, const UploadPlan& plan, const void* src);
   virtual UploadResult read_file(const UploadTarget& dst, const UploadPlan& plan, int fd,
                                  std::uint64_t file_offset);
+  // Many segments of one buffer, same dtypes (an expert stack gathered from
+  // per-expert tensors): one pipeline and one wait instead of one per piece.
+  // first_nonfinite is a buffer element index here. Default: read_file for
+  // each segment in turn.
+  virtual UploadResult read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments);
 
   // Convert a whole buffer of the same device (`src`, CPU pointer or device
   // address) into `dst` as planned. Default: the memory upload from `src`.
@@ -147,6 +162,12 @@ class Backend {
     (void)src_handle;
     return write(dst, plan, src);
   }
+
+  // Wait until every upload queued so far is complete in device memory.
+  // Uploads may return with copies still in flight (CUDA, for those that
+  // need no result from the device); readers of device memory call this
+  // first. Default: uploads complete before they return.
+  virtual void synchronize() {}
 
   // Copy `len` bytes at byte `offset` of a buffer into CPU memory `out`
   // (bounds already checked). Default: memcpy from the CPU pointer.

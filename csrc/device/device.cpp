@@ -430,6 +430,33 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   return backend_->read_file(UploadTarget{buf.handle(), buf.data()}, p, fd, file_offset);
 }
 
+UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments,
+                                        DType src_dtype) {
+  std::vector<FileSegment> segs;
+  segs.reserve(segments.size());
+  for (const SegmentSpec& s : segments) {
+    std::uint64_t file_end = 0;
+    if (__builtin_add_overflow(s.file_offset, static_cast<std::uint64_t>(s.nbytes), &file_end) ||
+        file_end > static_cast<std::uint64_t>(INT64_MAX)) {
+      throw std::invalid_argument("file range overflows");
+    }
+    segs.push_back(FileSegment{plan_write(buf, s.elem_offset, s.nbytes, src_dtype), s.fd, s.file_offset, s.elem_offset});
+  }
+  return backend_->read_file_segments(UploadTarget{buf.handle(), buf.data()}, segs);
+}
+
+UploadResult Backend::read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments) {
+  UploadResult res;
+  for (const FileSegment& s : segments) {
+    const UploadResult r = read_file(dst, s.plan, s.fd, s.file_offset);
+    if (r.first_nonfinite != static_cast<std::size_t>(-1)) {
+      res.first_nonfinite = std::min(res.first_nonfinite, s.elem_offset + r.first_nonfinite);
+    }
+    res.inf_scales += r.inf_scales;
+  }
+  return res;
+}
+
 UploadResult Device::convert(BufferImpl& dst, BufferImpl& src) {
   if (src.device().get() != this || dst.device().get() != this) {
     throw DeviceError("convert: both buffers must belong to this " + info().kind + " device");
@@ -440,6 +467,7 @@ UploadResult Device::convert(BufferImpl& dst, BufferImpl& src) {
                                 " elements, the destination " + std::to_string(dst.numel()));
   }
   const Plan p = plan_write(dst, 0, src.byte_len(), src.dtype());
+  backend_->synchronize();
   return backend_->convert(UploadTarget{dst.handle(), dst.data()}, p, src.handle(), src.data());
 }
 
@@ -449,6 +477,7 @@ void Device::copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_
     throw std::invalid_argument("read of " + std::to_string(len) + " bytes at byte " + std::to_string(offset) +
                                 " overruns the buffer's " + std::to_string(buf.byte_len()) + " bytes");
   }
+  backend_->synchronize();
   if (len != 0) backend_->copy_out(buf.handle(), buf.data(), offset, out, len);
 }
 
@@ -547,6 +576,7 @@ std::vector<std::uint32_t> Device::device_checksums(BufferImpl& buf) {
     std::lock_guard<std::mutex> lk(mu_);
     if (pending_ > 0) commit_locked();  // a GPU read needs the set committed
   }
+  backend_->synchronize();
   backend_->checksums(buf.dtype(), buf.handle(), buf.data(), buf.numel(), out.data(), ngroups);
   return out;
 }

@@ -99,6 +99,9 @@ class Device : public std::enable_shared_from_this<Device> {
   UploadResult read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
                          std::size_t nbytes, DType src_dtype);
 
+  // Every upload so far complete in device memory (see Backend::synchronize).
+  void synchronize() { backend_->synchronize(); }
+
   // Convert all of `src` (a buffer of this device) into `dst` on the device
   // (GPU kernels on CUDA, the CPU kernels on host and Metal); the same
   // conversions and element counts as write().
@@ -107,6 +110,16 @@ class Device : public std::enable_shared_from_this<Device> {
   // Copy `len` bytes at byte `offset` of the buffer's storage into CPU
   // memory (a device copy where the memory is not CPU-visible).
   void copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_t len);
+
+  // Several file ranges of `src_dtype` data into one buffer, each at its own
+  // element offset; first_nonfinite is a buffer element index.
+  struct SegmentSpec {
+    std::size_t elem_offset;
+    int fd;
+    std::uint64_t file_offset;
+    std::size_t nbytes;
+  };
+  UploadResult read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments, DType src_dtype);
 
   std::vector<std::uint32_t> device_checksums(BufferImpl& buf);
 

@@ -363,6 +363,16 @@ class Device:
             raise TypeError(f"queue must be an int address, got {type(queue).__name__}")
         self._native.attach_queue(queue)
 
+    def synchronize(self) -> None:
+        """Wait until every upload so far is complete in device memory. On
+        CUDA, uploads that need no answer from the GPU (raw copies, widening to
+        f32) return once their bytes are staged, with the copies in flight;
+        ``__dlpack__``, ``to_host``, ``verify`` and ``convert`` synchronize by
+        themselves, so only a consumer of :attr:`Buffer.address` needs this.
+        A no-op on host and Metal. Raises :class:`hf2q.DeviceError` for a
+        copy that failed on the device."""
+        self._native.synchronize()
+
     # ---------------------------------------------------------------- buffers
 
     def alloc(self, shape: Sequence[int] | int, dtype: str) -> Buffer:
@@ -490,6 +500,34 @@ class Device:
             cls = _file_value_class(fd, file_offset, result[0], src_dtype) if result[0] >= 0 else ""
         first_bad = result[0] + offset if result[0] >= 0 else -1
         self._check_result((first_bad, result[1]), buf.shape, name, value_class=cls)
+
+    def write_from_file_segments(self, buf: Buffer, file: PathOrFd, segments: Sequence[tuple[int, int, int]],
+                                 src_dtype: str, *, name: str | None = None) -> None:
+        """Several ranges of one file into ``buf`` in one call: ``segments`` are
+        ``(offset, file_offset, nbytes)`` triples (``offset`` in elements of
+        ``buf``), converted as :meth:`write_from_file` does. On a GPU the
+        segments share one pipeline of staged copies (an expert stack gathered
+        from per-expert tensors), instead of one round trip each."""
+        self._own(buf)
+        _dtype_name(src_dtype)
+        segs = []
+        for off, foff, n in segments:
+            if foff < 0 or n < 0:
+                raise ValueError("file_offset and nbytes must be >= 0")
+            segs.append((_offset(off), int(foff), int(n)))
+        with _opened(file) as fd:
+            try:
+                result = self._native.read_file_segments(buf._native, [(o, fd, f, n) for o, f, n in segs], src_dtype)
+            except FileReadError as e:
+                raise _file_read_error(file, name, e) from None
+            cls = ""
+            if result[0] >= 0:
+                esize = _ITEMSIZE[src_dtype]
+                for off, foff, n in segs:
+                    if off <= result[0] < off + n // esize:
+                        cls = _file_value_class(fd, foff, result[0] - off, src_dtype)
+                        break
+        self._check_result(result, buf.shape, name, value_class=cls)
 
     def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
                          shape: Sequence[int], *, name: str | None = None) -> Buffer:

@@ -42,6 +42,9 @@ using namespace cuda;
 constexpr std::size_t kSlotBytes = 8u << 20;  // a multiple of 32 elements of every source dtype
 constexpr int kStatusCells = 256;             // concurrent converting uploads before one waits
 constexpr unsigned kBlock = 256;
+// Q8_0 blocks one thread block of kBlock threads quantizes per step (8 warps,
+// each 4 (f32) or 8 (16-bit) blocks: shaders/cuda_kernels.cu).
+constexpr std::size_t kQ8BlocksPerCta = 32;
 
 std::uint32_t cpu_default_nan_bits() {
   volatile float zero = 0.0f;
@@ -182,6 +185,10 @@ class CudaBackend final : public Backend {
   void release(void*, void* ptr, std::size_t) noexcept override {
     if (ptr == nullptr) return;
     if (d_->cuCtxPushCurrent(ctx_) != CUDA_SUCCESS) return;
+    // No copy into this buffer may still be in flight when it is freed.
+    if (inflight_.exchange(false)) {
+      for (Slot& s : slots_) d_->cuStreamSynchronize(s.stream);
+    }
     d_->cuMemFree(dptr(ptr));
     CUcontext prev = nullptr;
     d_->cuCtxPopCurrent(&prev);
@@ -194,16 +201,37 @@ class CudaBackend final : public Backend {
   // ------------------------------------------------------------ uploads
 
   UploadResult write(const UploadTarget& dst, const UploadPlan& p, const void* src) override {
-    const auto* s = static_cast<const std::uint8_t*>(src);
-    return upload(dst, p, [s](std::uint8_t* host, std::size_t len, std::size_t off) {
-      std::memcpy(host, s + off, len);
-    });
+    const Source one{&p, 0, -1, 0, static_cast<const std::uint8_t*>(src)};
+    return upload(dst, &one, 1);
   }
 
   UploadResult read_file(const UploadTarget& dst, const UploadPlan& p, int fd, std::uint64_t file_offset) override {
-    return upload(dst, p, [fd, file_offset](std::uint8_t* host, std::size_t len, std::size_t off) {
-      pread_full(fd, host, len, file_offset + off);
-    });
+    const Source one{&p, 0, fd, file_offset, nullptr};
+    return upload(dst, &one, 1);
+  }
+
+  UploadResult read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments) override {
+    if (segments.empty()) return {};
+    std::vector<Source> srcs;
+    srcs.reserve(segments.size());
+    for (const FileSegment& s : segments) {
+      if (s.plan.op != segments[0].plan.op || s.plan.src_dtype != segments[0].plan.src_dtype) {
+        throw std::invalid_argument("segments of one upload must share their conversion");
+      }
+      srcs.push_back(Source{&s.plan, s.elem_offset, s.fd, s.file_offset, nullptr});
+    }
+    return upload(dst, srcs.data(), srcs.size());
+  }
+
+  void synchronize() override {
+    if (!inflight_.exchange(false)) return;
+    Ctx c(*this);
+    CUresult sync = CUDA_SUCCESS;
+    for (Slot& s : slots_) {
+      const CUresult r = d_->cuStreamSynchronize(s.stream);
+      if (sync == CUDA_SUCCESS) sync = r;
+    }
+    check(sync, "cuStreamSynchronize (uploads in flight)");
   }
 
   // Both buffers on this GPU: the conversion kernel (or a device copy) alone.
@@ -235,7 +263,7 @@ class CudaBackend final : public Backend {
       unsigned long long nblocks = n / 32, base = 0;
       void* args[] = {&from, &to, &nblocks, &base, &status};
       CUfunction k = p.src_dtype == DType::F32 ? fn_q8_f32_ : p.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
-      launch(k, grid_for(nblocks, kBlock / 32), misc_, args);
+      launch(k, grid_for(nblocks, kQ8BlocksPerCta), misc_, args);
       std::uint64_t* h = status_host_ + cell * 2;
       check(d_->cuMemcpyDtoHAsync(h, status, 16, misc_), "cuMemcpyDtoHAsync");
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
@@ -492,28 +520,56 @@ class CudaBackend final : public Backend {
     status_cv_.notify_one();
   }
 
-  // Runs the chunked pipeline: fill(host, len, src_off) stages source bytes
-  // [src_off, src_off + len) in a slot's pinned buffer, then the copy (and
-  // conversion) is queued on the slot's stream. Waits for all of it.
-  template <typename Fill>
-  UploadResult upload(const UploadTarget& dst, const UploadPlan& p, Fill fill) {
+  // Where one planned piece of an upload comes from: CPU memory `mem`, or
+  // `fd` at `file_offset`. `base_elem` is added to non-finite indices.
+  struct Source {
+    const UploadPlan* plan;
+    std::size_t base_elem;
+    int fd;
+    std::uint64_t file_offset;
+    const std::uint8_t* mem;
+  };
+
+  // The chunked pipeline over every source: each chunk is staged in a slot's
+  // pinned buffer (memcpy or pread), then its copy (and conversion) queued on
+  // the slot's stream. Chunks are small enough that a mid-sized tensor still
+  // spreads over every thread, large enough to keep copies efficient.
+  // Returns once all of it is on the GPU.
+  UploadResult upload(const UploadTarget& dst, const Source* srcs, std::size_t nsrcs) {
     UploadResult res;
-    const std::size_t total = p.src_bytes;
+    const UploadPlan& p0 = *srcs[0].plan;
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < nsrcs; ++i) total += srcs[i].plan->src_bytes;
     if (total == 0) return res;
     Ctx c(*this);
     ensure_ring();
-    const bool convert = p.op != UploadOp::Raw;
-    const std::size_t esize = p.op == UploadOp::Raw ? 1 : p.src_elem;
+    const bool convert = p0.op != UploadOp::Raw;
+    const std::size_t esize = convert ? p0.src_elem : 1;
     CUfunction kernel = nullptr;
-    if (p.op == UploadOp::Decode) kernel = p.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_;
-    if (p.op == UploadOp::Quantize) {
-      kernel = p.src_dtype == DType::F32 ? fn_q8_f32_ : p.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
+    if (p0.op == UploadOp::Decode) kernel = p0.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_;
+    if (p0.op == UploadOp::Quantize) {
+      kernel = p0.src_dtype == DType::F32 ? fn_q8_f32_ : p0.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
     }
-    const CUdeviceptr out = dptr(dst.base) + p.dst_off;
+
+    // 64 KiB granules: a multiple of 32 elements of every source dtype.
+    constexpr std::size_t kGranule = 64u << 10;
+    const std::size_t threads = static_cast<std::size_t>(get_num_threads());
+    std::size_t chunk = (total / (2 * threads) + kGranule - 1) / kGranule * kGranule;
+    chunk = std::min(kSlotBytes, std::max<std::size_t>(1u << 20, chunk));
+    struct Piece {
+      std::size_t src;
+      std::size_t off;
+      std::size_t len;
+    };
+    std::vector<Piece> pieces;
+    for (std::size_t i = 0; i < nsrcs; ++i) {
+      const std::size_t n = srcs[i].plan->src_bytes;
+      for (std::size_t off = 0; off < n; off += chunk) pieces.push_back(Piece{i, off, std::min(chunk, n - off)});
+    }
 
     int cell = -1;
     CUdeviceptr status = 0;
-    if (p.op == UploadOp::Quantize) {
+    if (p0.op == UploadOp::Quantize) {
       cell = take_status();
       status = status_dev_ + static_cast<std::size_t>(cell) * 16;
       try {
@@ -526,24 +582,30 @@ class CudaBackend final : public Backend {
       }
     }
 
-    const std::size_t nchunks = (total + kSlotBytes - 1) / kSlotBytes;
     std::exception_ptr failure;
     try {
-      parallel_for(nchunks, 1, [&](std::size_t c0, std::size_t c1) {
+      parallel_for(pieces.size(), 1, [&](std::size_t c0, std::size_t c1) {
         Ctx tc(*this);
         for (std::size_t ci = c0; ci < c1; ++ci) {
-          const std::size_t off = ci * kSlotBytes;
-          const std::size_t len = std::min(kSlotBytes, total - off);
+          const Piece& pc = pieces[ci];
+          const Source& src = srcs[pc.src];
+          const UploadPlan& p = *src.plan;
+          const CUdeviceptr out = dptr(dst.base) + p.dst_off;
           Lease lease(*this);
           Slot& s = lease.slot();
-          fill(static_cast<std::uint8_t*>(s.host), len, off);
+          auto* host = static_cast<std::uint8_t*>(s.host);
+          if (src.mem != nullptr) {
+            std::memcpy(host, src.mem + pc.off, pc.len);
+          } else {
+            pread_full(src.fd, host, pc.len, src.file_offset + pc.off);
+          }
           if (!convert) {
-            check(d_->cuMemcpyHtoDAsync(out + off, s.host, len, s.stream), "cuMemcpyHtoDAsync");
+            check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
           } else {
             if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, kSlotBytes), "cuMemAlloc (scratch)");
-            check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, len, s.stream), "cuMemcpyHtoDAsync");
+            check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
             CUdeviceptr from = s.scratch;
-            const unsigned long long elems = len / esize, first = off / esize;
+            const unsigned long long elems = pc.len / esize, first = pc.off / esize;
             if (p.op == UploadOp::Decode) {
               CUdeviceptr to = out + first * 4;
               unsigned long long n = elems;
@@ -551,9 +613,9 @@ class CudaBackend final : public Backend {
               launch(kernel, grid_for(elems, kBlock), s.stream, args);
             } else {
               CUdeviceptr to = out + first / 32 * 34;
-              unsigned long long nblocks = elems / 32, base = first;
+              unsigned long long nblocks = elems / 32, base = src.base_elem + first;
               void* args[] = {&from, &to, &nblocks, &base, &status};
-              launch(kernel, grid_for(nblocks, kBlock / 32), s.stream, args);
+              launch(kernel, grid_for(nblocks, kQ8BlocksPerCta), s.stream, args);
             }
           }
           check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
@@ -563,8 +625,16 @@ class CudaBackend final : public Backend {
     } catch (...) {
       failure = std::current_exception();
     }
-    // Whatever happened, nothing of this upload may still be in flight when
-    // it returns (the caller may free the buffer or the source).
+    // Nothing is asked of the device (raw copies, widening): the copies stay
+    // in flight, overlapping the next upload's reads; synchronize() (called
+    // before any read of device memory and before a free) waits for them.
+    // The source was staged already, so the caller may reuse it.
+    if (!failure && cell < 0) {
+      inflight_.store(true);
+      return res;
+    }
+    // Otherwise nothing of this upload may still be in flight when it
+    // returns (the caller may free the buffer, or needs the status).
     CUresult sync = CUDA_SUCCESS;
     for (Slot& s : slots_) {
       const CUresult r = d_->cuStreamSynchronize(s.stream);
@@ -600,6 +670,8 @@ class CudaBackend final : public Backend {
   CUmodule module_ = nullptr;
   CUfunction fn_bf16_ = nullptr, fn_f16_ = nullptr, fn_q8_f32_ = nullptr, fn_q8_f16_ = nullptr,
              fn_q8_bf16_ = nullptr, fn_checksums_ = nullptr;
+
+  std::atomic<bool> inflight_{false};  // uploads queued and not yet waited for
 
   std::mutex ring_mu_;
   std::condition_variable ring_cv_;
