@@ -483,7 +483,19 @@ void Device::copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_
 
 // ------------------------------------------- defaults for CPU-visible memory
 
+namespace {
+// A backend whose memory the CPU cannot address must override every entry
+// point that would otherwise go through the pointer: refuse, never write.
+void require_cpu_visible(const Backend& b, const char* what) {
+  if (!b.info().cpu_visible) {
+    throw DeviceError(std::string("the ") + b.info().kind + " backend has no " + what +
+                      " for its memory, which the CPU cannot address");
+  }
+}
+}  // namespace
+
 UploadResult Backend::write(const UploadTarget& target, const UploadPlan& p, const void* src) {
+  require_cpu_visible(*this, "upload");
   const DType src_dtype = p.src_dtype;
   const std::size_t src_bytes = p.src_bytes;
   UploadResult res;
@@ -517,6 +529,7 @@ UploadResult Backend::write(const UploadTarget& target, const UploadPlan& p, con
 
 UploadResult Backend::read_file(const UploadTarget& target, const UploadPlan& p, int fd,
                                 std::uint64_t file_offset) {
+  require_cpu_visible(*this, "file upload");
   const DType src_dtype = p.src_dtype;
   const std::size_t nbytes = p.src_bytes;
   std::uint8_t* dst = target.base + p.dst_off;
@@ -559,6 +572,7 @@ UploadResult Backend::read_file(const UploadTarget& target, const UploadPlan& p,
 }
 
 void Backend::copy_out(void*, const void* ptr, std::size_t offset, void* out, std::size_t len) {
+  require_cpu_visible(*this, "copy-out");
   const auto* s = static_cast<const std::uint8_t*>(ptr) + offset;
   auto* d = static_cast<std::uint8_t*>(out);
   parallel_for(len, kCopyChunk, [&](std::size_t b, std::size_t e) { std::memcpy(d + b, s + b, e - b); });
@@ -566,6 +580,7 @@ void Backend::copy_out(void*, const void* ptr, std::size_t offset, void* out, st
 
 void Backend::checksums(DType dtype, void*, const void* ptr, std::size_t numel, std::uint32_t* out,
                         std::size_t ngroups) {
+  require_cpu_visible(*this, "read-back");
   cpu_checksums(dtype, ptr, numel, out, ngroups);
 }
 
