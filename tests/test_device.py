@@ -79,7 +79,7 @@ def test_alloc_shapes_dtypes_and_zero_fill(dev, dtype, shape, byte_len, np_dtype
 
 
 def test_q8_0_expert_stack_byte_len(dev):
-    # q8_0.md: [256, 512, 2048] -> 285,212,672 bytes; computed without allocating much
+    # docs/Q8_0.md: [256, 512, 2048] -> 285,212,672 bytes; computed without allocating much
     from hf2q._core import NativeDevice  # noqa: F401  (size arithmetic is native)
 
     buf = dev.alloc((2, 512, 2048), "q8_0")

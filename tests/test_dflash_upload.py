@@ -1,4 +1,4 @@
-"""hf2q.dflash device upload (spec dflash.md §5, §6, §9; safetensors.md §5):
+"""hf2q.dflash device upload (docs/DFLASH.md, docs/SAFETENSORS.md):
 raw BF16 projections byte-identical to the file, the six norm kinds decoded to
 F32, field names, byte accounting, residency, the always-on dtype invariant,
 read-back verification, and cleanup after truncated files, interrupts and
@@ -246,7 +246,7 @@ def test_two_models_share_accounting(single: Path, dev: Device) -> None:
     assert b.verify()["buffers"] == N_TENSORS
 
 
-# --------------------------------------------------------------------------- dtype invariant (spec §9)
+# --------------------------------------------------------------------------- dtype invariant (docs/DFLASH.md)
 
 
 def test_misread_value_pinned() -> None:

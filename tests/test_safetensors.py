@@ -1,6 +1,6 @@
-"""hf2q.safetensors: every validation rule of spec safetensors.md §3 with its
+"""hf2q.safetensors: every validation rule of docs/SAFETENSORS.md with its
 code, parity with the ``safetensors`` package on valid files, pread reading,
-truncation, sharded checkpoints (§4) and fuzzing."""
+truncation, sharded checkpoints and fuzzing."""
 
 from __future__ import annotations
 

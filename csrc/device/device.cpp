@@ -388,7 +388,7 @@ void Device::release(BufferImpl& buf) noexcept {
       const Member m = it->second;
       members_.erase(it);
       if (m.set >= 0) {
-        // Out of the set, committed, before the memory goes (metal_residency.md 3.7).
+        // Out of the set, committed, before the memory goes (docs/RESIDENCY.md).
         auto& s = sets_[static_cast<std::size_t>(m.set)];
         backend_->set_remove(m.set, buf.handle());
         backend_->set_commit(m.set);

@@ -1,4 +1,4 @@
-"""A strict safetensors reader and checkpoint opener (spec: safetensors.md).
+"""A strict safetensors reader and checkpoint opener (docs/SAFETENSORS.md).
 
 hf2q parses safetensors headers itself and enforces the reference (Rust
 ``safetensors`` crate) rule set, plus duplicate-key rejection, before any
@@ -49,7 +49,7 @@ __all__ = [
 PathLike = Union[str, "os.PathLike[str]"]
 _Buf = TypeVar("_Buf")
 
-#: Bits per element of every dtype code the format knows (spec §2).
+#: Bits per element of every dtype code the format knows (docs/SAFETENSORS.md).
 DTYPE_BITS: dict[str, int] = {
     "BOOL": 8,
     "U8": 8,
@@ -85,7 +85,7 @@ READ_CHUNK_BYTES = 32 << 20
 READ_THREADS = 4
 _MAX_INDEX_BYTES = 100_000_000
 
-# Error codes (spec §3), in rule order; DuplicateKey is hf2q's addition.
+# Error codes (docs/SAFETENSORS.md), in rule order; DuplicateKey is hf2q's addition.
 HEADER_TOO_SMALL = "HeaderTooSmall"
 HEADER_TOO_LARGE = "HeaderTooLarge"
 INVALID_HEADER_LENGTH = "InvalidHeaderLength"
@@ -300,7 +300,7 @@ class _RawEntry:
 def _validate_header(
     n: int, header: bytes, file_size: int, path: str
 ) -> tuple[dict[str, str], list[_RawEntry]]:
-    """Rules 4-11 of spec §3 (1-3 are the caller's, from the file length and N)."""
+    """Rules 4-11 of docs/SAFETENSORS.md (1-3 are the caller's, from the file length and N)."""
     # Rule 4: UTF-8.
     try:
         text = header.decode("utf-8")
@@ -673,7 +673,7 @@ class SafetensorsFile:
 
 
 def open(path: PathLike) -> SafetensorsFile:
-    """Open and fully validate one safetensors file (spec §3). Raises
+    """Open and fully validate one safetensors file (docs/SAFETENSORS.md). Raises
     :class:`~hf2q.SafetensorsError` with ``code`` set to the first rule broken."""
     return SafetensorsFile(path)
 
@@ -921,8 +921,8 @@ def _plain(v: Any) -> Any:
 def open_checkpoint(path: PathLike) -> Checkpoint:
     """Open a checkpoint: a ``.safetensors`` file, an index ``.json`` file, or a
     directory (``model.safetensors.index.json`` if present, else
-    ``model.safetensors``). Every file is validated (spec §3) and the index
-    cross-checked (spec §4); failures raise :class:`~hf2q.SafetensorsError`."""
+    ``model.safetensors``). Every file is validated (docs/SAFETENSORS.md) and the index
+    cross-checked (docs/SAFETENSORS.md); failures raise :class:`~hf2q.SafetensorsError`."""
     p = Path(os.fspath(path))
     if p.is_dir():
         index = p / INDEX_FILE_NAME

@@ -1,5 +1,5 @@
 """DFlash drafter: config, tensor manifest, weight validation and byte
-accounting (spec: dflash.md).
+accounting (docs/DFLASH.md).
 
 A DFlash drafter is a small stack of dense Qwen3-style decoder layers fed by an
 ``fc`` projection of hidden states tapped from the target model. hf2q validates
@@ -162,7 +162,7 @@ def _as_object(v: Any, key: str) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class DFlashConfig:
-    """A validated DFlash drafter config (spec §2-§4).
+    """A validated DFlash drafter config (docs/DFLASH.md).
 
     Build with :meth:`from_file`, :meth:`from_json_str` or :meth:`from_dict`,
     which accept both config revisions (root ``rope_theta``/``block_size`` or
@@ -203,7 +203,7 @@ class DFlashConfig:
 
     # ------------------------------------------------------------------ rules
     def validate(self) -> None:
-        """The eight rules of spec §4, in order; the first broken raises
+        """The eight rules of docs/DFLASH.md, in order; the first broken raises
         :class:`~hf2q.ConfigError` with ``rule`` set."""
         L = self.num_hidden_layers
         lt = self.layer_types or ()
@@ -471,7 +471,7 @@ class ManifestEntry:
 
 
 def expected_manifest(cfg: DFlashConfig) -> list[ManifestEntry]:
-    """The ``2 + 11*L + 1`` tensors in spec order: ``fc.weight``,
+    """The ``2 + 11*L + 1`` tensors in the order of docs/DFLASH.md: ``fc.weight``,
     ``hidden_norm.weight``, per layer the 11 names alphabetically, ``norm.weight``."""
     H, Dh, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     q, kv = cfg.q_width, cfg.kv_width
@@ -717,7 +717,7 @@ class DFlashWeights:
 
 # ============================================================================ known drafters
 
-#: z-lab gemma-4-26B-A4B-it-DFlash ``config.json`` (spec §7), verbatim.
+#: z-lab gemma-4-26B-A4B-it-DFlash ``config.json`` (docs/DFLASH.md), verbatim.
 GEMMA4_26B_A4B_DRAFTER_CONFIG: dict[str, Any] = {
     "architectures": ["DFlashDraftModel"],
     "attention_bias": False,
@@ -757,7 +757,7 @@ GEMMA4_26B_A4B_DRAFTER_CONFIG: dict[str, Any] = {
     "rope_scaling": None,
 }
 
-#: Qwen3.6-27B drafter (spec §8): original revision, root block_size.
+#: Qwen3.6-27B drafter (docs/DFLASH.md): original revision, root block_size.
 QWEN36_27B_DRAFTER_CONFIG: dict[str, Any] = {
     "architectures": ["DFlashDraftModel"],
     "block_size": 16,
@@ -783,7 +783,7 @@ QWEN36_27B_DRAFTER_CONFIG: dict[str, Any] = {
     "vocab_size": 248320,
 }
 
-#: Qwen3.6-35B-A3B drafter, original revision (spec §8): 8 full-attention layers.
+#: Qwen3.6-35B-A3B drafter, original revision (docs/DFLASH.md): 8 full-attention layers.
 QWEN36_35B_A3B_DRAFTER_CONFIG: dict[str, Any] = {
     "architectures": ["DFlashDraftModel"],
     "block_size": 16,
@@ -808,7 +808,7 @@ QWEN36_35B_A3B_DRAFTER_CONFIG: dict[str, Any] = {
     "vocab_size": 248320,
 }
 
-#: Qwen3.6-35B-A3B drafter, newer revision (spec §8): rope_parameters and
+#: Qwen3.6-35B-A3B drafter, newer revision (docs/DFLASH.md): rope_parameters and
 #: dflash_config.block_size, 5 sliding (4096) + 1 full layers.
 QWEN36_35B_A3B_NEW_DRAFTER_CONFIG: dict[str, Any] = {
     "architectures": ["DFlashDraftModel"],
@@ -875,7 +875,7 @@ DRAFTER_CONFIGS: dict[str, dict[str, Any]] = {
 
 class DTypeInvariantError(Hf2qError):
     """A drafter buffer does not hold the dtype its kernels read (the bug of
-    spec dflash.md section 9: BF16 norms read as F32)."""
+    docs/DFLASH.md: BF16 norms read as F32)."""
 
 
 #: Python field -> per-layer checkpoint name (after ``layers.{i}.``).

@@ -1,11 +1,11 @@
 """Qwen3.5 / Qwen3.6 MoE (``qwen35moe``): config, tensor plan and reference transforms.
 
-The model-independent half of the loader (spec qwen35moe.md):
+The model-independent half of the loader (docs/QWEN35MOE.md):
 
 - :class:`Qwen35Config` — ``config.json`` (incl. the multimodal ``text_config`` nesting);
 - :func:`plan_qwen35_moe` — the ordered :class:`PlannedTensor` list from tensor
   metadata (names, dtypes, shapes; no bytes), with validation;
-- :func:`hf_name_to_gguf` / :func:`checkpoint_targets` — the §4 name table;
+- :func:`hf_name_to_gguf` / :func:`checkpoint_targets` — the name table of docs/QWEN35MOE.md;
 - numpy reference transforms (:func:`transform_tensor`, :func:`convert_reference`,
   :func:`stack_experts_reference`, the V-head reorders, ...).
 """

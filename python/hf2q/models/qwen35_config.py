@@ -1,6 +1,6 @@
 """Qwen3.5 / Qwen3.6 MoE (``qwen35moe``) configuration, read from ``config.json``.
 
-Everything comes from the file (spec qwen35moe.md §1); nothing is inferred from
+Everything comes from the file (docs/QWEN35MOE.md); nothing is inferred from
 tensor shapes. Text fields come from ``text_config`` when the checkpoint is a
 multimodal wrapper (``Qwen3_5MoeForConditionalGeneration``), falling back to the
 root (as llama.cpp's converter, which merges ``text_config`` over the root);
@@ -147,9 +147,9 @@ class _Reader:
 
 @dataclass(frozen=True)
 class Qwen35Config:
-    """The text model's hyper-parameters (spec qwen35moe.md §1).
+    """The text model's hyper-parameters (docs/QWEN35MOE.md).
 
-    Symbols of the spec: ``H`` hidden_size, ``L`` num_hidden_layers, ``V``
+    Symbols of docs/QWEN35MOE.md: ``H`` hidden_size, ``L`` num_hidden_layers, ``V``
     vocab_size, ``nh``/``nkv``/``hd`` attention heads / KV heads / head_dim,
     ``nk``/``nv``/``dk``/``dv`` linear-attention key/value heads and head dims,
     ``K`` linear_conv_kernel_dim, ``E`` num_experts, ``I``

@@ -1,4 +1,4 @@
-"""Qwen3.5/3.6 MoE: the in-memory loader (spec qwen35moe.md).
+"""Qwen3.5/3.6 MoE: the in-memory loader (docs/QWEN35MOE.md).
 
 Every planned tensor goes straight into its own device buffer: expert stacks
 are streamed expert by expert from the file into their slice of the

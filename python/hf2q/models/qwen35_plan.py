@@ -1,5 +1,5 @@
 """Qwen3.5 / Qwen3.6 MoE tensor plan: checkpoint names -> GGUF names, shapes,
-transforms and device dtypes (spec qwen35moe.md §3-§5).
+transforms and device dtypes (docs/QWEN35MOE.md).
 
 The plan is built from tensor *metadata* only (name -> dtype, shape); no byte
 is read. It validates the checkpoint against the manifest the config implies
@@ -174,10 +174,10 @@ class PlannedTensor:
     """One device tensor of the model.
 
     - ``gguf_name``: GGUF tensor name (``blk.3.ffn_up_exps.weight``).
-    - ``hf_name``: the name after the spec's renames (§4 left column, e.g.
+    - ``hf_name``: the name after the renames of docs/QWEN35MOE.md (e.g.
       ``model.layers.3.mlp.experts.up_proj.weight``; MTP blocks as ``model.layers.{L+i}``).
     - ``shape``: logical numpy shape after every transform (Q8_0 keeps the logical shape).
-    - ``kind``: ``"dense"`` | ``"f32"`` | ``"expert"`` (spec §5 class).
+    - ``kind``: ``"dense"`` | ``"f32"`` | ``"expert"`` (the dtype classes of docs/QWEN35MOE.md).
     - ``dtype``: device dtype, ``"f32"`` | ``"bf16"`` | ``"q8_0"``.
     - ``sources``: the checkpoint pieces, in the order :func:`transform_tensor` takes them.
     - ``transforms``: :class:`Transform` tags, in application order.
@@ -483,7 +483,7 @@ def _gguf_name(spec: _Spec, layer: int | None) -> str:
 
 
 def hf_name_to_gguf(name: str, cfg: Qwen35Config) -> str:
-    """GGUF name of a tensor named as after the spec's transforms (§4 left column).
+    """GGUF name of a tensor named as after the transforms of docs/QWEN35MOE.md.
 
     ``language_model.`` is removed and ``mtp.*`` renamed first (non-layer MTP
     tensors map to block ``L``). The merged ``experts.gate_proj.weight`` and the
@@ -541,7 +541,7 @@ def checkpoint_targets(name: str, cfg: Qwen35Config, *, mtp: bool = True) -> tup
 
 # --------------------------------------------------------------------------- dtypes
 def select_device_dtype(kind: TensorKind, dense_dtype: str = "f32", expert_dtype: str = "q8_0") -> DeviceDtype:
-    """Spec §5: expert -> ``expert_dtype``; F32 class -> ``"f32"``; dense -> ``dense_dtype``.
+    """docs/QWEN35MOE.md: expert -> ``expert_dtype``; F32 class -> ``"f32"``; dense -> ``dense_dtype``.
 
     With ``dense_dtype="q8_0"`` this is exactly the set that llama.cpp's
     ``convert_hf_to_gguf.py --outtype q8_0`` quantizes.
@@ -614,7 +614,7 @@ def _entries(tensors: Any) -> list[tuple[str, str, tuple[int, ...]]]:
 
 # --------------------------------------------------------------------------- the plan
 def _transforms(spec: _Spec, cfg: Qwen35Config) -> tuple[str, ...]:
-    """Transform tags of a non-expert tensor, in spec §3 order."""
+    """Transform tags of a non-expert tensor, in the order of docs/QWEN35MOE.md."""
     tags: list[str] = []
     full = spec.hf
     if full.endswith("norm.weight") and not full.endswith("linear_attn.norm.weight"):

@@ -1,4 +1,4 @@
-"""Numpy reference transforms for Qwen3.5/3.6 MoE tensors (spec qwen35moe.md §3).
+"""Numpy reference transforms for Qwen3.5/3.6 MoE tensors (docs/QWEN35MOE.md).
 
 Each function turns source arrays into the final *logical* array of one
 planned tensor (before the device dtype is applied). They are the readable
@@ -126,7 +126,7 @@ def a_log_to_ssm_a(x: np.ndarray) -> np.ndarray:
 
     The source is widened exactly to float32; ``exp`` is evaluated in float64
     and rounded once to float32, i.e. the correctly rounded float32 result
-    (llama.cpp uses torch's float32 ``exp``; the spec allows 1 ULP between them).
+    (llama.cpp uses torch's float32 ``exp``; docs/QWEN35MOE.md allows 1 ULP between them).
     """
     a = _widen(x).astype(np.float64)
     return np.negative(np.exp(a).astype(F32))

@@ -64,7 +64,7 @@ _ROPE_REAL = {
     "partial_rotary_factor": 0.25,
 }
 
-# The text fields of Qwen3.6-35B-A3B's published config.json (spec qwen35moe.md §1).
+# The text fields of Qwen3.6-35B-A3B's published config.json (docs/QWEN35MOE.md).
 QWEN36_35B_A3B_TEXT_CONFIG: dict[str, Any] = {
     "model_type": "qwen3_5_moe_text",
     "attention_bias": False,
