@@ -44,7 +44,7 @@ nb::dlpack::dtype storage_dtype(DType t, bool dlpack_bf16) {
 
 std::vector<std::size_t> storage_shape(const BufferImpl& b) {
   std::vector<std::size_t> shape(b.shape().begin(), b.shape().end());
-  if (b.dtype() == DType::Q8_0) shape.back() = shape.back() / 32 * 34;
+  if (!shape.empty()) shape.back() = static_cast<std::size_t>(hf2q::device::storage_last_dim(b.dtype(), b.shape().back()));
   return shape;
 }
 

@@ -3,12 +3,15 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "../kernels/checked_ops.h"
+#include "../kernels/formats.h"
 #include "../kernels/kernels.h"
 #include "../kernels/thread_pool.h"
 
@@ -97,6 +100,17 @@ NB_MODULE(_core, m) {
   m.attr("SRC_F32") = static_cast<int>(hf2q::kernels::SrcType::F32);
   m.attr("SRC_F16") = static_cast<int>(hf2q::kernels::SrcType::F16);
   m.attr("SRC_BF16") = static_cast<int>(hf2q::kernels::SrcType::BF16);
+
+  m.def(
+      "format_table",
+      [] {
+        std::vector<std::tuple<std::string, int, std::size_t, std::size_t, std::string, std::string, int>> rows;
+        for (const hf2q::FormatRow& r : hf2q::kFormats) {
+          rows.emplace_back(r.name, r.id, r.block_elems, r.block_bytes, r.numpy, r.safetensors, r.gguf_type);
+        }
+        return rows;
+      },
+      "The native format table: (name, id, block_elems, block_bytes, numpy, safetensors, gguf_type) rows.");
 
   bind_device(m);
 }

@@ -71,9 +71,13 @@ Plan plan_write(const BufferImpl& buf, std::size_t elem_offset, std::size_t src_
     throw std::invalid_argument(std::string("cannot convert ") + dtype_name(src) + " to " + dtype_name(dst) +
                                 " (supported: same dtype, bf16/f16 -> f32, f32/f16/bf16 -> q8_0)");
   }
-  if (src == DType::Q8_0) {
-    if (src_bytes % 34 != 0) throw std::invalid_argument("q8_0 source byte length must be a multiple of 34");
-    p.n_elems = src_bytes / 34 * 32;
+  if (dtype_block_elems(src) > 1) {
+    const std::size_t bb = dtype_block_bytes(src);
+    if (src_bytes % bb != 0) {
+      throw std::invalid_argument(std::string(dtype_name(src)) + " source byte length must be a multiple of " +
+                                  std::to_string(bb));
+    }
+    p.n_elems = src_bytes / bb * dtype_block_elems(src);
   } else {
     p.src_elem = dtype_elem_size(src);
     if (src_bytes % p.src_elem != 0) {
@@ -88,8 +92,9 @@ Plan plan_write(const BufferImpl& buf, std::size_t elem_offset, std::size_t src_
                                 std::to_string(elem_offset) + " overruns the buffer's " +
                                 std::to_string(buf.numel()) + " elements");
   }
-  if (dst == DType::Q8_0 && p.n_elems % 32 != 0) {
-    throw std::invalid_argument("q8_0 writes need a multiple of 32 elements, got " + std::to_string(p.n_elems));
+  if (p.n_elems % dtype_block_elems(dst) != 0) {
+    throw std::invalid_argument(std::string(dtype_name(dst)) + " writes need a multiple of " +
+                                std::to_string(dtype_block_elems(dst)) + " elements, got " + std::to_string(p.n_elems));
   }
   p.dst_off = element_byte_offset(dst, elem_offset);
   p.dst_len = element_byte_offset(dst, p.n_elems);
@@ -453,7 +458,7 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   // Enough chunks that every thread gets work even for one expert's slice
   // (512 x 2048 elements), few enough that each pread stays large.
   const std::size_t threads = static_cast<std::size_t>(get_num_threads());
-  std::size_t chunk = (p.n_elems / (4 * threads) + 31) / 32 * 32;
+  std::size_t chunk = (p.n_elems / (4 * threads) + kQ8BlockElems - 1) / kQ8BlockElems * kQ8BlockElems;
   chunk = std::min(kConvertChunkElems, std::max(kMinConvertChunkElems, chunk));
   parallel_for(p.n_elems, chunk, [&](std::size_t b, std::size_t e) {
     // One small staging chunk per thread, reused across calls.
@@ -471,7 +476,8 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
       }
     } else {
       const kernels::Q8Result r =
-          kernels::quantize_q8_0_range(src_type(src_dtype), staging.data(), dst + b / 32 * 34, (e - b) / 32);
+          kernels::quantize_q8_0_range(src_type(src_dtype), staging.data(), dst + element_byte_offset(DType::Q8_0, b),
+                                      (e - b) / kQ8BlockElems);
       inf_scales.fetch_add(r.inf_scales);
       if (r.first_nonfinite != kernels::kNoIndex) atomic_min(first_bad, b + r.first_nonfinite);
     }

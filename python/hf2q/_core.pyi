@@ -75,3 +75,6 @@ class NativeDevice:
         self, buf: NativeBuffer, elem_offset: int, fd: int, file_offset: int, nbytes: int, src_dtype: str
     ) -> tuple[int, int]: ...
     def checksums(self, buf: NativeBuffer) -> npt.NDArray[np.uint32]: ...
+
+def format_table() -> list[tuple[str, int, int, int, str, str, int]]:
+    """(name, id, block_elems, block_bytes, numpy, safetensors, gguf_type) rows."""

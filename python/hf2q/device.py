@@ -18,7 +18,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from . import _core, reference
+from . import _core, formats, reference
 from ._arrays import BF16, F16, F32, U8, as_byte_array
 from .errors import DeviceError, Hf2qError, NonFiniteError, ScaleOverflowWarning
 
@@ -34,11 +34,11 @@ __all__ = [
 
 PathOrFd = Union[str, "os.PathLike[str]", int]
 
-#: Buffer dtypes. ``q8_0`` is u8 storage holding ggml Q8_0 blocks of a tensor
-#: whose logical shape the buffer keeps (``byte_len = numel / 32 * 34``).
-DTYPES = ("f32", "f16", "bf16", "u8", "i32", "q8_0")
+#: Buffer dtypes: the device rows of :mod:`hf2q.formats`. ``q8_0`` is u8
+#: storage holding ggml Q8_0 blocks of a tensor whose logical shape the buffer
+#: keeps (``byte_len = formats.nbytes(shape, "q8_0")``).
+DTYPES = formats.DEVICE_FORMATS
 _NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16", np.dtype(np.int32): "i32"}
-_STORAGE_NUMPY = {"bf16": BF16, "f16": F16}
 
 
 class FileReadError(Hf2qError, OSError):
@@ -124,8 +124,8 @@ class Buffer:
         """Zero-copy writable view: ``bf16`` as ``ml_dtypes.bfloat16``, ``q8_0``
         as raw uint8 of shape ``(..., last // 32 * 34)``."""
         arr = self._native.numpy_view()
-        storage = _STORAGE_NUMPY.get(self.dtype)
-        return arr.view(storage) if storage is not None else arr
+        storage = formats.get(self.dtype).storage_dtype
+        return arr.view(storage) if storage != arr.dtype else arr
 
     def __dlpack__(self, **kwargs: Any) -> Any:
         return self._native.dlpack_view().__dlpack__(**kwargs)
@@ -335,9 +335,10 @@ class Device:
         flat = arr.reshape(-1).view(U8)
         if src_dtype != to and flat.ctypes.data % 4:
             flat = flat.copy()  # conversions read aligned elements; odd-address input alone is copied
-        if src_dtype == "q8_0":
-            return flat, src_dtype, (flat.size // 34 * 32,)
-        itemsize = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "u8": 1}[src_dtype]
+        fmt = formats.get(src_dtype)
+        if fmt.is_block:
+            return flat, src_dtype, formats.logical_shape((flat.size,), fmt)
+        itemsize = fmt.itemsize
         if flat.size % itemsize:
             raise ValueError(f"src holds {flat.size} bytes: not a multiple of the {src_dtype} element size {itemsize}")
         return flat, src_dtype, (flat.size // itemsize,)
@@ -474,7 +475,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _typed_view(flat: np.ndarray, sdt: str) -> np.ndarray | None:
-    dt = {"f32": F32, "f16": F16, "bf16": BF16}.get(sdt)
+    dt = formats.get(sdt).numpy_dtype if sdt in ("f32", "f16", "bf16") else None
     return flat.view(dt) if dt is not None else None
 
 
@@ -486,11 +487,8 @@ def _offset(offset: int) -> int:
     return int(offset)
 
 
-_ITEMSIZE = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "u8": 1}
-
-
 def _source_nbytes(numel: int, src_dtype: str) -> int:
-    return numel // 32 * 34 if src_dtype == "q8_0" else numel * _ITEMSIZE[src_dtype]
+    return formats.get(src_dtype).storage_bytes(numel)
 
 
 def _value_class(view: np.ndarray | None, index: int) -> str:
@@ -501,7 +499,7 @@ def _value_class(view: np.ndarray | None, index: int) -> str:
 
 def _file_value_class(fd: int, file_offset: int, index: int, src_dtype: str) -> str:
     """``nan``/``+inf``/``-inf`` of the element at ``index`` in a file."""
-    dt = {"f32": F32, "f16": F16, "bf16": BF16}[src_dtype]
+    dt = formats.get(src_dtype).storage_dtype
     raw = os.pread(fd, dt.itemsize, file_offset + index * dt.itemsize)
     return _value_class(np.frombuffer(raw, dtype=dt), 0) if len(raw) == dt.itemsize else "nan"
 
@@ -566,8 +564,9 @@ def reference_checksums(buf: Buffer, chunk_groups: int = 4096) -> np.ndarray:
             bits = reference.f16_to_f32(storage[e0:e1]).view(np.uint32)
         elif dtype == "u8":
             bits = storage[e0:e1].astype(np.uint32)
-        else:  # q8_0: 32-element blocks of 34 bytes
-            bits = reference.dequantize_q8_0(storage[e0 // 32 * 34 : e1 // 32 * 34]).view(np.uint32)
+        else:  # q8_0: whole blocks (group boundaries are block boundaries)
+            q8 = formats.get("q8_0")
+            bits = reference.dequantize_q8_0(storage[q8.storage_bytes(e0) : q8.storage_bytes(e1)]).view(np.uint32)
         padded = np.zeros((g1 - g0) * _GROUP, dtype=np.uint32)
         padded[: bits.size] = bits
         with np.errstate(over="ignore"):

@@ -32,6 +32,7 @@ from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
+from . import formats
 from .errors import SafetensorsError
 
 __all__ = [
@@ -49,31 +50,9 @@ __all__ = [
 PathLike = Union[str, "os.PathLike[str]"]
 _Buf = TypeVar("_Buf")
 
-#: Bits per element of every dtype code the format knows (docs/SAFETENSORS.md).
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E4M3": 8,
-    "F8_E5M2": 8,
-    "F8_E8M0": 8,
-    "F8_E4M3FNUZ": 8,
-    "F8_E5M2FNUZ": 8,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "I64": 64,
-    "U64": 64,
-    "F64": 64,
-    "C64": 64,
-}
+#: Bits per element of every dtype code the format knows (docs/SAFETENSORS.md),
+#: from the format table (:mod:`hf2q.formats`).
+DTYPE_BITS: dict[str, int] = {code: formats.from_safetensors(code).bits for code in formats.safetensors_codes()}
 
 #: Largest accepted header length N (decimal bytes), as the reference crate.
 MAX_HEADER_SIZE = 100_000_000
@@ -109,39 +88,12 @@ TENSOR_NOT_IN_SHARD = "TensorNotInShard"
 TENSOR_NOT_IN_INDEX = "TensorNotInIndex"
 DUPLICATE_TENSOR = "DuplicateTensor"
 
-_NUMPY_DTYPES: dict[str, Any] = {
-    "BOOL": np.bool_,
-    "U8": np.uint8,
-    "I8": np.int8,
-    "I16": np.int16,
-    "U16": np.uint16,
-    "F16": np.float16,
-    "I32": np.int32,
-    "U32": np.uint32,
-    "F32": np.float32,
-    "I64": np.int64,
-    "U64": np.uint64,
-    "F64": np.float64,
-    "C64": np.complex64,
-}
-
-
 def _numpy_dtype(code: str) -> np.dtype | None:
-    if code in _NUMPY_DTYPES:
-        return np.dtype(_NUMPY_DTYPES[code]).newbyteorder("<")
-    import ml_dtypes
-
-    attr = {
-        "BF16": "bfloat16",
-        "F8_E4M3": "float8_e4m3fn",
-        "F8_E5M2": "float8_e5m2",
-        "F8_E8M0": "float8_e8m0fnu",
-        "F8_E4M3FNUZ": "float8_e4m3fnuz",
-        "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    }.get(code)
-    if attr is None or not hasattr(ml_dtypes, attr):
+    try:
+        dt = formats.from_safetensors(code).numpy_dtype
+    except (KeyError, AttributeError):  # unknown code, or an ml_dtypes without that float8
         return None
-    return np.dtype(getattr(ml_dtypes, attr))
+    return dt.newbyteorder("<") if dt is not None else None
 
 
 @dataclass(frozen=True)

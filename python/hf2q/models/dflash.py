@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Union
 
 import numpy as np
 
+from .. import formats
 from ..errors import read_config_text
 from ..errors import (
     ConfigError,
@@ -451,19 +452,16 @@ class ManifestEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return formats.numel(self.shape)
 
     @property
     def disk_nbytes(self) -> int:
-        return 2 * self.numel
+        return formats.nbytes(self.shape, self.disk_dtype)
 
     @property
     def device_nbytes(self) -> int:
-        """Logical device buffer length (2 bytes/element for bf16, 4 for f32)."""
-        return (4 if self.device_dtype == "f32" else 2) * self.numel
+        """Logical device buffer length (:func:`hf2q.formats.nbytes`)."""
+        return formats.nbytes(self.shape, self.device_dtype)
 
     @property
     def is_norm(self) -> bool:

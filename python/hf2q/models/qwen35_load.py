@@ -18,24 +18,23 @@ from typing import Any, Iterator, Union
 
 import numpy as np
 
+from .. import formats
 from ..device import Buffer, Device, FileReadError
 from ..errors import Hf2qError
 from ..safetensors import Checkpoint, open_checkpoint
 from ._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
 from .qwen35_config import FULL_ATTENTION, Qwen35Config
-from .qwen35_plan import PlannedTensor, Qwen35Plan, Transform, plan_qwen35_moe
+from .qwen35_plan import SOURCE_DTYPES, PlannedTensor, Qwen35Plan, Transform, plan_qwen35_moe
 from .qwen35_transforms import to_device_dtype, transform_tensor
 
 __all__ = ["Qwen35Layer", "Qwen35Model", "load", "inspect"]
 
 PathLike = Union[str, "os.PathLike[str]"]
-_SRC = {"BF16": "bf16", "F16": "f16", "F32": "f32"}
-_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
 _STREAMABLE = {Transform.FUSED_SPLIT, Transform.STACK_EXPERTS}
 
 
 def _native_conversion(src_dtype: str, dst: str) -> bool:
-    s = _SRC.get(src_dtype)
+    s = formats.from_safetensors(src_dtype).name if src_dtype in SOURCE_DTYPES else None
     return s is not None and (s == dst or dst == "q8_0" or (dst == "f32" and s in ("bf16", "f16")))
 
 
@@ -140,8 +139,8 @@ def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer) ->
     for piece in pt.sources:
         info = ckpt[piece.name]
         fd = ckpt.file_for(piece.name).fileno()
-        src = _SRC[piece.dtype]
-        esize = _ITEMSIZE[piece.dtype]
+        fmt = formats.from_safetensors(piece.dtype)
+        src, esize = fmt.name, fmt.itemsize
         try:
             if piece.half is not None:  # fused [E, 2I, H] -> rows [:I] or [I:] of each expert
                 n_exp, two_i = piece.shape[0], piece.shape[1]
@@ -162,7 +161,8 @@ def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer) ->
 def _materialize(device: Device, ckpt: Checkpoint, cfg: Qwen35Config, pt: PlannedTensor) -> Buffer:
     arrays = [ckpt.read_array(p.name) for p in pt.sources]
     x = transform_tensor(pt, arrays, cfg)
-    if _native_conversion({"float32": "F32", "float16": "F16", "bfloat16": "BF16"}.get(x.dtype.name, "?"), pt.dtype):
+    xf = formats.from_numpy(x.dtype)
+    if _native_conversion(xf.safetensors if xf is not None else "?", pt.dtype):
         return device.upload(x, to=pt.dtype, name=pt.gguf_name)
     y = to_device_dtype(x, pt.dtype, name=pt.gguf_name)
     if pt.dtype == "q8_0":

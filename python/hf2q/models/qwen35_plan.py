@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .. import formats
 from ..errors import (
     ConfigError,
     DtypeMismatchError,
@@ -34,7 +35,6 @@ from ..errors import (
     ShapeMismatchError,
 )
 from .qwen35_config import Qwen35Config
-from .qwen35_transforms import device_nbytes
 
 __all__ = [
     "TensorKind",
@@ -58,6 +58,7 @@ __all__ = [
 TensorKind = Literal["dense", "f32", "expert"]
 DeviceDtype = Literal["f32", "bf16", "q8_0"]
 SOURCE_DTYPES = ("BF16", "F16", "F32")
+_Q8_BLOCK = formats.get("q8_0").block_elems
 DEVICE_DTYPES = ("f32", "bf16", "q8_0")
 
 
@@ -201,8 +202,8 @@ class PlannedTensor:
 
     @property
     def nbytes(self) -> int:
-        """Device bytes (F32 4/elt, BF16 2/elt, Q8_0 numel/32*34)."""
-        return device_nbytes(self.shape, self.dtype)
+        """Device bytes (:func:`hf2q.formats.nbytes`)."""
+        return formats.nbytes(self.shape, self.dtype)
 
     @property
     def source_nbytes(self) -> int:
@@ -845,7 +846,7 @@ def plan_qwen35_moe(
     if bad_shape:
         raise _shape_error(bad_shape)
 
-    not_q8 = [f"{t.gguf_name} {list(t.shape)}" for t in planned if t.dtype == "q8_0" and t.shape[-1] % 32]
+    not_q8 = [f"{t.gguf_name} {list(t.shape)}" for t in planned if t.dtype == "q8_0" and t.shape[-1] % _Q8_BLOCK]
     if not_q8:
         raise ConfigError(
             f"{len(not_q8)} tensor(s) to be stored as Q8_0 have a last dimension that is not a multiple of 32 "

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from .. import formats
 from .._arrays import BF16, F16, F32, U16
+from .qwen35_plan import DEVICE_DTYPES, SOURCE_DTYPES
 
 if TYPE_CHECKING:
     from .qwen35_config import Qwen35Config
@@ -45,7 +47,6 @@ __all__ = [
     "device_nbytes",
 ]
 
-_NP_DTYPE = {"BF16": BF16, "F16": F16, "F32": F32}
 
 
 # --------------------------------------------------------------------------- V-head reorder
@@ -181,9 +182,9 @@ def stack_experts_reference(arrays: Sequence[np.ndarray]) -> np.ndarray:
 def as_source_array(arr: np.ndarray, dtype: str) -> np.ndarray:
     """View a source array as its checkpoint dtype (``"BF16"``/``"F16"``/``"F32"``):
     raw ``uint16`` bits become bfloat16/float16, typed arrays must match."""
-    want = _NP_DTYPE.get(dtype)
-    if want is None:
+    if dtype not in SOURCE_DTYPES:
         raise TypeError(f"unsupported source dtype {dtype!r}")
+    want = formats.from_safetensors(dtype).storage_dtype
     a = np.asarray(arr)
     if a.dtype == want:
         return a
@@ -248,7 +249,7 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
 def to_device_dtype(x: np.ndarray, dtype: str, *, name: str | None = None) -> np.ndarray:
     """Logical array -> device representation: ``"f32"`` float32 (exact widening),
     ``"bf16"`` bfloat16 (exact from BF16; round-to-nearest-even from F16/F32),
-    ``"q8_0"`` ggml Q8_0 bytes (uint8, gguf-py layout ``shape[:-1] + (last/32*34,)``)."""
+    ``"q8_0"`` ggml Q8_0 bytes (uint8, gguf-py layout :func:`hf2q.formats.storage_shape`)."""
     x = np.asarray(x)
     if dtype == "f32":
         return _widen(x) if x.dtype != F32 else np.ascontiguousarray(x)
@@ -267,16 +268,7 @@ def convert_reference(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen
 
 
 def device_nbytes(shape: Sequence[int], dtype: str) -> int:
-    """Bytes a tensor of logical ``shape`` takes in device ``dtype`` (Q8_0: numel/32*34)."""
-    n = 1
-    for d in shape:
-        n *= int(d)
-    if dtype == "f32":
-        return 4 * n
-    if dtype == "bf16":
-        return 2 * n
-    if dtype == "q8_0":
-        if not shape or shape[-1] % 32:
-            raise ValueError(f"Q8_0 needs a last dimension that is a multiple of 32, got shape {tuple(shape)}")
-        return n // 32 * 34
-    raise ValueError(f"unknown device dtype {dtype!r}")
+    """Bytes a tensor of logical ``shape`` takes in device ``dtype`` (:func:`hf2q.formats.nbytes`)."""
+    if dtype not in DEVICE_DTYPES:
+        raise ValueError(f"unknown device dtype {dtype!r}")
+    return formats.nbytes(shape, dtype)
