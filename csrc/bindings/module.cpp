@@ -11,6 +11,7 @@
 #include <string>
 
 #include "../kernels/checked_ops.h"
+#include "../device/dtype.h"
 #include "../kernels/formats.h"
 #include "../kernels/kernels.h"
 #include "../kernels/thread_pool.h"
@@ -111,6 +112,13 @@ NB_MODULE(_core, m) {
         return rows;
       },
       "The native format table: (name, id, block_elems, block_bytes, numpy, safetensors, gguf_type) rows.");
+
+  m.def(
+      "can_convert",
+      [](const std::string& src, const std::string& dst) {
+        return hf2q::device::can_convert(hf2q::device::dtype_from_name(src), hf2q::device::dtype_from_name(dst));
+      },
+      "src"_a, "dst"_a, "Whether device writes convert src-dtype data into a dst buffer natively.");
 
   bind_device(m);
 }

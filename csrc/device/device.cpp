@@ -61,16 +61,11 @@ struct Plan {
 Plan plan_write(const BufferImpl& buf, std::size_t elem_offset, std::size_t src_bytes, DType src) {
   const DType dst = buf.dtype();
   Plan p{};
-  if (src == dst) {
-    p.op = Op::Raw;
-  } else if (dst == DType::F32 && (src == DType::BF16 || src == DType::F16)) {
-    p.op = Op::Decode;
-  } else if (dst == DType::Q8_0 && (src == DType::F32 || src == DType::F16 || src == DType::BF16)) {
-    p.op = Op::Quantize;
-  } else {
+  if (!can_convert(src, dst)) {
     throw std::invalid_argument(std::string("cannot convert ") + dtype_name(src) + " to " + dtype_name(dst) +
                                 " (supported: same dtype, bf16/f16 -> f32, f32/f16/bf16 -> q8_0)");
   }
+  p.op = src == dst ? Op::Raw : (dst == DType::Q8_0 ? Op::Quantize : Op::Decode);
   if (dtype_block_elems(src) > 1) {
     const std::size_t bb = dtype_block_bytes(src);
     if (src_bytes % bb != 0) {

@@ -64,6 +64,14 @@ std::int64_t storage_last_dim(DType t, std::int64_t last) {
   return last / static_cast<std::int64_t>(r.block_elems) * static_cast<std::int64_t>(r.block_bytes);
 }
 
+bool can_convert(DType src, DType dst) {
+  if (src == dst) return true;
+  const bool half = src == DType::BF16 || src == DType::F16;
+  if (dst == DType::F32) return half;
+  if (dst == DType::Q8_0) return half || src == DType::F32;
+  return false;
+}
+
 std::size_t shape_numel(const std::vector<std::int64_t>& shape) {
   std::size_t n = 1;
   for (std::int64_t d : shape) {

@@ -29,6 +29,10 @@ std::size_t dtype_storage_bytes(DType t, std::size_t n);
 // for plain dtypes, bytes for block formats (gguf-py's Q8_0 layout).
 std::int64_t storage_last_dim(DType t, std::int64_t last);
 
+// Whether a write can turn `src` data into a `dst` buffer natively: the same
+// dtype (raw copy), bf16/f16 -> f32 (decode), f32/f16/bf16 -> q8_0 (quantize).
+bool can_convert(DType src, DType dst);
+
 // Element count of `shape`: every dimension >= 0, product without overflow
 // (std::invalid_argument / std::overflow_error otherwise).
 std::size_t shape_numel(const std::vector<std::int64_t>& shape);

@@ -78,3 +78,4 @@ class NativeDevice:
 
 def format_table() -> list[tuple[str, int, int, int, str, str, int]]:
     """(name, id, block_elems, block_bytes, numpy, safetensors, gguf_type) rows."""
+def can_convert(src: str, dst: str) -> bool: ...

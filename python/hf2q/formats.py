@@ -38,6 +38,7 @@ __all__ = [
     "storage_shape",
     "logical_shape",
     "numel",
+    "can_convert",
 ]
 
 
@@ -190,3 +191,10 @@ def logical_shape(stored: Sequence[int], dtype: str | Format) -> tuple[int, ...]
     if not f.is_block:
         return stored
     return (*stored[:-1], stored[-1] // f.block_bytes * f.block_elems)
+
+
+def can_convert(src: str | Format, dst: str | Format) -> bool:
+    """Whether a device write turns ``src`` data into a ``dst`` buffer in
+    native code (raw copy, bf16/f16 -> f32 decode, f32/f16/bf16 -> q8_0)."""
+    s, d = get(src), get(dst)
+    return s.is_device and d.is_device and bool(_core.can_convert(s.name, d.name))

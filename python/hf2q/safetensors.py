@@ -582,6 +582,16 @@ class SafetensorsFile:
             )
         self._read_range(dest, info.offset, f"tensor '{name}'")
 
+    def read_slice_into(self, name: str, start: int, out: Any) -> None:
+        """Bytes ``[start, start + len(out))`` of tensor ``name`` into ``out``
+        (a writable C-contiguous buffer); the range must lie inside the tensor."""
+        info = self[name]
+        self._check_open()
+        dest = _as_writable_bytes(out)
+        if start < 0 or start + len(dest) > info.nbytes:
+            raise ValueError(f"bytes [{start}, {start + len(dest)}) are outside tensor '{name}' ({info.nbytes} bytes)")
+        self._read_range(dest, info.offset + start, f"tensor '{name}'")
+
     def read_bytes(self, name: str, out: _Buf | None = None) -> bytearray | _Buf:
         """Tensor ``name``'s raw bytes: into ``out`` (returned) or a new bytearray."""
         if out is None:

@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Iterator, Union
 
 import numpy as np
@@ -181,38 +182,45 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     to the other matrices; norms, ``ssm_*`` and routers stay F32. ``mtp``:
     keep (None: when present), require (True) or drop (False) the MTP block.
     On any failure every buffer allocated so far is freed."""
-    path = Path(path)
     dev = device if device is not None else Device.default()
+    with open_checkpoint(Path(path)) as ckpt:
+        return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
+                               dense_dtype=dense_dtype, mtp=mtp)
+
+
+def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
+                    expert_dtype: str = "q8_0", dense_dtype: str = "f32", mtp: bool | None = None) -> Qwen35Model:
+    """:func:`load` of an open checkpoint and its parsed ``config.json`` (None: read it)."""
+    dev = device
     t0 = time.perf_counter()
-    with open_checkpoint(path) as ckpt:
-        cfg = Qwen35Config.from_file(ckpt.directory / "config.json")
-        plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
-        bufs: dict[str, Buffer] = {}
-        bar = progress_bar(sum(pt.source_nbytes for pt in plan), "hf2q load", progress)
-        last_layer: int | None = None
-        try:
-            for pt in plan:
-                if pt.layer != last_layer:
-                    dev.residency.commit()  # one commit per block
-                    last_layer = pt.layer
-                streamable = set(pt.transforms) <= _STREAMABLE and all(
-                    _native_conversion(p.dtype, pt.dtype) for p in pt.sources
-                )
-                if streamable:
-                    buf = dev.alloc(pt.shape, pt.dtype)
-                    bufs[pt.gguf_name] = buf
-                    _stream(dev, ckpt, pt, buf)
-                else:
-                    bufs[pt.gguf_name] = _materialize(dev, ckpt, cfg, pt)
-                bar.update(pt.source_nbytes)
-            dev.residency.commit()
-            model = Qwen35Model(dev, cfg, plan, bufs)
-        except BaseException as e:
-            bufs.clear()
-            buf = None  # the loop variable would keep the last buffer alive
-            bar.close()
-            raise detached(e)
+    cfg = _config_of(ckpt, config)
+    plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+    bufs: dict[str, Buffer] = {}
+    bar = progress_bar(sum(pt.source_nbytes for pt in plan), "hf2q load", progress)
+    last_layer: int | None = None
+    try:
+        for pt in plan:
+            if pt.layer != last_layer:
+                dev.residency.commit()  # one commit per block
+                last_layer = pt.layer
+            streamable = set(pt.transforms) <= _STREAMABLE and all(
+                _native_conversion(p.dtype, pt.dtype) for p in pt.sources
+            )
+            if streamable:
+                buf = dev.alloc(pt.shape, pt.dtype)
+                bufs[pt.gguf_name] = buf
+                _stream(dev, ckpt, pt, buf)
+            else:
+                bufs[pt.gguf_name] = _materialize(dev, ckpt, cfg, pt)
+            bar.update(pt.source_nbytes)
+        dev.residency.commit()
+        model = Qwen35Model(dev, cfg, plan, bufs)
+    except BaseException as e:
+        bufs.clear()
+        buf = None  # the loop variable would keep the last buffer alive
         bar.close()
+        raise detached(e)
+    bar.close()
     model.summary = LoadSummary(
         model="qwen35moe", device=dev.kind, tensors=len(bufs), resident_bytes=model.gpu_resident_bytes(),
         data_bytes=sum(pt.source_nbytes for pt in plan), seconds=time.perf_counter() - t0,
@@ -226,8 +234,14 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
 def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0") -> dict[str, Any]:
     """The load plan of a checkpoint, without reading tensor bytes."""
     with open_checkpoint(Path(path)) as ckpt:
-        cfg = Qwen35Config.from_file(ckpt.directory / "config.json")
-        plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
+        return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
+
+
+def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, dense_dtype: str = "f32",
+                       expert_dtype: str = "q8_0", mtp: bool | None = None) -> dict[str, Any]:
+    """:func:`inspect` of an open checkpoint and its parsed ``config.json``."""
+    cfg = _config_of(ckpt, config)
+    plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
     return {
         "planned_tensors": len(plan),
         "gpu_resident_bytes": plan.nbytes,
@@ -236,3 +250,27 @@ def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0"
         "gguf_tensors": [{"name": pt.gguf_name, "shape": list(pt.shape), "dtype": pt.dtype, "kind": pt.kind}
                          for pt in plan],
     }
+
+
+# ----------------------------------------------------------------------------- family interface
+# (hf2q.models.FAMILIES: how the registry recognises, loads and inspects a Qwen3.5 MoE checkpoint)
+
+NAME = "qwen35moe"
+OPTIONS = ("expert_dtype", "dense_dtype", "mtp")
+
+
+def recognises(config: Mapping[str, Any] | None) -> bool:
+    """``model_type`` (root or ``text_config``) ``qwen3_5_moe[_text]``, or a ``Qwen3_5Moe*`` architecture."""
+    if config is None:
+        return False
+    archs = config.get("architectures") or []
+    archs = [archs] if isinstance(archs, str) else (archs if isinstance(archs, list) else [])
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    model_types = {m for m in (config.get("model_type"), text.get("model_type")) if isinstance(m, str)}
+    return bool(model_types & {"qwen3_5_moe", "qwen3_5_moe_text"}) or any("Qwen3_5Moe" in str(a) for a in archs)
+
+
+def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Qwen35Config:
+    if config is None:
+        return Qwen35Config.from_file(ckpt.directory / "config.json")
+    return Qwen35Config.from_dict(config, source=str(ckpt.directory / "config.json"))
