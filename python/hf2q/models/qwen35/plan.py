@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import formats
-from ..errors import (
+from ... import formats
+from ...errors import (
     ConfigError,
     DtypeMismatchError,
     ExtraTensorError,
@@ -34,7 +34,7 @@ from ..errors import (
     MissingTensorError,
     ShapeMismatchError,
 )
-from .qwen35_config import Qwen35Config
+from .config import Qwen35Config
 
 __all__ = [
     "TensorKind",

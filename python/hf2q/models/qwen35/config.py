@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError, read_config_text
+from ...errors import ConfigError, read_config_text
 
 __all__ = [
     "Qwen35Config",
@@ -71,9 +71,7 @@ class _Reader:
 
     # -- locating -----------------------------------------------------------
     def error(self, name: str, what: str) -> ConfigError:
-        err = ConfigError(f"{self.source}: field '{name}' {what}")
-        err.field = name  # type: ignore[attr-defined]
-        return err
+        return ConfigError(f"{self.source}: field '{name}' {what}", key=name)
 
     def text_name(self, key: str) -> str:
         return f"text_config.{key}" if self.text is not None else key
