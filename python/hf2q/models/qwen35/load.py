@@ -140,6 +140,7 @@ def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, An
     """:func:`load` of an open checkpoint and its parsed ``config.json`` (None: read it)."""
     cfg = _config_of(ckpt, config)
     plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+    cfg = plan.config  # the plan resolves what the file leaves out (mtp_num_hidden_layers)
     return execute(to_load_plan(plan, cfg), ckpt, device, lambda bufs: Qwen35Model(device, cfg, plan, bufs),
                    progress=progress,
                    extra={"blocks": plan.n_blocks, "experts": cfg.num_experts, "expert_dtype": expert_dtype,
