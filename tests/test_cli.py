@@ -88,7 +88,7 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["frobnicate"], ["load"], ["load", "x", "--device", "cuda"]):
+    for argv in (["frobnicate"], ["load"], ["load", "x", "--device", "tpu"]):
         with pytest.raises(SystemExit) as ei:
             main(argv)
         assert ei.value.code == 2

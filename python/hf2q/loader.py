@@ -11,6 +11,7 @@ included, every buffer allocated so far is freed before the error leaves."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -68,37 +69,52 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan) -> Buffer:
         return upload_array(device, entry.transform(arrays), entry.dtype, entry.shape, entry.name)
     buf = device.alloc(entry.shape, entry.dtype)
     try:
+        streamed = []
         for piece in entry.sources:
             if entry.elementwise is not None or not formats.can_convert(piece.dtype, entry.dtype):
                 _stage(device, ckpt, entry, piece, buf)
             else:
-                _stream(device, ckpt, entry, piece, buf)
+                streamed.append(piece)
+        if streamed:
+            _stream(device, ckpt, entry, streamed, buf)
     except BaseException as e:
         del buf
         raise detached(e)
     return buf
 
 
-def _stream(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer) -> None:
-    """File bytes of ``piece`` straight into ``buf`` at its element offset."""
+def _segments(ckpt: Checkpoint, piece: Piece) -> list[tuple[int, int, int]]:
+    """``(element offset in the destination, file offset, bytes)`` of a piece:
+    the whole tensor, or one row slice per leading index."""
     info = ckpt[piece.tensor]
-    fd = ckpt.file_for(piece.tensor).fileno()
+    if piece.rows is None:
+        return [(piece.dest_offset, info.offset, info.nbytes)]
     fmt = formats.get(piece.dtype)
-    try:
-        if piece.rows is None:
-            device.write_from_file(buf, fd, info.offset, info.nbytes, fmt.name, offset=piece.dest_offset,
-                                   name=entry.name)
-            return
-        start, stop = piece.rows
-        lead, rows = piece.shape[0], piece.shape[1]
-        row_elems = formats.numel(piece.shape[2:])
-        per_lead = (stop - start) * row_elems
-        for i in range(lead):
-            off = info.offset + fmt.storage_bytes((i * rows + start) * row_elems)
-            device.write_from_file(buf, fd, off, fmt.storage_bytes(per_lead), fmt.name,
-                                   offset=piece.dest_offset + i * per_lead, name=entry.name)
-    except FileReadError as e:
-        raise file_read_error(e, info.path, piece.tensor) from None
+    start, stop = piece.rows
+    lead, rows = piece.shape[0], piece.shape[1]
+    row_elems = formats.numel(piece.shape[2:])
+    per_lead = (stop - start) * row_elems
+    return [(piece.dest_offset + i * per_lead, info.offset + fmt.storage_bytes((i * rows + start) * row_elems),
+             fmt.storage_bytes(per_lead)) for i in range(lead)]
+
+
+def _stream(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer) -> None:
+    """File bytes of ``pieces`` straight into ``buf`` at their element
+    offsets. The pieces that come from one file in one format go to the device
+    in one call (on a GPU one pipeline of staged copies for a whole expert
+    stack, instead of a round trip per expert)."""
+    groups: dict[tuple[int, str], list[tuple[tuple[int, int, int], Piece]]] = {}
+    for piece in pieces:
+        fd = ckpt.file_for(piece.tensor).fileno()
+        groups.setdefault((fd, piece.dtype), []).extend((seg, piece) for seg in _segments(ckpt, piece))
+    for (fd, dtype), segs in groups.items():
+        try:
+            device.write_from_file_segments(buf, fd, [seg for seg, _ in segs], dtype, name=entry.name)
+        except FileReadError as e:
+            # Name the first piece the file no longer holds (truncated), else the first.
+            size = os.fstat(fd).st_size
+            bad = next((p for (_, foff, n), p in segs if foff + n > size), segs[0][1])
+            raise file_read_error(e, ckpt[bad.tensor].path, bad.tensor) from None
 
 
 def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer) -> None:

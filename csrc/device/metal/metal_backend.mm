@@ -317,19 +317,14 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
   }
 #else
   // SDK older than macOS 15 / iOS 18: no residency sets; the device runs
-  // without residency (not an error).
+  // without residency (not an error). The other set calls keep their
+  // defaults, never reached without a set.
   bool set_create(int, const std::string&, std::size_t) override { return false; }
-  void set_add(int, void*) override {}
-  void set_remove(int, void*) noexcept override {}
-  void set_commit(int) noexcept override {}
-  void set_request(int) noexcept override {}
-  void set_end(int) noexcept override {}
-  void set_destroy(int) noexcept override {}
 #endif
 
-  // Residency comes from the sets; there is no per-buffer wiring on Metal.
-  bool wire(void*, void*, std::size_t) override { return false; }
-  void unwire(void*, void*, std::size_t) noexcept override {}
+  // Residency comes from the sets: no per-buffer wiring (the default wire /
+  // unwire). Shared storage is CPU-visible, so uploads and copy-out keep the
+  // defaults too.
 
   void checksums(DType dtype, void* handle, const void*, std::size_t numel, std::uint32_t* out,
                  std::size_t ngroups) override {
