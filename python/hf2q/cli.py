@@ -170,13 +170,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from . import __version__, _core
 
     parser = argparse.ArgumentParser(
         prog="hf2q",
         description="HuggingFace safetensors checkpoints to inference-ready weights in device memory.",
     )
     parser.add_argument("--version", action="version", version=f"hf2q {__version__}")
+    devices = ["auto", *_core.backend_kinds()]  # the native backend registry
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("inspect", help="list a checkpoint's tensors, dtypes, shapes and bytes")
@@ -188,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("load", help="validate a checkpoint and make it resident on a device")
     p.add_argument("path", help="checkpoint directory (with config.json) or safetensors file")
-    p.add_argument("--device", choices=["auto", "host", "metal", "cuda"], default="auto")
+    p.add_argument("--device", choices=devices, default="auto")
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.add_argument("--verify", action="store_true", help="read every buffer back through the device")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -202,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_load)
 
     p = sub.add_parser("demo", help="load a full-size synthetic DFlash drafter (written once to a cache folder)")
-    p.add_argument("--device", choices=["auto", "host", "metal", "cuda"], default="auto")
+    p.add_argument("--device", choices=devices, default="auto")
     p.add_argument("--cache-dir", help="folder that keeps the synthetic checkpoint, in a sub-folder "
                    "(default $HF2Q_CACHE or ~/.cache/hf2q)")
     p.add_argument("--json", action="store_true")
