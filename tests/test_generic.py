@@ -271,3 +271,28 @@ def test_cli_reads_config_once_and_headers_once(capsys: pytest.CaptureFixture[st
         capsys.readouterr()
         assert len(reads) == 1, reads
         assert len(opens) == len(set(opens)), opens  # every shard's header parsed once
+
+
+def test_staged_sources_without_a_device_format(tmp_path: Path) -> None:
+    """f64 and f8 sources (no device format) and f16 -> bf16 go through the
+    staging path and round as numpy / ml_dtypes do (through float32)."""
+    rng = np.random.default_rng(3)
+    f64 = rng.standard_normal((4, 64))
+    f8 = rng.standard_normal((2, 64)).astype(ml_dtypes.float8_e4m3fn)
+    f16 = rng.standard_normal((3, 64)).astype(np.float16)
+    d = tmp_path / "mixed"
+    d.mkdir()
+    save_file({"a.weight": f64, "b.weight": f8, "c.weight": f16}, str(d / "model.safetensors"))
+    dev = hf2q.Device("host")
+    m = hf2q.load(d, dev, dtype="f32", progress=False)
+    assert m["a.weight"].numpy().tobytes() == f64.astype(np.float32).tobytes()
+    assert m["b.weight"].numpy().tobytes() == f8.astype(np.float32).tobytes()
+    m = hf2q.load(d, dev, dtype="bf16", progress=False)
+    for name, x in (("a.weight", f64), ("b.weight", f8), ("c.weight", f16)):
+        want = x.astype(np.float32).astype(ml_dtypes.bfloat16)
+        assert m[name].dtype == "bf16" and m[name].numpy().tobytes() == want.tobytes(), name
+    from gguf import GGMLQuantizationType, quants
+
+    m = hf2q.load(d, dev, dtype="q8_0", progress=False)
+    assert m["a.weight"].dtype == "q8_0"  # f64 -> f32 staged, then quantized natively
+    assert m["a.weight"].numpy().tobytes() == quants.quantize(f64.astype(np.float32), GGMLQuantizationType.Q8_0).tobytes()

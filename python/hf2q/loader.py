@@ -142,7 +142,9 @@ def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, bu
 
 
 def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
-    target = formats.get(dtype).numpy_dtype
+    # A block format (q8_0) has no element dtype: hand the device float32,
+    # which it quantizes natively.
+    target = formats.get(dtype).numpy_dtype or np.dtype(np.float32)
 
     def cast(x: np.ndarray) -> np.ndarray:
         if formats.can_convert(formats.from_numpy(x.dtype) or "u8", dtype):
