@@ -21,6 +21,7 @@ import numpy as np
 
 from ... import formats
 from ..._arrays import BF16, F16, F32, U16
+from .names import Transform as T  # noqa: N817
 from .plan import DEVICE_DTYPES, SOURCE_DTYPES
 
 if TYPE_CHECKING:
@@ -200,8 +201,6 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
     The result keeps the source dtype unless a transform widens it to float32
     (``norm_plus_one``, ``neg_exp``); :func:`to_device_dtype` does the rest.
     """
-    from .plan import Transform as T  # noqa: N817
-
     if len(arrays) != len(pt.sources):
         raise ValueError(f"{pt.gguf_name}: {len(pt.sources)} sources, got {len(arrays)} arrays")
     srcs = []
