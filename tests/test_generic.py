@@ -198,6 +198,11 @@ def test_load_dispatches_every_family(tmp_path: Path) -> None:
     g = hf2q.load(tmp_path / "d", dev, family="generic", progress=False)
     assert isinstance(g, generic.GenericModel) and g.names() == sorted(drafter.names())
     assert all(g[n].dtype == "bf16" for n in g)
+    # sharded: every shard read through the same plan, bytes equal the single-file load
+    sharded = make_dflash_checkpoint(tmp_path / "s", "tiny", sharded=True)
+    gs = hf2q.load(sharded, dev, family="generic", progress=False)
+    assert gs.names() == g.names()
+    assert all(gs[n].numpy().tobytes() == g[n].numpy().tobytes() for n in g)
 
 
 def test_failure_frees_everything(llama: tuple[Path, dict], tmp_path: Path,
