@@ -59,6 +59,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("dflash", "hf2q.models.dflash", "DFlash block-diffusion drafters"),
     Family("qwen35moe", "hf2q.models.qwen35_load", "Qwen3.5 / Qwen3.6 MoE (experts in Q8_0 at load time)"),
+    Family("gemma4", "hf2q.models.gemma4", "Gemma 4 text models, MoE and dense (experts in Q8_0 at load time)"),
     Family("generic", "hf2q.models.generic", "any safetensors checkpoint, its own tensor names"),
 )
 
