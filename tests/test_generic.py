@@ -240,3 +240,34 @@ def test_cli_load_and_inspect(capsys: pytest.CaptureFixture[str], llama: tuple[P
     assert rc == 0 and rep["architecture"] == "generic" and rep["unloadable"] == []
     assert rows["lm_head.weight"]["device_dtype"] == "q8_0" and rows["model.norm.weight"]["device_dtype"] == "f32"
     assert rep["gpu_resident_bytes"] == out["resident_bytes"]
+
+
+@pytest.mark.parametrize("cmd", ["inspect", "load"])
+def test_cli_reads_config_once_and_headers_once(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch, cmd: str) -> None:
+    from hf2q import safetensors as st
+    from hf2q.testing import make_dflash_checkpoint, make_qwen35_moe_checkpoint
+
+    for d in (make_dflash_checkpoint(tmp_path / "d", "tiny", sharded=True),
+              make_qwen35_moe_checkpoint(tmp_path / "q", "tiny")):
+        reads: list[str] = []
+        opens: list[str] = []
+        real_read, real_init = Path.read_text, st.SafetensorsFile.__init__
+
+        def read_text(self: Path, *a: object, **kw: object) -> str:
+            if self.name == "config.json":
+                reads.append(str(self))
+            return real_read(self, *a, **kw)
+
+        def init(self: st.SafetensorsFile, path: object, *a: object, **kw: object) -> None:
+            opens.append(str(path))
+            real_init(self, path, *a, **kw)
+
+        with monkeypatch.context() as m:
+            m.setattr(Path, "read_text", read_text)
+            m.setattr(st.SafetensorsFile, "__init__", init)
+            argv = [cmd, "--json", str(d)] if cmd == "inspect" else [cmd, "--device", "host", "--json", str(d)]
+            assert main(argv) == 0
+        capsys.readouterr()
+        assert len(reads) == 1, reads
+        assert len(opens) == len(set(opens)), opens  # every shard's header parsed once

@@ -113,7 +113,7 @@ def _load(path: Path, device: Any, progress: bool, args: argparse.Namespace) -> 
     _, config = models.read_config(path)
     fam = models.detect(config)
     opts = {k: v for k, v in _family_options(args).items() if k in fam.options}
-    return models.load(path, device, family=fam.name, progress=progress, **opts)
+    return models.load_with(path, config, fam, device, progress=progress, **opts)  # config.json read once
 
 
 def cmd_load(args: argparse.Namespace) -> int:

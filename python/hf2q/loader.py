@@ -147,6 +147,6 @@ def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ..
 
 
 def _read_array(ckpt: Checkpoint, piece: Piece) -> np.ndarray:
-    if piece.rows is not None:
-        raise ValueError(f"tensor '{piece.tensor}': row slices are read only when streamed")
+    """The whole source tensor: a transform selects its own part (``rows``
+    and ``dest_offset`` place streamed pieces only)."""
     return ckpt.read_array(piece.tensor)

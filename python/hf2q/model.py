@@ -70,43 +70,46 @@ class LoadedModel:
 
     # ------------------------------------------------------------------ access
     def named_buffers(self) -> dict[str, Buffer]:
-        """Every buffer under its name, in load order."""
-        return dict(self._buffers)
+        """Every buffer under its name, in load order. Family views whose
+        fields can be reassigned override this to read the fields, so the
+        checks below always see what a consumer would."""
+        return self._buffers
 
     def names(self) -> list[str]:
-        return list(self._buffers)
+        return list(self.named_buffers())
 
     def __getitem__(self, name: str) -> Buffer:
         try:
-            return self._buffers[name]
+            return self.named_buffers()[name]
         except KeyError:
             raise KeyError(f"{name!r} is not a tensor of this model") from None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._buffers
+        return name in self.named_buffers()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._buffers)
+        return iter(self.named_buffers())
 
     def __len__(self) -> int:
-        return len(self._buffers)
+        return len(self.named_buffers())
 
     # ------------------------------------------------------------------ bytes
     def gpu_resident_bytes(self) -> int:
         """Sum of logical buffer lengths."""
-        return sum(b.byte_len for b in self._buffers.values())
+        return sum(b.byte_len for b in self.named_buffers().values())
 
     def allocated_bytes(self) -> int:
         """Sum of page-rounded allocation sizes."""
-        return sum(b.alloc_len for b in self._buffers.values())
+        return sum(b.alloc_len for b in self.named_buffers().values())
 
     # ------------------------------------------------------------------ checks
     def verify(self) -> dict[str, Any]:
         """Read every buffer back through the device and compare with a CPU
         decode (see :meth:`hf2q.Device.verify`); raises DeviceError on a mismatch."""
         t0 = time.perf_counter()
-        groups = sum(self.device.verify(b).groups for b in self._buffers.values())
-        return {"buffers": len(self._buffers), "groups": groups, "seconds": time.perf_counter() - t0}
+        bufs = self.named_buffers()
+        groups = sum(self.device.verify(b).groups for b in bufs.values())
+        return {"buffers": len(bufs), "groups": groups, "seconds": time.perf_counter() - t0}
 
     def __repr__(self) -> str:
         return (f"<hf2q {self.family} model: {len(self)} tensors, {self.gpu_resident_bytes():,} resident bytes "

@@ -31,7 +31,7 @@ from typing import Any, Union
 
 from ..errors import ConfigError, read_config_text
 
-__all__ = ["Family", "FAMILIES", "family", "detect", "read_config", "load", "inspect"]
+__all__ = ["Family", "FAMILIES", "family", "detect", "read_config", "load", "load_with", "inspect"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -58,7 +58,7 @@ class Family:
 #: The registry, in the order :func:`detect` asks (the catch-all last).
 FAMILIES: tuple[Family, ...] = (
     Family("dflash", "hf2q.models.dflash", "DFlash block-diffusion drafters"),
-    Family("qwen35moe", "hf2q.models.qwen35_load", "Qwen3.5 / Qwen3.6 MoE (experts in Q8_0 at load time)"),
+    Family("qwen35moe", "hf2q.models.qwen35", "Qwen3.5 / Qwen3.6 MoE (experts in Q8_0 at load time)"),
     Family("gemma4", "hf2q.models.gemma4", "Gemma 4 text models, MoE and dense (experts in Q8_0 at load time)"),
     Family("generic", "hf2q.models.generic", "any safetensors checkpoint, its own tensor names"),
 )
@@ -105,10 +105,8 @@ def load(path: PathLike, device: Any = None, *, family: str | None = None, progr
     ``.safetensors`` file, or sharded index) onto ``device`` (default:
     :meth:`hf2q.Device.default`) with the family its ``config.json`` names,
     or ``family``. ``options`` go to the family's loader (``dtype`` for
-    generic; ``expert_dtype`` / ``dense_dtype`` / ``mtp`` for Qwen3.5 MoE)."""
-    from ..device import Device
-    from ..safetensors import open_checkpoint
-
+    generic; ``expert_dtype`` / ``dense_dtype`` / ``mtp`` for Qwen3.5 MoE);
+    one it does not take is a TypeError."""
     path = Path(os.fspath(path))
     _, config = read_config(path)
     fam = detect(config) if family is None else globals()["family"](family)
@@ -116,8 +114,18 @@ def load(path: PathLike, device: Any = None, *, family: str | None = None, progr
     if unknown:
         raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; "
                         f"it takes {', '.join(fam.options) or 'none'}")
+    return load_with(path, config, fam, device, progress=progress, **options)
+
+
+def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, device: Any = None, *,
+              progress: bool = True, **options: Any) -> Any:
+    """:func:`load` with ``config.json`` already read (``config``) and the
+    family chosen: the checkpoint is opened once and handed to the family."""
+    from ..device import Device
+    from ..safetensors import open_checkpoint
+
     dev = device if device is not None else Device.default()
-    with open_checkpoint(path) as ckpt:
+    with open_checkpoint(Path(os.fspath(path))) as ckpt:
         return fam.impl().load_checkpoint(ckpt, dev, config=config, progress=progress, **options)
 
 

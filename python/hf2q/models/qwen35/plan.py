@@ -18,6 +18,7 @@ and fails with every offending name at once:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,8 +26,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .. import formats
-from ..errors import (
+from ... import formats
+from ...errors import (
     ConfigError,
     DtypeMismatchError,
     ExtraTensorError,
@@ -34,7 +35,7 @@ from ..errors import (
     MissingTensorError,
     ShapeMismatchError,
 )
-from .qwen35_config import Qwen35Config
+from .config import Qwen35Config
 
 __all__ = [
     "TensorKind",
@@ -668,6 +669,12 @@ def plan_qwen35_moe(
     entries = _entries(tensors)
 
     has_mtp = any(_strip_lm(n).startswith("mtp.") for n, _, _ in entries if not is_multimodal_tensor(n))
+    if has_mtp and not cfg.mtp_num_hidden_layers_stated:
+        # config.json does not say: llama.cpp's converter counts mtp.layers.{i}
+        # (a default, so it is taken from the names rather than refused).
+        idx = [int(m.group(1)) for n, _, _ in entries if (m := _MTP_LAYER_RE.match(_strip_lm(n)))]
+        if idx:
+            cfg = dataclasses.replace(cfg, mtp_num_hidden_layers=max(idx) + 1)
     if mtp is None:
         use_mtp = has_mtp
     elif mtp:

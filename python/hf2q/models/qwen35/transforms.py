@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from .. import formats
-from .._arrays import BF16, F16, F32, U16
-from .qwen35_plan import DEVICE_DTYPES, SOURCE_DTYPES
+from ... import formats
+from ..._arrays import BF16, F16, F32, U16
+from .plan import DEVICE_DTYPES, SOURCE_DTYPES
 
 if TYPE_CHECKING:
-    from .qwen35_config import Qwen35Config
-    from .qwen35_plan import PlannedTensor
+    from .config import Qwen35Config
+    from .plan import PlannedTensor
 
 __all__ = [
     "reorder_v_heads",
@@ -200,7 +200,7 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
     The result keeps the source dtype unless a transform widens it to float32
     (``norm_plus_one``, ``neg_exp``); :func:`to_device_dtype` does the rest.
     """
-    from .qwen35_plan import Transform as T  # noqa: N817 (local import: plan imports this module)
+    from .plan import Transform as T  # noqa: N817
 
     if len(arrays) != len(pt.sources):
         raise ValueError(f"{pt.gguf_name}: {len(pt.sources)} sources, got {len(arrays)} arrays")
@@ -256,7 +256,7 @@ def to_device_dtype(x: np.ndarray, dtype: str, *, name: str | None = None) -> np
     if dtype == "bf16":
         return np.ascontiguousarray(x if x.dtype == BF16 else _widen(x).astype(BF16))
     if dtype == "q8_0":
-        from .. import ops
+        from ... import ops
 
         return ops.quantize_q8_0(np.ascontiguousarray(x), name=name)
     raise ValueError(f"unknown device dtype {dtype!r}")

@@ -11,32 +11,27 @@ through numpy. No GGUF file is written.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Mapping
-from typing import Any, Iterator, Union
+from typing import Any, Union
 
-import numpy as np
 
-from .. import formats
-from ..device import Buffer, Device, FileReadError
-from ..errors import Hf2qError
-from ..safetensors import Checkpoint, open_checkpoint
-from ._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
-from .qwen35_config import FULL_ATTENTION, Qwen35Config
-from .qwen35_plan import SOURCE_DTYPES, PlannedTensor, Qwen35Plan, Transform, plan_qwen35_moe
-from .qwen35_transforms import to_device_dtype, transform_tensor
+from ... import formats
+from ...device import Buffer, Device
+from ...loader import execute
+from ...model import LoadedModel, check_layout
+from ...plan import LoadPlan, Piece, TensorPlan
+from ...safetensors import Checkpoint, open_checkpoint
+from .config import FULL_ATTENTION, Qwen35Config
+from .plan import PlannedTensor, Qwen35Plan, Transform, plan_qwen35_moe
+from .transforms import transform_tensor
 
-__all__ = ["Qwen35Layer", "Qwen35Model", "load", "inspect"]
+__all__ = ["Qwen35Layer", "Qwen35Model", "load", "inspect", "to_load_plan"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+#: Transforms the loader does while streaming (pieces land at their offsets).
 _STREAMABLE = {Transform.FUSED_SPLIT, Transform.STACK_EXPERTS}
-
-
-def _native_conversion(src_dtype: str, dst: str) -> bool:
-    s = formats.from_safetensors(src_dtype).name if src_dtype in SOURCE_DTYPES else None
-    return s is not None and (s == dst or dst == "q8_0" or (dst == "f32" and s in ("bf16", "f16")))
 
 
 @dataclass
@@ -74,101 +69,53 @@ class Qwen35Layer:
         return {k: self.tensors[v] for k, v in keys.items() if v in self.tensors}
 
 
-class Qwen35Model:
+class Qwen35Model(LoadedModel):
     """Inference-ready Qwen3.5/3.6 MoE weights on a device, addressable by
     GGUF name (``model["blk.3.ffn_down_exps.weight"]``). Shapes are logical
     numpy shapes (the reverse of GGUF's ``ne``)."""
 
+    family = "qwen35moe"
+
     def __init__(self, device: Device, config: Qwen35Config, plan: Qwen35Plan, buffers: dict[str, Buffer]) -> None:
-        self.device = device
-        self.config = config
+        super().__init__(device, config, buffers)
         self.plan = plan
-        self._buffers = buffers
-        self.summary: LoadSummary | None = None
-        n_blocks = plan.n_blocks
         self.layers: list[Qwen35Layer] = []
-        for b in range(n_blocks):
+        for b in range(plan.n_blocks):
             kind = config.layer_types[b] if b < config.num_hidden_layers else FULL_ATTENTION
             layer = Qwen35Layer(b, kind)
             prefix = f"blk.{b}."
             layer.tensors.update({n[len(prefix):]: buf for n, buf in buffers.items() if n.startswith(prefix)})
             self.layers.append(layer)
         # Always-on invariant: every buffer has its planned dtype and shape.
-        bad = [f"{pt.gguf_name}: expected {pt.dtype} {tuple(pt.shape)}, found "
-               f"{buffers[pt.gguf_name].dtype} {buffers[pt.gguf_name].shape}"
-               for pt in plan
-               if buffers[pt.gguf_name].dtype != pt.dtype or buffers[pt.gguf_name].shape != tuple(pt.shape)]
-        if bad:
-            raise Hf2qError("Qwen3.5 device buffers break the planned layout:\n  " + "\n  ".join(bad))
-
-    def names(self) -> list[str]:
-        return list(self._buffers)
-
-    def __getitem__(self, gguf_name: str) -> Buffer:
-        try:
-            return self._buffers[gguf_name]
-        except KeyError:
-            raise KeyError(f"{gguf_name!r} is not a tensor of this model") from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._buffers
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._buffers)
-
-    def __len__(self) -> int:
-        return len(self._buffers)
-
-    def gpu_resident_bytes(self) -> int:
-        """Sum of logical buffer lengths."""
-        return sum(b.byte_len for b in self._buffers.values())
-
-    def verify(self) -> dict[str, Any]:
-        """Read every buffer back through the device (see :meth:`hf2q.Device.verify`)."""
-        t0 = time.perf_counter()
-        groups = sum(self.device.verify(b).groups for b in self._buffers.values())
-        return {"buffers": len(self._buffers), "groups": groups, "seconds": time.perf_counter() - t0}
+        check_layout(buffers, {pt.gguf_name: (pt.dtype, tuple(pt.shape)) for pt in plan},
+                     "Qwen3.5 device buffers break the planned layout")
 
     def __repr__(self) -> str:
         return (f"<hf2q.qwen35.Qwen35Model {len(self)} tensors, {self.gpu_resident_bytes():,} resident bytes "
                 f"on {self.device.kind}>")
 
 
-def _stream(device: Device, ckpt: Checkpoint, pt: PlannedTensor, buf: Buffer) -> None:
-    """Fill ``buf`` from the file: whole tensors, per-expert slices, or the
-    gate/up halves of a fused ``gate_up_proj``, one expert at a time."""
-    for piece in pt.sources:
-        info = ckpt[piece.name]
-        fd = ckpt.file_for(piece.name).fileno()
-        fmt = formats.from_safetensors(piece.dtype)
-        src, esize = fmt.name, fmt.itemsize
-        try:
-            if piece.half is not None:  # fused [E, 2I, H] -> rows [:I] or [I:] of each expert
-                n_exp, two_i = piece.shape[0], piece.shape[1]
-                rows, row_elems = two_i // 2, int(np.prod(piece.shape[2:], dtype=np.int64))
-                first_row = 0 if piece.half == "gate" else rows
-                per_expert = rows * row_elems
-                for e in range(n_exp):
-                    off = info.offset + (e * two_i + first_row) * row_elems * esize
-                    device.write_from_file(buf, fd, off, per_expert * esize, src, offset=e * per_expert,
-                                           name=pt.gguf_name)
-            else:
-                offset = 0 if piece.expert is None else piece.expert * int(np.prod(piece.shape, dtype=np.int64))
-                device.write_from_file(buf, fd, info.offset, info.nbytes, src, offset=offset, name=pt.gguf_name)
-        except FileReadError as e:
-            raise file_read_error(e, info.path, piece.name) from None
+def _tensor_plan(pt: PlannedTensor, cfg: Qwen35Config) -> TensorPlan:
+    pieces = []
+    for sp in pt.sources:
+        fmt = formats.from_safetensors(sp.dtype).name
+        if sp.half is not None:  # fused [E, 2I, H]: rows [:I] or [I:] of every expert
+            i = sp.shape[1] // 2
+            pieces.append(Piece(sp.name, fmt, tuple(sp.shape), 0, (0, i) if sp.half == "gate" else (i, 2 * i)))
+        else:
+            off = 0 if sp.expert is None else sp.expert * formats.numel(sp.shape)
+            pieces.append(Piece(sp.name, fmt, tuple(sp.shape), off))
+    streamed = set(pt.transforms) <= _STREAMABLE and all(formats.can_convert(p.dtype, pt.dtype) for p in pieces)
+    transform = None if streamed else (lambda arrays, pt=pt: transform_tensor(pt, arrays, cfg))
+    return TensorPlan(pt.gguf_name, tuple(pt.shape), pt.dtype, tuple(pieces), transform=transform,
+                      group=pt.layer, kind=pt.kind)
 
 
-def _materialize(device: Device, ckpt: Checkpoint, cfg: Qwen35Config, pt: PlannedTensor) -> Buffer:
-    arrays = [ckpt.read_array(p.name) for p in pt.sources]
-    x = transform_tensor(pt, arrays, cfg)
-    xf = formats.from_numpy(x.dtype)
-    if _native_conversion(xf.safetensors if xf is not None else "?", pt.dtype):
-        return device.upload(x, to=pt.dtype, name=pt.gguf_name)
-    y = to_device_dtype(x, pt.dtype, name=pt.gguf_name)
-    if pt.dtype == "q8_0":
-        return device.upload(y, to="q8_0", src_dtype="q8_0", shape=pt.shape, name=pt.gguf_name)
-    return device.upload(y, to=pt.dtype, name=pt.gguf_name)
+def to_load_plan(plan: Qwen35Plan, cfg: Qwen35Config) -> LoadPlan:
+    """The family's plan as the loader's :class:`~hf2q.plan.LoadPlan`: expert
+    stacks and fused halves streamed to their offsets, transformed tensors
+    through numpy."""
+    return LoadPlan("qwen35moe", [_tensor_plan(pt, cfg) for pt in plan], cfg, tuple(plan.skipped))
 
 
 def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
@@ -191,44 +138,13 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
 def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
                     expert_dtype: str = "q8_0", dense_dtype: str = "f32", mtp: bool | None = None) -> Qwen35Model:
     """:func:`load` of an open checkpoint and its parsed ``config.json`` (None: read it)."""
-    dev = device
-    t0 = time.perf_counter()
     cfg = _config_of(ckpt, config)
     plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
-    bufs: dict[str, Buffer] = {}
-    bar = progress_bar(sum(pt.source_nbytes for pt in plan), "hf2q load", progress)
-    last_layer: int | None = None
-    try:
-        for pt in plan:
-            if pt.layer != last_layer:
-                dev.residency.commit()  # one commit per block
-                last_layer = pt.layer
-            streamable = set(pt.transforms) <= _STREAMABLE and all(
-                _native_conversion(p.dtype, pt.dtype) for p in pt.sources
-            )
-            if streamable:
-                buf = dev.alloc(pt.shape, pt.dtype)
-                bufs[pt.gguf_name] = buf
-                _stream(dev, ckpt, pt, buf)
-            else:
-                bufs[pt.gguf_name] = _materialize(dev, ckpt, cfg, pt)
-            bar.update(pt.source_nbytes)
-        dev.residency.commit()
-        model = Qwen35Model(dev, cfg, plan, bufs)
-    except BaseException as e:
-        bufs.clear()
-        buf = None  # the loop variable would keep the last buffer alive
-        bar.close()
-        raise detached(e)
-    bar.close()
-    model.summary = LoadSummary(
-        model="qwen35moe", device=dev.kind, tensors=len(bufs), resident_bytes=model.gpu_resident_bytes(),
-        data_bytes=sum(pt.source_nbytes for pt in plan), seconds=time.perf_counter() - t0,
-        residency=residency_state(dev),
-        extra={"blocks": plan.n_blocks, "experts": cfg.num_experts, "expert_dtype": expert_dtype,
-               "dense_dtype": dense_dtype, "skipped_tensors": len(plan.skipped)},
-    )
-    return model
+    cfg = plan.config  # the plan resolves what the file leaves out (mtp_num_hidden_layers)
+    return execute(to_load_plan(plan, cfg), ckpt, device, lambda bufs: Qwen35Model(device, cfg, plan, bufs),
+                   progress=progress,
+                   extra={"blocks": plan.n_blocks, "experts": cfg.num_experts, "expert_dtype": expert_dtype,
+                          "dense_dtype": dense_dtype, "skipped_tensors": len(plan.skipped)})
 
 
 def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0") -> dict[str, Any]:
