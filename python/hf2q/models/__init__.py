@@ -11,7 +11,11 @@ A family is a module (one folder under ``hf2q/models/``) that declares:
   :func:`hf2q.loader.execute`, returning a :class:`~hf2q.model.LoadedModel`;
 - ``inspect_checkpoint(ckpt, *, config, **options)``: the plan's numbers
   (``gpu_resident_bytes``, ``device_dtypes`` by tensor, family fields),
-  reading no tensor bytes.
+  reading no tensor bytes;
+- optionally, for a family whose models can be a speculative drafter's
+  target (:mod:`hf2q.pairs`): ``plan_checkpoint(ckpt, *, config, **options)``
+  (the plan, no bytes read) and ``target_heads(plan)`` (where the embedding
+  and LM head are, and the numbers a drafter must match).
 
 :func:`detect` asks the families in :data:`FAMILIES` order; ``generic``
 recognises everything and is asked last. :func:`load` reads ``config.json``
