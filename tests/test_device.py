@@ -400,6 +400,7 @@ def test_short_read_is_an_error(dev, tmp_path):
             dev.upload_from_file(path, 0, 2000, "bf16", to, (1000,))
         assert str(path) in str(ei.value)
         assert isinstance(ei.value, hf2q.Hf2qError)
+        assert ei.value.code == "FileTruncated"  # set by the native reader, not read from the message
     with pytest.raises(FileReadError, match="cannot open"):
         dev.upload_from_file(tmp_path / "missing", 0, 4, "bf16", "bf16", (2,))
     gc.collect()

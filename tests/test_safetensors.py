@@ -533,9 +533,16 @@ def test_chunked_parallel_read_and_truncation(f: Path, monkeypatch: pytest.Monke
         assert ei.value.code == "FileTruncated"
 
 
-def test_pread_fallback_without_preadv(f: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_native_reader_only(f: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every checkpoint byte (headers included) is read by the native core:
+    Python's pread / preadv are never called, even in 8-byte chunks."""
     tensors = _package_file(f)
-    monkeypatch.delattr(os, "preadv", raising=False)
+
+    def forbidden(*a: object, **kw: object) -> None:
+        raise AssertionError("checkpoint bytes read from Python")
+
+    monkeypatch.setattr(os, "preadv", forbidden, raising=False)
+    monkeypatch.setattr(os, "pread", forbidden)
     monkeypatch.setattr(hst, "READ_CHUNK_BYTES", 8)
     with hst.open(f) as sf:
         for k in sf:

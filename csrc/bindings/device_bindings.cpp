@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "device/device.h"
+#include "device/reader.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -91,8 +92,13 @@ void bind_device(nb::module_& m) {
       nb::object cls = nb::module_::import_("hf2q.errors").attr("DeviceError");
       PyErr_SetString(cls.ptr(), e.what());
     } catch (const hf2q::device::FileReadError& e) {
+      // The cause crosses once, as .code (hf2q.safetensors' FileTruncated / Io).
+      const auto* typed = dynamic_cast<const hf2q::device::CheckpointReadError*>(&e);
+      const bool truncated = typed != nullptr && typed->why() == hf2q::device::ReadFailure::Truncated;
       nb::object cls = nb::module_::import_("hf2q.device").attr("FileReadError");
-      PyErr_SetString(cls.ptr(), e.what());
+      nb::object err = cls(nb::str(e.what()));
+      err.attr("code") = nb::str(truncated ? "FileTruncated" : "Io");
+      PyErr_SetObject(cls.ptr(), err.ptr());
     }
   });
 

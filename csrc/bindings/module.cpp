@@ -12,6 +12,7 @@
 
 #include "../kernels/checked_ops.h"
 #include "../device/dtype.h"
+#include "../device/reader.h"
 #include "../kernels/formats.h"
 #include "../kernels/kernels.h"
 #include "../kernels/thread_pool.h"
@@ -113,6 +114,16 @@ NB_MODULE(_core, m) {
       },
       "The native format table: (name, id, block_elems, block_bytes, numpy, safetensors, gguf_type) rows.");
 
+  m.def(
+      "read_file",
+      [](int fd, std::uint64_t offset, RwBytes out, std::size_t chunk) {
+        nb::gil_scoped_release nogil;
+        hf2q::device::read_range(fd, out.data(), out.size(), offset, chunk);
+      },
+      "fd"_a, "offset"_a, "out"_a.noconvert(), "chunk"_a = 0,
+      "pread exactly out.size bytes at offset into out, in parallel chunks (0: the default size); "
+      "raises FileReadError with .code 'FileTruncated' or 'Io'.");
+  m.attr("READ_CHUNK_BYTES") = hf2q::device::kReadChunkBytes;
   m.def(
       "can_convert",
       [](const std::string& src, const std::string& dst) {

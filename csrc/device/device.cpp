@@ -11,13 +11,14 @@
 #include "kernels/checked_ops.h"
 #include "kernels/kernels.h"
 #include "kernels/thread_pool.h"
+#include "reader.h"
 
 namespace hf2q::device {
 namespace {
 
 std::atomic<long> g_alloc_fail_countdown{0};
 
-constexpr std::size_t kCopyChunk = 8u << 20;         // bytes per parallel raw copy / pread
+constexpr std::size_t kCopyChunk = kReadChunkBytes;  // bytes per parallel raw copy / pread
 constexpr std::size_t kConvertChunkElems = 1u << 20;     // source elements per conversion chunk, at most
 constexpr std::size_t kMinConvertChunkElems = 1u << 16;  // and at least (a multiple of 32)
 constexpr std::size_t kAutoCommitPending = 64;       // staged adds before an implicit commit
@@ -26,26 +27,6 @@ std::string mib(std::size_t bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%zu bytes (%.1f MiB)", bytes, static_cast<double>(bytes) / (1 << 20));
   return buf;
-}
-
-// Reads exactly len bytes at off; retries EINTR and short reads.
-void pread_full(int fd, std::uint8_t* dst, std::size_t len, std::uint64_t off) {
-  while (len > 0) {
-    const std::size_t want = std::min<std::size_t>(len, 1u << 30);
-    const ssize_t r = ::pread(fd, dst, want, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw FileReadError("read of " + std::to_string(want) + " bytes at offset " + std::to_string(off) +
-                          " failed: " + std::strerror(errno));
-    }
-    if (r == 0) {
-      throw FileReadError("unexpected end of file at offset " + std::to_string(off) + " with " +
-                          std::to_string(len) + " bytes still expected (file truncated or rewritten?)");
-    }
-    dst += r;
-    len -= static_cast<std::size_t>(r);
-    off += static_cast<std::uint64_t>(r);
-  }
 }
 
 enum class Op { Raw, Decode, Quantize };
@@ -445,7 +426,7 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   std::uint8_t* dst = buf.data() + p.dst_off;
   UploadResult res;
   if (p.op == Op::Raw) {
-    parallel_for(nbytes, kCopyChunk, [&](std::size_t b, std::size_t e) { pread_full(fd, dst + b, e - b, file_offset + b); });
+    read_range(fd, dst, nbytes, file_offset, kCopyChunk);
     return res;
   }
   std::atomic<std::size_t> first_bad{kernels::kNoIndex};

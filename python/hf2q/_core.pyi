@@ -79,3 +79,7 @@ class NativeDevice:
 def format_table() -> list[tuple[str, int, int, int, str, str, int]]:
     """(name, id, block_elems, block_bytes, numpy, safetensors, gguf_type) rows."""
 def can_convert(src: str, dst: str) -> bool: ...
+READ_CHUNK_BYTES: int
+
+def read_file(fd: int, offset: int, out: npt.NDArray[np.uint8], chunk: int = 0) -> None:
+    """pread len(out) bytes at offset (parallel chunks); FileReadError(.code) on failure."""

@@ -43,7 +43,10 @@ _NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16", np.dtype(np.int32): "i32"}
 
 class FileReadError(Hf2qError, OSError):
     """A file could not be read completely (I/O error, or the file shrank or
-    was rewritten while being read)."""
+    was rewritten while being read). ``code`` is ``"FileTruncated"`` (end of
+    file before the bytes expected) or ``"Io"``, as the native reader says."""
+
+    code: str = "Io"
 
 
 def _dtype_name(dtype: str) -> str:
@@ -500,14 +503,19 @@ def _value_class(view: np.ndarray | None, index: int) -> str:
 def _file_value_class(fd: int, file_offset: int, index: int, src_dtype: str) -> str:
     """``nan``/``+inf``/``-inf`` of the element at ``index`` in a file."""
     dt = formats.get(src_dtype).storage_dtype
-    raw = os.pread(fd, dt.itemsize, file_offset + index * dt.itemsize)
-    return _value_class(np.frombuffer(raw, dtype=dt), 0) if len(raw) == dt.itemsize else "nan"
+    raw = np.empty(dt.itemsize, dtype=np.uint8)
+    try:
+        _core.read_file(fd, file_offset + index * dt.itemsize, raw)  # the one native reader
+    except FileReadError:
+        return "nan"
+    return _value_class(raw.view(dt), 0)
 
 
 def _file_read_error(file: PathOrFd, name: str | None, e: BaseException) -> FileReadError:
     what = f" for '{name}'" if name else ""
     err = FileReadError(f"{_describe(file)}{what}: {e}")
     err.reason = str(e)  # without the file/tensor prefix, for callers that name them
+    err.code = getattr(e, "code", "Io")  # set natively: "FileTruncated" or "Io"
     return err
 
 

@@ -22,17 +22,16 @@ from __future__ import annotations
 import json
 import os
 import stat
-import threading
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
-from . import formats
+from . import _core, formats
+from .device import FileReadError
 from .errors import SafetensorsError
 
 __all__ = [
@@ -59,9 +58,9 @@ MAX_HEADER_SIZE = 100_000_000
 U64_MAX = (1 << 64) - 1
 INDEX_FILE_NAME = "model.safetensors.index.json"
 SINGLE_FILE_NAME = "model.safetensors"
-#: Large reads are split into chunks of this size, served by a small thread pool.
-READ_CHUNK_BYTES = 32 << 20
-READ_THREADS = 4
+#: Large reads are split into chunks of this size, served in parallel by the
+#: native reader (csrc/device/reader.cpp) on the kernels' thread pool.
+READ_CHUNK_BYTES = int(_core.READ_CHUNK_BYTES)
 _MAX_INDEX_BYTES = 100_000_000
 
 # Error codes (docs/SAFETENSORS.md), in rule order; DuplicateKey is hf2q's addition.
@@ -373,46 +372,25 @@ def _validate_header(
 
 # ----------------------------------------------------------------------------- I/O
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _read_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="hf2q-pread")
-        return _pool
-
-
 def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -> None:
-    """Fill ``dest`` (a writable byte memoryview) from ``fd`` at ``offset``,
-    retrying EINTR and short reads; EOF first -> SafetensorsError."""
+    """Fill ``dest`` (a writable byte memoryview) from ``fd`` at ``offset``
+    with the native reader (parallel ``pread`` in :data:`READ_CHUNK_BYTES`
+    chunks, GIL released, EINTR and short reads retried). The native error's
+    code says why it failed: end of file first -> ``FileTruncated``, an OS
+    error -> ``Io``; either is a SafetensorsError naming the file."""
     total = len(dest)
-    pos = 0
-    while pos < total:
-        want = min(total - pos, READ_CHUNK_BYTES)
-        try:
-            if hasattr(os, "preadv"):
-                got = os.preadv(fd, [dest[pos : pos + want]], offset + pos)
-            else:  # pragma: no cover - platforms without preadv
-                data = os.pread(fd, want, offset + pos)
-                got = len(data)
-                dest[pos : pos + got] = data
-        except InterruptedError:  # pragma: no cover - PEP 475 retries already
-            continue
-        except OSError as e:
-            raise SafetensorsError(
-                f"{path}: {IO_ERROR}: reading {what} at offset {offset + pos}: {e}", code=IO_ERROR, path=path
-            ) from e
-        if got == 0:
-            raise SafetensorsError(
-                f"{path}: {FILE_TRUNCATED}: file shrank/truncated: end of file at byte {offset + pos} while reading "
-                f"{what} (bytes {offset}..{offset + total})",
-                code=FILE_TRUNCATED,
-                path=path,
-            )
-        pos += got
+    if total == 0:
+        return
+    try:
+        _core.read_file(fd, offset, np.frombuffer(dest, dtype=np.uint8), READ_CHUNK_BYTES)
+    except FileReadError as e:
+        code = FILE_TRUNCATED if getattr(e, "code", IO_ERROR) == FILE_TRUNCATED else IO_ERROR
+        if code == FILE_TRUNCATED:
+            msg = (f"{path}: {FILE_TRUNCATED}: file shrank/truncated while reading {what} "
+                   f"(bytes {offset}..{offset + total}): {e}")
+        else:
+            msg = f"{path}: {IO_ERROR}: reading {what} at offset {offset}: {e}"
+        raise SafetensorsError(msg, code=code, path=path) from None
 
 
 def _as_writable_bytes(out: Any, what: str = "out") -> memoryview:
@@ -613,25 +591,7 @@ class SafetensorsFile:
         return arr
 
     def _read_range(self, dest: memoryview, offset: int, what: str) -> None:
-        total = len(dest)
-        spath = str(self._path)
-        if total <= 2 * READ_CHUNK_BYTES:
-            _pread_exact(self._fd, dest, offset, spath, what)
-            return
-        pool = _read_pool()
-        futures = [
-            pool.submit(_pread_exact, self._fd, dest[p : p + READ_CHUNK_BYTES], offset + p, spath, what)
-            for p in range(0, total, READ_CHUNK_BYTES)
-        ]
-        first: BaseException | None = None
-        for f in futures:  # wait for all, so no worker writes into dest after we return
-            try:
-                f.result()
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                if first is None:
-                    first = e
-        if first is not None:
-            raise first
+        _pread_exact(self._fd, dest, offset, str(self._path), what)
 
 
 def open(path: PathLike) -> SafetensorsFile:
