@@ -81,6 +81,15 @@ DENSE_TEXT = dict(
     max_position_embeddings=4096, tie_word_embeddings=False,
     layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
 )
+# 31B-like dense (no MoE, no per-layer embeddings), k_eq_v full layer, saved
+# in F32: the converter then keeps F32 sources as they are and rounds them to
+# BF16 / quantizes them itself.
+DENSE_F32_TEXT = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True,
+    hidden_size_per_layer_input=0, sliding_window=64, max_position_embeddings=4096,
+    layer_types=["sliding_attention", "full_attention"],
+)
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
               head_dim=16, patch_size=4, position_embedding_size=64, pooling_kernel_size=2)
 
@@ -96,7 +105,13 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], int | None, str]]
         "Gemma4ForCausalLM", DENSE_TEXT, {}, 90,
         "E2B-shaped dense: PLE, KV-shared layers, double-wide MLP, untied lm_head; "
         "tokenizer has 90 of 96 tokens (the converter trims the embedding)"),
+    "gemma4_dense_f32_source": (
+        "Gemma4ForCausalLM", DENSE_F32_TEXT, {}, 60,
+        "31B-like dense (no MoE, no PLE), k_eq_v full layer, checkpoint saved in F32; tokenizer has 60 of 64 "
+        "tokens"),
 }
+#: checkpoint dtype by variant (default bfloat16, as Google's checkpoints)
+DTYPES = {"gemma4_dense_f32_source": "float32"}
 # Edited-config variants: base variant's weights, config rewritten.
 PUBLISHED = {"gemma4_moe_published": "gemma4_moe_causal_lm"}
 
@@ -164,7 +179,7 @@ def make_checkpoint(name: str, out: Path) -> None:
         for n, b in model.named_buffers():
             if n.endswith("layer_scalar"):
                 b.copy_(torch.rand_like(b) * 1.5 + 0.25)
-    model = model.to(torch.bfloat16)
+    model = model.to(getattr(torch, DTYPES.get(name, "bfloat16")))
     if out.exists():
         shutil.rmtree(out)
     model.save_pretrained(out, **save_kw)

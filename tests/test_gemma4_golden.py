@@ -20,7 +20,8 @@ import hf2q
 from hf2q.models import gemma4
 
 DATA = Path(__file__).parent / "data" / "gemma4"
-VARIANTS = ("gemma4_moe_causal_lm", "gemma4_moe_conditional_generation", "gemma4_dense_ple", "gemma4_moe_published")
+VARIANTS = ("gemma4_moe_causal_lm", "gemma4_moe_conditional_generation", "gemma4_dense_ple", "gemma4_moe_published",
+            "gemma4_dense_f32_source")
 OUTTYPES = ("q8_0", "f32", "bf16")
 GGML = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
 
