@@ -21,6 +21,9 @@ The ``*_published`` variant has the same weights as its base and the base's
 ``config.json`` rewritten into the form Google publishes (root
 ``global_head_dim`` / ``num_global_key_value_heads`` instead of the
 ``per_layer_config`` that transformers 5.24 writes); it is marked "edited".
+``config_variants.json``: fixtures' configs with keys removed or changed (also
+"edited"), and the metadata the converter writes for each (what it assumes
+for the keys a file leaves out).
 
 Pinned: torch 2.13.0+cpu, transformers 5.24.0, llama-cpp-python 0.3.36 (its
 sdist ships ``convert_hf_to_gguf.py``, ``conversion/`` and ``gguf-py`` under
@@ -114,6 +117,63 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], int | None, str]]
 DTYPES = {"gemma4_dense_f32_source": "float32"}
 # Edited-config variants: base variant's weights, config rewritten.
 PUBLISHED = {"gemma4_moe_published": "gemma4_moe_causal_lm"}
+
+
+# Config-only variants: a fixture's config.json with keys taken out or changed
+# (edited here on purpose), converted (--outtype f32) only to record the
+# metadata the converter writes, i.e. the values it takes for what the file
+# does not say. name -> (base variant, edits of the text config)
+def _drop(*keys: str):
+    return lambda t: [t.pop(k) for k in keys]
+
+
+def _put(**kv: Any):
+    return lambda t: t.update(kv)
+
+
+def _rope_full_theta(t: dict[str, Any]) -> None:
+    t["rope_parameters"]["full_attention"]["rope_theta"] = 500000.0
+
+
+CONFIG_VARIANTS: dict[str, tuple[str, Any]] = {
+    "no_layer_types": ("gemma4_dense_ple", _drop("layer_types")),
+    "last_layer_sliding": ("gemma4_dense_ple", _put(layer_types=["sliding_attention", "full_attention",
+                                                                 "sliding_attention", "sliding_attention"])),
+    "no_rope_parameters": ("gemma4_moe_causal_lm", _drop("rope_parameters")),
+    "full_rope_theta": ("gemma4_moe_causal_lm", _rope_full_theta),
+    "no_sliding_window": ("gemma4_moe_causal_lm", _drop("sliding_window")),
+    "no_max_position_embeddings": ("gemma4_moe_causal_lm", _drop("max_position_embeddings")),
+    "no_rms_norm_eps": ("gemma4_moe_causal_lm", _drop("rms_norm_eps")),
+    "no_final_logit_softcapping": ("gemma4_moe_causal_lm", _drop("final_logit_softcapping")),
+    "no_hidden_size_per_layer_input": ("gemma4_moe_causal_lm", _drop("hidden_size_per_layer_input")),
+    "null_hidden_size_per_layer_input": ("gemma4_moe_causal_lm", _put(hidden_size_per_layer_input=None)),
+    "no_num_kv_shared_layers": ("gemma4_moe_causal_lm", _drop("num_kv_shared_layers")),
+    "no_attention_k_eq_v": ("gemma4_moe_causal_lm", _drop("attention_k_eq_v")),
+    "wrapper_no_sliding_window": ("gemma4_moe_conditional_generation", _drop("sliding_window")),
+}
+
+
+def config_variants(conv_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for name, (base, edit) in CONFIG_VARIANTS.items():
+        src = GOLDEN / base / "hf"
+        cfg = json.loads((src / "config.json").read_text())
+        edit(cfg.get("text_config", cfg))
+        entry: dict[str, Any] = {"name": name, "base": base, "edited": True, "config": cfg}
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp) / "ck"
+            d.mkdir()
+            for f in src.iterdir():
+                if f.name != "config.json":
+                    (d / f.name).symlink_to(f)
+            (d / "config.json").write_text(json.dumps(cfg, indent=2))
+            try:
+                convert(conv_dir, d, "f32", Path(tmp) / "out.gguf")
+                entry["metadata"] = record(Path(tmp) / "out.gguf", {})["metadata"]
+            except BaseException as e:  # the converter refuses the config: record why
+                entry["converter_error"] = f"{type(e).__name__}: {e}"
+        out.append(entry)
+    return out
 
 
 def check_versions(any_version: bool) -> dict[str, str]:
@@ -257,6 +317,12 @@ def main() -> None:
     versions = check_versions(args.any_version)
     conv_dir = args.converter or fetch_converter(args.cache)
     names = list(VARIANTS) + list(PUBLISHED)
+    if args.only is None or "config_variants" in args.only:
+        variants = config_variants(conv_dir)
+        (GOLDEN / "config_variants.json").write_text(json.dumps(
+            {"converter": f"llama.cpp convert_hf_to_gguf.py from llama-cpp-python {LLAMA_CPP_PYTHON}",
+             "versions": versions, "variants": variants}, indent=1) + "\n")
+        print(f"config variants: {len(variants)}", file=sys.stderr)
     for name in (names if args.only is None else [n for n in names if n in args.only]):
         vdir = GOLDEN / name
         hf = vdir / "hf"

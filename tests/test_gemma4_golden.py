@@ -72,11 +72,8 @@ def test_every_tensor_equals_the_converter(variant: str, outtype: str, device, t
     assert model.gpu_resident_bytes() == sum(t["nbytes"] for t in want.values())
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_config_matches_converter_metadata(variant: str, tmp_path: Path) -> None:
-    meta, _ = _golden(variant)
-    m = meta["outtypes"]["f32"]["metadata"]
-    cfg = gemma4.Gemma4Config.from_file(_checkpoint(variant, tmp_path) / "config.json")
+def _assert_metadata(m: dict, cfg: gemma4.Gemma4Config) -> None:
+    """hf2q's config gives the gemma4.* metadata the converter wrote."""
     assert m["general.architecture"] == "gemma4"
     assert m["gemma4.block_count"] == cfg.num_hidden_layers
     assert m["gemma4.embedding_length"] == cfg.hidden_size
@@ -107,7 +104,26 @@ def test_config_matches_converter_metadata(variant: str, tmp_path: Path) -> None
         assert "gemma4.expert_count" not in m
     if cfg.final_logit_softcapping:
         assert m["gemma4.final_logit_softcapping"] == pytest.approx(cfg.final_logit_softcapping)
+    else:
+        assert "gemma4.final_logit_softcapping" not in m
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_config_matches_converter_metadata(variant: str, tmp_path: Path) -> None:
+    meta, _ = _golden(variant)
+    cfg = gemma4.Gemma4Config.from_file(_checkpoint(variant, tmp_path) / "config.json")
+    _assert_metadata(meta["outtypes"]["f32"]["metadata"], cfg)
     assert [meta["outtypes"][o]["metadata"]["general.file_type"] for o in OUTTYPES] == [7, 0, 32]
+
+
+_CONFIG_VARIANTS = json.loads((DATA / "config_variants.json").read_text())["variants"]
+
+
+@pytest.mark.parametrize("v", _CONFIG_VARIANTS, ids=[v["name"] for v in _CONFIG_VARIANTS])
+def test_defaults_match_the_converter(v: dict) -> None:
+    """Keys a config leaves out (or nulls) take the values the converter takes."""
+    assert "converter_error" not in v
+    _assert_metadata(v["metadata"], gemma4.Gemma4Config.from_dict(v["config"]))
 
 
 def test_published_and_resaved_forms_agree(tmp_path: Path) -> None:
