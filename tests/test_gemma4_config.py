@@ -231,3 +231,24 @@ def test_failed_load_frees_everything(tmp_path: Path) -> None:
 
     gc.collect()
     assert dev.residency.stats()["count"] == before["count"]
+
+
+# ----------------------------------------------------------------------------- any JSON
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-5, 1 << 40) | st.floats() | st.text(max_size=4),
+                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+                     max_leaves=12)
+_KEYS = sorted(set(G26) | {"per_layer_config", "global_head_dim", "text_config", "vocab_size_per_layer_input",
+                           "use_double_wide_mlp", "partial_rotary_factor", "rope_theta"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(_KEYS), _json, max_size=8), st.booleans())
+def test_any_json_is_a_config_or_a_config_error(edits: dict, wrap: bool) -> None:
+    text = copy.deepcopy(G26)
+    text.update(edits)
+    try:
+        Gemma4Config.from_dict(_wrapped(text) if wrap else text)
+    except ConfigError:
+        pass

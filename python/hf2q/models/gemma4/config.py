@@ -228,9 +228,8 @@ class Gemma4Config:
             assert E is not None and k is not None
             if k > E:
                 raise t.error("top_k_experts", f"({k}) must not exceed num_experts ({E})")
+        # absent: 256 (transformers' default); null or 0: no per-layer embeddings
         P = t.int("hidden_size_per_layer_input", 256, minimum=0, nullable=True) or 0
-        if "hidden_size_per_layer_input" in t.d and t.d["hidden_size_per_layer_input"] is None:
-            P = 0
         V_ple = t.int("vocab_size_per_layer_input", 262144, maximum=1 << 31)
         S = t.int("num_kv_shared_layers", 0, minimum=0, maximum=MAX_LAYERS)
         assert V_ple is not None and S is not None
