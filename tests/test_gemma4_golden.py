@@ -139,6 +139,8 @@ def test_multimodal_wrapper_skips_towers_and_reads_shards() -> None:
     info = gemma4.inspect(hf)
     assert info["skipped"] and all("vision" in n for n in info["skipped"])
     assert not any("vision" in n for n in info["device_dtypes"])
+    assert info["device_dtypes"]["model.language_model.layers.0.experts.gate_up_proj"] == "q8_0"
+    assert {t["name"] for t in info["gguf_tensors"]} >= {"rope_freqs.weight", "blk.1.ffn_gate_up_exps.weight"}
 
 
 def test_embedding_rows_follow_the_tokenizer() -> None:

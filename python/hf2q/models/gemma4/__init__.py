@@ -138,7 +138,11 @@ def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, ex
     for e in plan:
         by_kind[e.kind] = by_kind.get(e.kind, 0) + e.nbytes
     return {"planned_tensors": len(plan), "gpu_resident_bytes": plan.nbytes, "resident_bytes_by_kind": by_kind,
-            "device_dtypes": {e.name: e.dtype for e in plan}, "skipped": list(plan.skipped), **plan.extra}
+            # by checkpoint name (the CLI's listing); the GGUF side in gguf_tensors
+            "device_dtypes": {p.tensor: e.dtype for e in plan for p in e.sources},
+            "gguf_tensors": [{"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "kind": e.kind}
+                             for e in plan],
+            "skipped": list(plan.skipped), **plan.extra}
 
 
 def target_heads(plan: LoadPlan) -> dict[str, Any]:
