@@ -237,6 +237,22 @@ def test_gemma4_26b_shaped_pair(tmp_path: Path, dev) -> None:
     assert pair.drafter.lm_head.address == pair.target["token_embd.weight"].address
     assert pair.target["token_embd.weight"].shape == (262144, 32)
     assert pair.gpu_resident_bytes() == pair.target.gpu_resident_bytes() + pair.drafter.gpu_resident_bytes()
+    _cli_pair(t, d, "gemma4", tied=True)
+
+
+def _cli_pair(target: Path, drafter: Path, family: str, *, tied: bool) -> None:
+    import contextlib
+    import io
+
+    from hf2q.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["load", str(target), "--drafter", str(drafter), "--device", "host", "--json",
+                     "--dense-dtype", "bf16"]) == 0
+    p = json.loads(out.getvalue())["pair"]
+    assert p["target_family"] == family and p["tied"] is tied
+    assert p["pair_resident_bytes"] == p["target_resident_bytes"] + p["drafter_resident_bytes"]
 
 
 def test_qwen36_35b_a3b_shaped_pair(tmp_path: Path, dev) -> None:
@@ -253,3 +269,5 @@ def test_qwen36_35b_a3b_shaped_pair(tmp_path: Path, dev) -> None:
     assert drafter.lm_head.address == target["output.weight"].address
     assert drafter.embed_tokens.address == target["token_embd.weight"].address
     assert drafter.pair.heads.num_layers == 40
+    del drafter, target
+    _cli_pair(t, d, "qwen35moe", tied=False)
