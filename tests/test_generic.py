@@ -60,7 +60,7 @@ def llama(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def test_registry_order_and_detection(tmp_path: Path) -> None:
-    assert [f.name for f in models.FAMILIES] == ["dflash", "qwen35moe", "generic"]
+    assert [f.name for f in models.FAMILIES] == ["dflash", "qwen35moe", "gemma4", "generic"]
     assert models.detect(None).name == "generic"
     assert models.detect(LLAMA).name == "generic"
     assert models.detect({"architectures": ["DFlashDraftModel"]}).name == "dflash"

@@ -8,7 +8,7 @@ from importlib.metadata import PackageNotFoundError, version as _pkg_version
 from . import _core, formats, ops, reference
 from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
 from .safetensors import open_checkpoint
-from . import dflash, qwen35, safetensors  # noqa: E402  (model loaders: hf2q.dflash.load, hf2q.qwen35.load)
+from . import dflash, gemma4, qwen35, safetensors  # noqa: E402  (model loaders: hf2q.dflash.load, hf2q.qwen35.load, ...)
 from .errors import (
     ConfigError,
     DeviceError,
@@ -70,6 +70,7 @@ __all__ = [
     "register_weight_buffer",
     "open_checkpoint",
     "dflash",
+    "gemma4",
     "qwen35",
     "safetensors",
     "get_num_threads",

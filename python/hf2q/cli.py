@@ -118,9 +118,34 @@ def _load(path: Path, device: Any, progress: bool, args: argparse.Namespace) -> 
 
 def cmd_load(args: argparse.Namespace) -> int:
     device = _device(args.device)
+    if args.drafter:
+        return _load_pair(args, device)
     model = _load(Path(args.path), device, not args.json and not args.no_progress, args)
     verify = model.verify() if args.verify else None
     _print_summary(model.summary, args.json, verify)
+    return 0
+
+
+def _load_pair(args: argparse.Namespace, device: Any) -> int:
+    """``hf2q load TARGET --drafter DRAFTER``: both halves checked, then
+    loaded as a bound pair (hf2q.pairs); prints both summaries and the pair's."""
+    from . import models, pairs
+
+    path = Path(args.path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or directory")
+    fam = models.detect(models.read_config(path)[1])
+    opts = {k: v for k, v in _family_options(args).items() if k in fam.options}
+    pair = pairs.load_pair(path, args.drafter, device, progress=not args.json and not args.no_progress, **opts)
+    verify = pair.verify() if args.verify else None
+    if args.json:
+        out = {"target": pair.target.summary.as_dict(), "drafter": pair.drafter.summary.as_dict(),
+               "pair": pair.summary(), **({"verify": verify} if verify else {})}
+        print(json.dumps(out, indent=2))
+        return 0
+    _print_summary(pair.target.summary, False, None)
+    print()
+    _print_summary(pair.drafter.summary, False, verify)
     return 0
 
 
@@ -193,10 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.add_argument("--verify", action="store_true", help="read every buffer back through the device")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--drafter", metavar="DRAFTER", help="a DFlash drafter to load bound to this target "
+                   "(its embedding and LM head become the target's buffers)")
     p.add_argument("--expert-dtype", default="q8_0", choices=["q8_0", "bf16", "f32"],
-                   help="Qwen3.5 MoE: dtype of the expert stacks")
+                   help="Qwen3.5 MoE, Gemma 4: dtype of the expert stacks")
     p.add_argument("--dense-dtype", default="f32", choices=["f32", "bf16", "q8_0"],
-                   help="Qwen3.5 MoE: dtype of the dense weights")
+                   help="Qwen3.5 MoE, Gemma 4: dtype of the dense weights")
     p.add_argument("--dtype", default="keep", choices=["keep", "f32", "bf16", "q8_0"],
                    help="generic checkpoints (no known architecture): keep each tensor's dtype, or convert "
                    "floats as llama.cpp's --outtype would (q8_0: 2-D weights whose rows are whole 32-blocks)")

@@ -11,7 +11,11 @@ A family is a module (one folder under ``hf2q/models/``) that declares:
   :func:`hf2q.loader.execute`, returning a :class:`~hf2q.model.LoadedModel`;
 - ``inspect_checkpoint(ckpt, *, config, **options)``: the plan's numbers
   (``gpu_resident_bytes``, ``device_dtypes`` by tensor, family fields),
-  reading no tensor bytes.
+  reading no tensor bytes;
+- optionally, for a family whose models can be a speculative drafter's
+  target (:mod:`hf2q.pairs`): ``plan_checkpoint(ckpt, *, config, **options)``
+  (the plan, no bytes read) and ``target_heads(plan)`` (where the embedding
+  and LM head are, and the numbers a drafter must match).
 
 :func:`detect` asks the families in :data:`FAMILIES` order; ``generic``
 recognises everything and is asked last. :func:`load` reads ``config.json``
@@ -59,6 +63,7 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("dflash", "hf2q.models.dflash", "DFlash block-diffusion drafters"),
     Family("qwen35moe", "hf2q.models.qwen35", "Qwen3.5 / Qwen3.6 MoE (experts in Q8_0 at load time)"),
+    Family("gemma4", "hf2q.models.gemma4", "Gemma 4 text models, MoE and dense (experts in Q8_0 at load time)"),
     Family("generic", "hf2q.models.generic", "any safetensors checkpoint, its own tensor names"),
 )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 from ...device import Buffer, Device
 from ...errors import ConfigError
@@ -61,6 +61,12 @@ class DFlashModelTensors(LoadedModel):
     raw BF16 copies of the file's bytes, the six RMSNorm kinds are F32."""
 
     family = "dflash"
+    #: Bound to a target (:mod:`hf2q.pairs`): the target's embedding and LM
+    #: head buffers, the target and the pair; None for a drafter loaded alone.
+    embed_tokens: Buffer | None = None
+    lm_head: Buffer | None = None
+    target: LoadedModel | None = None
+    pair: Any = None
 
     def __init__(self, device: Device, config: DFlashConfig, fc: Buffer, hidden_norm: Buffer,
                  final_norm: Buffer, layers: list[DFlashLayerTensors]) -> None:
@@ -116,10 +122,18 @@ class DFlashModelTensors(LoadedModel):
 
 
 def load(path: PathLike, device: Device | None = None, progress: bool = True,
-         config: DFlashConfig | None = None) -> DFlashModelTensors:
+         config: DFlashConfig | None = None, *, target: LoadedModel | None = None) -> DFlashModelTensors:
     """Validate a DFlash drafter checkpoint (file or directory with
     ``config.json``) and make it resident on ``device`` (default:
-    :meth:`hf2q.Device.default`). ``model.summary`` holds the load summary."""
+    :meth:`hf2q.Device.default`). ``model.summary`` holds the load summary.
+
+    ``target``: a loaded target model (Qwen3.5/3.6 MoE, Gemma 4) to bind the
+    drafter to — checked first, then ``embed_tokens`` / ``lm_head`` are the
+    target's own buffers (see :mod:`hf2q.pairs`)."""
+    if target is not None:
+        from ...pairs import bind
+
+        return bind(path, target, device, progress=progress, config=config)
     dev = device if device is not None else Device.default()
     with DFlashWeights.load(path, config) as weights:
         return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress)

@@ -190,3 +190,20 @@ def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Qwen35Conf
     if config is None:
         return Qwen35Config.from_file(ckpt.directory / "config.json")
     return Qwen35Config.from_dict(config, source=str(ckpt.directory / "config.json"))
+
+
+# (hf2q.pairs: where a speculative drafter finds this model's embedding and LM head)
+def plan_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, expert_dtype: str = "q8_0",
+                    dense_dtype: str = "f32", mtp: bool | None = None) -> Qwen35Plan:
+    """The plan of an open checkpoint and its parsed ``config.json``, reading no tensor bytes."""
+    return plan_qwen35_moe(ckpt, _config_of(ckpt, config), dense_dtype=dense_dtype, expert_dtype=expert_dtype,
+                           mtp=mtp)
+
+
+def target_heads(plan: Qwen35Plan) -> dict[str, Any]:
+    """``token_embd.weight``; the LM head is ``output.weight``, or the embedding when tied."""
+    cfg = plan.config
+    return {"embedding": "token_embd.weight", "lm_head": "token_embd.weight" if plan.tied_output else "output.weight",
+            "tied": plan.tied_output, "declared_tied": cfg.tie_word_embeddings, "hidden_size": cfg.hidden_size,
+            "vocab_size": cfg.vocab_size, "embedding_rows": plan["token_embd.weight"].shape[0],
+            "num_layers": cfg.num_hidden_layers}
