@@ -86,7 +86,7 @@ def _check_load(loader, what: str, files: dict, **kwargs) -> None:
             _rewrite(files)
             return ck
 
-        mod = sys.modules["hf2q.models.dflash" if "dflash" in what else "hf2q.models.qwen35_load"]
+        mod = sys.modules["hf2q.models.dflash.manifest" if "dflash" in what else "hf2q.models.qwen35.load"]
         mod.open_checkpoint = open_then_rewrite
     try:
         model = loader(_DIR, device=_DEV, progress=False, **kwargs)

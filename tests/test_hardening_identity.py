@@ -20,8 +20,10 @@ import hf2q
 from hf2q import dflash, qwen35
 from hf2q.device import Device, FileReadError
 from hf2q.errors import SafetensorsError
-from hf2q.models import dflash as dflash_mod
-from hf2q.models import qwen35_load
+import importlib
+
+dflash_mod = importlib.import_module("hf2q.models.dflash.manifest")  # where each loader opens its checkpoint
+qwen35_load = importlib.import_module("hf2q.models.qwen35.load")
 from hf2q.testing import make_dflash_checkpoint, make_qwen35_moe_checkpoint
 
 # Linux file timestamps come from a coarse clock (one tick, 1-10 ms): a write

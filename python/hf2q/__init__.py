@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import PackageNotFoundError, version as _pkg_version
 
-from . import _core, ops, reference
+from . import _core, formats, ops, reference
 from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
 from .safetensors import open_checkpoint
-from . import dflash, qwen35, safetensors  # noqa: E402  (model loaders: hf2q.dflash.load, hf2q.qwen35.load)
+from . import dflash, gemma4, qwen35, safetensors  # noqa: E402  (model loaders: hf2q.dflash.load, hf2q.qwen35.load, ...)
 from .errors import (
     ConfigError,
     DeviceError,
@@ -28,6 +29,18 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+unknown"
 
 
+def load(path: "str | os.PathLike[str]", device: Device | None = None, *, family: str | None = None,
+         progress: bool = True, **options: object) -> object:
+    """Load any checkpoint with the model family its ``config.json`` names
+    (DFlash drafter, Qwen3.5/3.6 MoE, else ``generic``: its own tensor names);
+    ``family`` forces one. ``options`` go to the family's loader: ``dtype``
+    (generic: ``keep``/``f32``/``bf16``/``q8_0``), ``expert_dtype`` /
+    ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). See :mod:`hf2q.models`."""
+    from . import models
+
+    return models.load(path, device, family=family, progress=progress, **options)
+
+
 def get_num_threads() -> int:
     """Threads the native kernels use (the calling thread included)."""
     return int(_core.get_num_threads())
@@ -45,6 +58,8 @@ def set_num_threads(n: int) -> None:
 
 __all__ = [
     "__version__",
+    "load",
+    "formats",
     "ops",
     "reference",
     "Device",
@@ -55,6 +70,7 @@ __all__ = [
     "register_weight_buffer",
     "open_checkpoint",
     "dflash",
+    "gemma4",
     "qwen35",
     "safetensors",
     "get_num_threads",

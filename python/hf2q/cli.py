@@ -14,35 +14,11 @@ from .errors import CacheError, ConfigError, Hf2qError
 
 
 def detect_architecture(path: Path) -> str:
-    """``"dflash"``, ``"qwen35moe"`` or ``"safetensors"`` (no config.json),
-    read from the checkpoint's ``config.json``."""
-    from .errors import parse_config_json, read_config_text
+    """The registry name of the family that loads the checkpoint at ``path``
+    (``"dflash"``, ``"qwen35moe"``, else ``"generic"``), from its ``config.json``."""
+    from .models import detect, read_config
 
-    try:
-        directory = path if path.is_dir() else path.parent
-        cfg_path = directory / "config.json"
-        if not os.path.lexists(cfg_path):
-            return "safetensors"
-    except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror or e}") from None
-    # Non-blocking, regular files only, size-capped; bounded JSON.
-    cfg = parse_config_json(read_config_text(cfg_path)[1], f"{cfg_path}: cannot read config.json")
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{cfg_path}: config.json is not a JSON object")
-    archs = cfg.get("architectures") or []
-    if isinstance(archs, str):
-        archs = [archs]
-    archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-    model_types = {m for m in (cfg.get("model_type"), text.get("model_type")) if isinstance(m, str)}
-    if "DFlashDraftModel" in archs or "dflash_config" in cfg:
-        return "dflash"
-    if model_types & {"qwen3_5_moe", "qwen3_5_moe_text"} or any("Qwen3_5Moe" in str(a) for a in archs):
-        return "qwen35moe"
-    raise ConfigError(
-        f"{cfg_path}: unsupported architecture (architectures={archs}, model_type={cfg.get('model_type')!r}); "
-        "hf2q loads DFlash drafters and Qwen3.5/3.6 MoE models"
-    )
+    return detect(read_config(path)[1]).name
 
 
 def _human(n: float) -> str:
@@ -54,33 +30,27 @@ def _human(n: float) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from . import models
     from .safetensors import open_checkpoint
 
     path = Path(args.path)
-    arch = detect_architecture(path)
-    with open_checkpoint(path) as ckpt:
+    _, config = models.read_config(path)  # read once, handed to the family
+    with open_checkpoint(path) as ckpt:  # headers parsed once
         rows = [
             {"name": n, "dtype": ckpt[n].dtype, "shape": list(ckpt[n].shape), "bytes": ckpt[n].nbytes}
             for n in ckpt.keys()
         ]
         total = ckpt.total_data_bytes()
         files = [str(getattr(f, 'path', f)) for f in ckpt.files]
+        fam, plan = models.inspect(ckpt, config, **_family_options(args))
+    arch = fam.name
     report: dict[str, Any] = {"path": str(path), "architecture": arch, "files": files, "tensors": len(rows),
                               "data_bytes": total}
-    if arch == "dflash":
-        from .models.dflash import DFlashConfig, DFlashWeights
-
-        cfg = DFlashConfig.from_file((path if path.is_dir() else path.parent) / "config.json")
-        with DFlashWeights.load(path, cfg) as w:
-            report["gpu_resident_bytes"] = w.gpu_resident_bytes()
-            device_dtypes = {t.entry.name: t.entry.device_dtype for t in w}
+    device_dtypes = plan.pop("device_dtypes", None)
+    report.update(plan)
+    if device_dtypes is not None:
         for r in rows:
             r["device_dtype"] = device_dtypes.get(r["name"])
-    elif arch == "qwen35moe":
-        from . import qwen35
-
-        plan = qwen35.inspect(path)
-        report.update(plan)
     report["tensor_list"] = rows
     if args.json:
         print(json.dumps(report, indent=2))
@@ -129,27 +99,53 @@ def _print_summary(summary: Any, as_json: bool, verify: dict[str, Any] | None) -
               f"{verify['groups']:,} checksum groups equal ({verify['seconds']:.2f} s)")
 
 
+def _family_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The family options given on the command line (the registry passes each
+    family only the ones it takes)."""
+    return {k: getattr(args, k) for k in ("expert_dtype", "dense_dtype", "dtype") if getattr(args, k, None) is not None}
+
+
 def _load(path: Path, device: Any, progress: bool, args: argparse.Namespace) -> Any:
-    arch = detect_architecture(path)
-    if arch == "dflash":
-        from . import dflash
+    from . import models
 
-        return dflash.load(path, device=device, progress=progress)
-    if arch == "qwen35moe":
-        from . import qwen35
-
-        return qwen35.load(path, device=device, progress=progress, expert_dtype=args.expert_dtype,
-                           dense_dtype=args.dense_dtype)
     if not path.exists():
         raise ConfigError(f"{path}: no such file or directory")
-    raise ConfigError(f"{path}: no config.json, so the model architecture is unknown")
+    _, config = models.read_config(path)
+    fam = models.detect(config)
+    opts = {k: v for k, v in _family_options(args).items() if k in fam.options}
+    return models.load_with(path, config, fam, device, progress=progress, **opts)  # config.json read once
 
 
 def cmd_load(args: argparse.Namespace) -> int:
     device = _device(args.device)
+    if args.drafter:
+        return _load_pair(args, device)
     model = _load(Path(args.path), device, not args.json and not args.no_progress, args)
     verify = model.verify() if args.verify else None
     _print_summary(model.summary, args.json, verify)
+    return 0
+
+
+def _load_pair(args: argparse.Namespace, device: Any) -> int:
+    """``hf2q load TARGET --drafter DRAFTER``: both halves checked, then
+    loaded as a bound pair (hf2q.pairs); prints both summaries and the pair's."""
+    from . import models, pairs
+
+    path = Path(args.path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or directory")
+    fam = models.detect(models.read_config(path)[1])
+    opts = {k: v for k, v in _family_options(args).items() if k in fam.options}
+    pair = pairs.load_pair(path, args.drafter, device, progress=not args.json and not args.no_progress, **opts)
+    verify = pair.verify() if args.verify else None
+    if args.json:
+        out = {"target": pair.target.summary.as_dict(), "drafter": pair.drafter.summary.as_dict(),
+               "pair": pair.summary(), **({"verify": verify} if verify else {})}
+        print(json.dumps(out, indent=2))
+        return 0
+    _print_summary(pair.target.summary, False, None)
+    print()
+    _print_summary(pair.drafter.summary, False, verify)
     return 0
 
 
@@ -210,34 +206,42 @@ def _fill_demo_cache(base: Path, target: Path, config: str | None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from . import __version__, _core
 
     parser = argparse.ArgumentParser(
         prog="hf2q",
         description="HuggingFace safetensors checkpoints to inference-ready weights in device memory.",
     )
     parser.add_argument("--version", action="version", version=f"hf2q {__version__}")
+    devices = ["auto", *_core.backend_kinds()]  # the native backend registry
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("inspect", help="list a checkpoint's tensors, dtypes, shapes and bytes")
     p.add_argument("path", help="safetensors file or checkpoint directory")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--dtype", default="keep", choices=["keep", "f32", "bf16", "q8_0"],
+                   help="generic checkpoints: the dtype policy whose device dtypes to show")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("load", help="validate a checkpoint and make it resident on a device")
     p.add_argument("path", help="checkpoint directory (with config.json) or safetensors file")
-    p.add_argument("--device", choices=["auto", "host", "metal", "cuda"], default="auto")
+    p.add_argument("--device", choices=devices, default="auto")
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.add_argument("--verify", action="store_true", help="read every buffer back through the device")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--drafter", metavar="DRAFTER", help="a DFlash drafter to load bound to this target "
+                   "(its embedding and LM head become the target's buffers)")
     p.add_argument("--expert-dtype", default="q8_0", choices=["q8_0", "bf16", "f32"],
-                   help="Qwen3.5 MoE: dtype of the expert stacks")
+                   help="Qwen3.5 MoE, Gemma 4: dtype of the expert stacks")
     p.add_argument("--dense-dtype", default="f32", choices=["f32", "bf16", "q8_0"],
-                   help="Qwen3.5 MoE: dtype of the dense weights")
+                   help="Qwen3.5 MoE, Gemma 4: dtype of the dense weights")
+    p.add_argument("--dtype", default="keep", choices=["keep", "f32", "bf16", "q8_0"],
+                   help="generic checkpoints (no known architecture): keep each tensor's dtype, or convert "
+                   "floats as llama.cpp's --outtype would (q8_0: 2-D weights whose rows are whole 32-blocks)")
     p.set_defaults(func=cmd_load)
 
     p = sub.add_parser("demo", help="load a full-size synthetic DFlash drafter (written once to a cache folder)")
-    p.add_argument("--device", choices=["auto", "host", "metal", "cuda"], default="auto")
+    p.add_argument("--device", choices=devices, default="auto")
     p.add_argument("--cache-dir", help="folder that keeps the synthetic checkpoint, in a sub-folder "
                    "(default $HF2Q_CACHE or ~/.cache/hf2q)")
     p.add_argument("--json", action="store_true")
