@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from stat import S_ISREG as _S_ISREG
 import threading
 import time
 from dataclasses import dataclass
@@ -516,9 +517,9 @@ class Device:
             raise ValueError("file_offset and nbytes must be >= 0")
         with _opened(file) as fd:
             before = _fd_identity(file, fd)
-            if before is not None and before.size - file_offset < nbytes:
+            if before is not None and before[2] - file_offset < nbytes:
                 raise _file_error(file, name, f"unexpected end of file: {nbytes} bytes at offset {file_offset} run "
-                                  f"past the end of the {before.size}-byte file (file truncated or rewritten?)", "FileTruncated")
+                                  f"past the end of the {before[2]}-byte file (file truncated or rewritten?)", "FileTruncated")
             try:
                 result = self._native.read_file(buf._native, int(offset), fd, int(file_offset), int(nbytes), src_dtype,
                                                 bool(check_finite))
@@ -700,18 +701,15 @@ def _for(name: str | None) -> str:
     return f" for '{name}'" if name else ""
 
 
-def _fd_identity(file: PathOrFd, fd: int) -> Any:
-    """The identity of a regular file behind ``fd`` (None for a borrowed fd
-    of another kind: a pipe's reads fail on their own)."""
-    from ._files import FileIdentity
-
+def _fd_identity(file: PathOrFd, fd: int) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, mtime) of a regular file behind ``fd`` (None
+    for a borrowed fd of another kind: a pipe's reads fail on their own).
+    A plain tuple: called twice per file read, so kept cheap."""
     try:
         st = os.fstat(fd)
     except OSError:
         return None  # a bad fd: the read reports it
-    import stat as _stat
-
-    return FileIdentity.of(st) if _stat.S_ISREG(st.st_mode) else None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if _S_ISREG(st.st_mode) else None
 
 
 def _describe(file: PathOrFd) -> str:

@@ -452,6 +452,7 @@ class SafetensorsFile:
 
     def _init(self, spath: str, st: os.stat_result) -> None:
         self._identity = FileIdentity.of(st)
+        self._identity_key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         size = st.st_size
         if size < 8:
             raise _err(HEADER_TOO_SMALL, spath, f"file is {size} bytes, shorter than the 8-byte header length")
@@ -576,9 +577,12 @@ class SafetensorsFile:
         read."""
         self._check_open()
         try:
-            now = FileIdentity.of(os.fstat(self._fd))
+            st = os.fstat(self._fd)
         except OSError as e:  # pragma: no cover - fstat of an open fd
             raise SafetensorsError(f"{self._path}: {IO_ERROR}: fstat: {e}", code=IO_ERROR, path=str(self._path)) from None
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == self._identity_key:
+            return  # the common case, kept cheap (twice per tensor in a load)
+        now = FileIdentity.of(st)
         changed = self._identity.differences(now)
         if changed:
             code = FILE_TRUNCATED if now.size < self._identity.size else FILE_CHANGED
