@@ -1,13 +1,17 @@
-"""hf2q: HuggingFace safetensors checkpoints to inference-ready weights in device memory."""
+"""hf2q: HuggingFace safetensors checkpoints to inference-ready weights in device memory.
+
+``import hf2q`` is kept cheap (users run one load per process): the native
+core, the readers and the model loaders are imported on first use
+(``hf2q.Device``, ``hf2q.dflash``, ...), not at import (PEP 562).
+"""
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version as _pkg_version
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from . import _core, ops, reference
-from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
-from .safetensors import open_checkpoint
-from . import dflash, qwen35, safetensors  # noqa: E402  (model loaders: hf2q.dflash.load, hf2q.qwen35.load)
+from ._env import EnvVarWarning, check_environment
+from ._version import __version__
 from .errors import (
     ConfigError,
     DeviceError,
@@ -22,14 +26,54 @@ from .errors import (
     ShapeMismatchError,
 )
 
-try:
-    __version__ = _pkg_version("hf2q")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+unknown"
+if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
+    from . import _core, dflash, hub, ops, qwen35, reference, safetensors, testing
+    from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
+    from .hub import HubError, RepoNotCachedError
+    from .safetensors import open_checkpoint
+
+check_environment()
+
+#: attribute -> (module, attribute in it or None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "_core": ("hf2q._core", None),
+    "ops": ("hf2q.ops", None),
+    "reference": ("hf2q.reference", None),
+    "dflash": ("hf2q.dflash", None),
+    "qwen35": ("hf2q.qwen35", None),
+    "safetensors": ("hf2q.safetensors", None),
+    "hub": ("hf2q.hub", None),
+    "testing": ("hf2q.testing", None),
+    "Device": ("hf2q.device", "Device"),
+    "Buffer": ("hf2q.device", "Buffer"),
+    "Residency": ("hf2q.device", "Residency"),
+    "VerifyReport": ("hf2q.device", "VerifyReport"),
+    "FileReadError": ("hf2q.device", "FileReadError"),
+    "register_weight_buffer": ("hf2q.device", "register_weight_buffer"),
+    "open_checkpoint": ("hf2q.safetensors", "open_checkpoint"),
+    "HubError": ("hf2q.hub", "HubError"),
+    "RepoNotCachedError": ("hf2q.hub", "RepoNotCachedError"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'hf2q' has no attribute {name!r}")
+    module = importlib.import_module(target[0])
+    value = module if target[1] is None else getattr(module, target[1])
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def get_num_threads() -> int:
     """Threads the native kernels use (the calling thread included)."""
+    from . import _core
+
     return int(_core.get_num_threads())
 
 
@@ -40,6 +84,8 @@ def set_num_threads(n: int) -> None:
         raise TypeError(f"number of threads must be an int, got {type(n).__name__}")
     if not 1 <= n <= 1024:
         raise ValueError(f"number of threads must be in [1, 1024], got {n}")
+    from . import _core
+
     _core.set_num_threads(n)
 
 
@@ -57,6 +103,8 @@ __all__ = [
     "dflash",
     "qwen35",
     "safetensors",
+    "hub",
+    "testing",
     "get_num_threads",
     "set_num_threads",
     "Hf2qError",
@@ -70,4 +118,7 @@ __all__ = [
     "DtypeMismatchError",
     "ShapeMismatchError",
     "DeviceError",
+    "HubError",
+    "RepoNotCachedError",
+    "EnvVarWarning",
 ]

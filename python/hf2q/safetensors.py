@@ -176,7 +176,7 @@ class TensorInfo:
 
 def _err(code: str, path: str, reason: str, tensor: str | None = None) -> SafetensorsError:
     where = f" (tensor '{tensor}')" if tensor is not None else ""
-    return SafetensorsError(f"{path}: {code}: {reason}{where}", code=code, path=path, tensor=tensor)
+    return SafetensorsError(f"{path}: {reason}{where}", code=code, path=path, tensor=tensor)
 
 
 # ----------------------------------------------------------------------------- JSON
@@ -451,11 +451,11 @@ def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -
             continue
         except OSError as e:
             raise SafetensorsError(
-                f"{path}: {IO_ERROR}: reading {what} at offset {offset + pos}: {e}", code=IO_ERROR, path=path
+                f"{path}: reading {what} at offset {offset + pos}: {e}", code=IO_ERROR, path=path
             ) from e
         if got == 0:
             raise SafetensorsError(
-                f"{path}: {FILE_TRUNCATED}: file shrank/truncated: end of file at byte {offset + pos} while reading "
+                f"{path}: file shrank/truncated: end of file at byte {offset + pos} while reading "
                 f"{what} (bytes {offset}..{offset + total})",
                 code=FILE_TRUNCATED,
                 path=path,
@@ -496,7 +496,7 @@ class SafetensorsFile:
             flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
             fd = os.open(spath, flags)  # O_NONBLOCK: a FIFO must not block the open
         except OSError as e:
-            raise SafetensorsError(f"{spath}: {IO_ERROR}: cannot open: {e.strerror or e}", code=IO_ERROR, path=spath) from e
+            raise SafetensorsError(f"{spath}: cannot open: {e.strerror or e}", code=IO_ERROR, path=spath) from e
         self._fd = fd
         self._finalizer = weakref.finalize(self, os.close, fd)
         try:
@@ -508,7 +508,7 @@ class SafetensorsFile:
     def _init(self, spath: str) -> None:
         st = os.fstat(self._fd)
         if not stat.S_ISREG(st.st_mode):
-            raise SafetensorsError(f"{spath}: {NOT_A_FILE}: not a regular file", code=NOT_A_FILE, path=spath)
+            raise SafetensorsError(f"{spath}: not a regular file", code=NOT_A_FILE, path=spath)
         size = st.st_size
         if size < 8:
             raise _err(HEADER_TOO_SMALL, spath, f"file is {size} bytes, shorter than the 8-byte header length")
@@ -516,10 +516,12 @@ class SafetensorsFile:
         _pread_exact(self._fd, memoryview(prefix), 0, spath, "the header length")
         n = int.from_bytes(prefix, "little")
         if n > MAX_HEADER_SIZE:
-            raise _err(HEADER_TOO_LARGE, spath, f"header length {n} exceeds the limit of {MAX_HEADER_SIZE} bytes")
+            raise _err(HEADER_TOO_LARGE, spath, f"not a safetensors file: its first 8 bytes give a header length of {n:,}, "
+                       f"over the {MAX_HEADER_SIZE:,}-byte limit")
         if 8 + n > size:
             raise _err(
-                INVALID_HEADER_LENGTH, spath, f"header length {n} runs past the end of the {size}-byte file"
+                INVALID_HEADER_LENGTH, spath, f"not a safetensors file, or a truncated one: its header length {n:,} "
+                f"runs past the end of the {size:,}-byte file"
             )
         header = bytearray(n)
         if n:
@@ -814,7 +816,7 @@ def _open_index(index_path: Path) -> Checkpoint:
         with index_path.open("rb") as fh:
             raw = fh.read(_MAX_INDEX_BYTES + 1)
     except OSError as e:
-        raise SafetensorsError(f"{spath}: {IO_ERROR}: cannot read index: {e.strerror or e}", code=IO_ERROR, path=spath) from e
+        raise SafetensorsError(f"{spath}: cannot read index: {e.strerror or e}", code=IO_ERROR, path=spath) from e
     if len(raw) > _MAX_INDEX_BYTES:
         raise _index_error(INVALID_INDEX, spath, f"index is larger than {_MAX_INDEX_BYTES} bytes")
     try:
@@ -888,9 +890,9 @@ def _open_index(index_path: Path) -> Checkpoint:
                     problems.append((TENSOR_NOT_IN_INDEX, str(f.path), name, f"tensor in this shard {why}"))
         if problems:
             code, ppath, tensor, reason = problems[0]
-            msg = f"{ppath}: {code}: {reason} (tensor '{tensor}')"
+            msg = f"{ppath}: {reason} (tensor '{tensor}')"
             if len(problems) > 1:
-                more = "\n".join(f"  {c}: {p}: tensor '{t}' {r}" for c, p, t, r in problems[1:50])
+                more = "\n".join(f"  {p}: tensor '{t}' {r}" for c, p, t, r in problems[1:50])
                 tail = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
                 msg += f"\n{len(problems) - 1} more problem(s) in checkpoint {spath}:\n{more}{tail}"
             raise SafetensorsError(msg, code=code, path=ppath, tensor=tensor)
@@ -933,12 +935,15 @@ def open_checkpoint(path: PathLike) -> Checkpoint:
             f = open(single)
             return Checkpoint([f], p)
         raise SafetensorsError(
-            f"{p}: {NO_CHECKPOINT}: directory holds neither {INDEX_FILE_NAME} nor {SINGLE_FILE_NAME}",
+            f"{p}: directory holds neither {INDEX_FILE_NAME} nor {SINGLE_FILE_NAME}",
             code=NO_CHECKPOINT,
             path=str(p),
         )
     if not p.exists():
-        raise SafetensorsError(f"{p}: {IO_ERROR}: no such file or directory", code=IO_ERROR, path=str(p))
+        raise SafetensorsError(f"{p}: no such file or directory", code=IO_ERROR, path=str(p))
+    if p.name == "config.json":  # the usual slip: the model's config instead of its folder
+        raise SafetensorsError(f"{p}: this is the model's config; pass its folder: {p.parent}", code=NO_CHECKPOINT,
+                               path=str(p))
     if p.name.endswith(".json"):
         return _open_index(p)
     f = open(p)

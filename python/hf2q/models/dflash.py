@@ -320,6 +320,14 @@ class DFlashConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(f"config must be a JSON object, got {_type_name(d)}")
 
+        archs = d.get("architectures")
+        if "dflash_config" not in d and not (isinstance(archs, list) and "DFlashDraftModel" in archs):
+            # another model's config: say so, not which key it lacks
+            raise ConfigError(
+                f"not a DFlash drafter config (architectures {archs!r}, model_type {d.get('model_type')!r}): "
+                "it has no 'dflash_config'; hf2q.dflash loads DFlash drafters only (`hf2q load` picks the "
+                "loader from config.json)", key="dflash_config")
+
         def req(key: str) -> Any:
             if key not in d:
                 raise ConfigError(f"config is missing required key '{key}'", key=key)
@@ -971,7 +979,7 @@ class DFlashModelTensors:
         model.summary = LoadSummary(
             model="dflash", device=device.kind, tensors=len(bufs),
             resident_bytes=model.gpu_resident_bytes(), data_bytes=weights.total_data_bytes(),
-            seconds=seconds, residency=residency_state(device),
+            seconds=seconds, residency=residency_state(device, bufs.values()),
             extra={"layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size},
         )
         return model
@@ -1031,10 +1039,17 @@ class DFlashModelTensors:
 
 
 def load(path: PathLike, device: Device | None = None, progress: bool = True,
-         config: DFlashConfig | None = None) -> DFlashModelTensors:
+         config: DFlashConfig | None = None, *, revision: str | None = None,
+         download: bool = False) -> DFlashModelTensors:
     """Validate a DFlash drafter checkpoint (file or directory with
-    ``config.json``) and make it resident on ``device`` (default:
-    :meth:`hf2q.Device.default`). ``model.summary`` holds the load summary."""
+    ``config.json``, or a Hugging Face repo id in the local cache: see
+    :func:`hf2q.hub.resolve` for ``revision`` and ``download``) and make it
+    resident on ``device`` (default: :meth:`hf2q.Device.default`).
+    ``model.summary`` holds the load summary; ``progress`` draws a bar on a
+    terminal only."""
+    from ..hub import resolve
+
+    path = resolve(path, revision, download=download)
     dev = device if device is not None else Device.default()
     with DFlashWeights.load(path, config) as weights:
         return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator, Union
 
 import numpy as np
@@ -171,7 +170,8 @@ def _materialize(device: Device, ckpt: Checkpoint, cfg: Qwen35Config, pt: Planne
 
 
 def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-         progress: bool = True, mtp: bool | None = None) -> Qwen35Model:
+         progress: bool = True, mtp: bool | None = None, *, revision: str | None = None,
+         download: bool = False) -> Qwen35Model:
     """Load a Qwen3.5/3.6 MoE checkpoint (directory with ``config.json``,
     single-file or sharded) into inference-ready device buffers.
 
@@ -180,8 +180,12 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     same tensors are quantized as by ``convert_hf_to_gguf.py --outtype q8_0``)
     to the other matrices; norms, ``ssm_*`` and routers stay F32. ``mtp``:
     keep (None: when present), require (True) or drop (False) the MTP block.
-    On any failure every buffer allocated so far is freed."""
-    path = Path(path)
+    On any failure every buffer allocated so far is freed. ``path`` may be a
+    Hugging Face repo id in the local cache (``revision``, ``download``: see
+    :func:`hf2q.hub.resolve`)."""
+    from ..hub import resolve
+
+    path = resolve(path, revision, download=download)
     dev = device if device is not None else Device.default()
     t0 = time.perf_counter()
     with open_checkpoint(path) as ckpt:
@@ -216,16 +220,20 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     model.summary = LoadSummary(
         model="qwen35moe", device=dev.kind, tensors=len(bufs), resident_bytes=model.gpu_resident_bytes(),
         data_bytes=sum(pt.source_nbytes for pt in plan), seconds=time.perf_counter() - t0,
-        residency=residency_state(dev),
+        residency=residency_state(dev, bufs.values()),
         extra={"blocks": plan.n_blocks, "experts": cfg.num_experts, "expert_dtype": expert_dtype,
                "dense_dtype": dense_dtype, "skipped_tensors": len(plan.skipped)},
     )
     return model
 
 
-def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0") -> dict[str, Any]:
-    """The load plan of a checkpoint, without reading tensor bytes."""
-    with open_checkpoint(Path(path)) as ckpt:
+def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
+            revision: str | None = None) -> dict[str, Any]:
+    """The load plan of a checkpoint (or cached Hugging Face repo id), without
+    reading tensor bytes."""
+    from ..hub import resolve
+
+    with open_checkpoint(resolve(path, revision)) as ckpt:
         cfg = Qwen35Config.from_file(ckpt.directory / "config.json")
         plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
     return {
