@@ -156,7 +156,7 @@ assert m.gpu_resident_bytes() > 0
 
 _FRESH_PEER = """
 import sys
-import numpy as np
+import numpy as np, ml_dtypes  # ml_dtypes: numpy's bfloat16, which load_file needs
 from safetensors.numpy import load_file
 d = load_file(sys.argv[1])
 for k in list(d):
