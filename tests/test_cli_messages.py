@@ -233,3 +233,16 @@ def test_summary_text_units_and_seconds(capsys: pytest.CaptureFixture[str], tiny
     assert re.search(r"^residency: +25 of the model's buffers in the residency set, [\d.]+ kB allocated", out, re.M)
     assert re.search(r"^verify: .*\(\d+\.\d\d s\)$", out, re.M)
     assert "MiB" not in out and "KiB" not in out
+
+
+def test_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from safetensors.numpy import save_file
+
+    f = tmp_path / "many.safetensors"  # enough tensors that the listing overflows the pipe
+    save_file({f"t{i:05d}.weight": np.zeros(1, np.float32) for i in range(4000)}, str(f))
+    p = subprocess.run(f"'{sys.executable}' -m hf2q inspect '{f}' | head -1", shell=True, capture_output=True,
+                       text=True, timeout=120)
+    assert p.stdout.startswith(str(f)) and p.stderr == ""

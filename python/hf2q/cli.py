@@ -455,6 +455,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = bool(getattr(args, "json", False))
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # `hf2q inspect ... | head`: the reader left; say nothing
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the exit-time flush does not fail again
+        return 1
     except (Hf2qError, UsageError, OSError) as e:
         return report_error(args.command, e, as_json)
     except KeyboardInterrupt:
