@@ -30,12 +30,13 @@ _INT = re.compile(r"^[ \t\n\v\f\r]*[+-]?[0-9]+$")
 
 #: flag -> what stays in effect when its value is neither 1 nor 0.
 FLAGS: dict[str, str] = {
-    "HF2Q_NO_RESIDENCY": "residency stays on",
-    "HF2Q_FORCE_SCALAR": "the SIMD kernels stay on",
-    "HF2Q_NO_PROGRESS": "progress bars stay on",
+    "HF2Q_NO_RESIDENCY": "residency stays on (HF2Q_NO_RESIDENCY=1 turns it off)",
+    "HF2Q_FORCE_SCALAR": "the SIMD kernels stay on (HF2Q_FORCE_SCALAR=1 forces the scalar ones)",
+    "HF2Q_NO_PROGRESS": "progress bars stay on (HF2Q_NO_PROGRESS=1 turns them off)",
 }
 
 _warned: set[str] = set()
+_registry: dict = {}
 
 
 class EnvVarWarning(UserWarning):
@@ -47,7 +48,9 @@ def _warn_once(name: str, message: str) -> None:
     if name in _warned:
         return
     _warned.add(name)
-    warnings.warn(message, EnvVarWarning, stacklevel=3)
+    # One line, "hf2q:0: EnvVarWarning: ...": the cause is the environment,
+    # not a line of anyone's code, so no source location is shown.
+    warnings.warn_explicit(message, EnvVarWarning, filename="hf2q", lineno=0, module="hf2q", registry=_registry)
 
 
 def default_num_threads() -> int:
@@ -66,8 +69,8 @@ def env_flag(name: str) -> bool:
         return False
     if raw == "1":
         return True
-    what = FLAGS.get(name, "it stays off")
-    _warn_once(name, f"{name}={raw!r} is not 1 or 0; {what} (set {name}=1 to switch it on)")
+    what = FLAGS.get(name, f"it stays off ({name}=1 turns it on)")
+    _warn_once(name, f"{name}={raw!r} is not 1 or 0; {what}")
     return False
 
 
