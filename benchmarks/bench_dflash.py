@@ -192,8 +192,11 @@ def fresh_process(args: argparse.Namespace) -> int:
         while f.readinto(chunk):
             pass
     del chunk
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF2Q_")}
-    env.update({"HF2Q_NO_PROGRESS": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    # Bytecode caches as after any install: the warm-up round writes the .pyc
+    # files an installed package has (PYTHONDONTWRITEBYTECODE would have every
+    # process compile an editable install's sources again).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF2Q_") and k != "PYTHONDONTWRITEBYTECODE"}
+    env["HF2Q_NO_PROGRESS"] = "1"
     py = sys.executable
     cases = {
         "ours": [py, "-c", _FRESH_OURS, str(ckpt)],
