@@ -45,6 +45,7 @@ def test_readme_python_blocks_run(tmp_path: Path) -> None:
     script.write_text(code, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF2Q_")}
     env["HF2Q_NUM_THREADS"] = "2"
+    env["TMPDIR"] = str(tmp_path)  # the README's tempfile.mkdtemp() lands here
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env=env)
     assert p.returncode == 0, p.stderr
