@@ -90,6 +90,16 @@ def test_import_keeps_heavy_modules_off_the_path() -> None:
     assert loaded == "[]" and version and ok == "True"
 
 
+def test_a_drafter_load_imports_only_what_it_needs(tmp_path: Path) -> None:
+    d = make_dflash_checkpoint(tmp_path / "d", "tiny")
+    p = py("import sys, hf2q\n"
+           f"m = hf2q.dflash.load({str(d)!r}, hf2q.Device('host'))\n"
+           "print([k for k in ('tqdm', 'safetensors', 'huggingface_hub', 'importlib.metadata', 'hf2q.qwen35',\n"
+           "                   'hf2q.models.qwen35_plan', 'hf2q.testing') if k in sys.modules])")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
+
+
 def test_lazy_attributes_and_dir() -> None:
     import hf2q
 
