@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from hf2q import dflash
 from hf2q.dflash import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_ROPE_THETA,
     DRAFTER_CONFIGS,
     GEMMA4_26B_A4B_DRAFTER_CONFIG,
     QWEN36_27B_DRAFTER_CONFIG,
@@ -173,6 +175,9 @@ def test_rope_theta_fallbacks() -> None:
     c = DFlashConfig.from_dict(d)
     assert c.rope_theta == 456.0 and c.rope_scaling is not None and c.rope_scaling["factor"] == 64
     d["rope_scaling"] = None
+    # stated nowhere: the converter's value (transformers' Qwen3Config default)
+    assert DFlashConfig.from_dict(d).rope_theta == DEFAULT_ROPE_THETA == 10000.0
+    d["rope_theta"] = "1e6"  # a stated value is still checked
     e = config_error(d)
     assert e.key == "rope_theta" and "rope_theta" in str(e)
 
@@ -201,8 +206,10 @@ def test_block_size_resolution() -> None:
     del d["block_size"]
     assert DFlashConfig.from_dict(d).block_size == 8
     del d["dflash_config"]["block_size"]
-    e = config_error(d)
-    assert e.key == "block_size" and "block_size" in str(e)
+    # stated nowhere: llama.cpp's converter (and z-lab's model) use 16
+    assert DFlashConfig.from_dict(d).block_size == DEFAULT_BLOCK_SIZE == 16
+    d["dflash_config"]["block_size"] = 1  # a stated value is still checked (rule 3)
+    assert config_error(d).rule == 3
 
 
 def test_original_rust_revision_only_and_yarn_copy() -> None:

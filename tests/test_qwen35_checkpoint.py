@@ -188,18 +188,34 @@ def _saved_specs(path) -> dict:
 
 
 def _tiny_text_kwargs() -> dict:
-    return {k: v for k, v in TINY_TEXT_CONFIG.items() if k != "model_type"}
+    """TINY_TEXT_CONFIG as constructor arguments, without the mrope_section
+    that real text-only configs do not carry: what reaches config.json is
+    transformers' own choice (it writes no mrope_section), never a field
+    added by hand."""
+    kw = {k: v for k, v in TINY_TEXT_CONFIG.items() if k != "model_type"}
+    kw["rope_parameters"] = {k: v for k, v in kw["rope_parameters"].items() if k != "mrope_section"}
+    return kw
+
+
+def _assert_no_mrope_section(path) -> None:
+    assert "mrope_section" not in (path / "config.json").read_text()
 
 
 def test_transformers_causal_lm_plan_covers_every_tensor(tmp_path) -> None:
     tf = _transformers_qwen35()
     model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**_tiny_text_kwargs()))
     model.save_pretrained(tmp_path, safe_serialization=True)
+    _assert_no_mrope_section(tmp_path)
     specs = _saved_specs(tmp_path)
     cfg = Qwen35Config.from_file(tmp_path)
+    assert cfg.mrope_section_gguf == (11, 11, 10, 0)  # llama.cpp's default, unchecked
     plan = plan_qwen35_moe(specs, cfg)
     assert plan.source_names() | set(plan.skipped) == set(specs)
     assert plan.mtp_layers == 0 and len(plan) == 76  # transformers saves no MTP
+    from hf2q import Device, qwen35
+
+    loaded = qwen35.load(tmp_path, device=Device._isolated("host"), progress=False)
+    assert len(loaded) == 76
 
 
 def test_transformers_conditional_generation_plan(tmp_path) -> None:
@@ -209,7 +225,9 @@ def test_transformers_conditional_generation_plan(tmp_path) -> None:
               "num_position_embeddings": 16}
     config = tf.Qwen3_5MoeConfig(text_config=_tiny_text_kwargs(), vision_config=vision)
     model = tf.Qwen3_5MoeForConditionalGeneration(config)
-    model.save_pretrained(tmp_path, safe_serialization=True)
+    model.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="200KB")
+    _assert_no_mrope_section(tmp_path)
+    assert (tmp_path / "model.safetensors.index.json").is_file()
     specs = _saved_specs(tmp_path)
     cfg = Qwen35Config.from_file(tmp_path)
     assert cfg.multimodal
@@ -217,3 +235,25 @@ def test_transformers_conditional_generation_plan(tmp_path) -> None:
     assert plan.source_names() | set(plan.skipped) == set(specs)
     assert plan.skipped and all("visual" in n for n in plan.skipped)
     assert len(plan) == 76
+
+
+def test_transformers_still_writes_the_golden_configs(tmp_path) -> None:
+    """The committed golden checkpoints' config.json is what this transformers
+    writes (modulo its version string): catches drift in what the ecosystem
+    writes (regenerate with scripts/make_golden.py)."""
+    tf = _transformers_qwen35()
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "make_golden", Path(__file__).resolve().parent.parent / "scripts" / "make_golden.py")
+    mg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mg)
+    for name in mg.QWEN_VARIANTS:
+        out = tmp_path / name
+        mg.make_qwen(name, out)
+        ours = json.loads((out / "config.json").read_text())
+        golden = json.loads((mg.GOLDEN / name / "hf" / "config.json").read_text())
+        ours.pop("transformers_version", None)
+        golden.pop("transformers_version", None)
+        assert ours == golden, f"{name}: transformers {tf.__version__} writes another config.json"

@@ -99,9 +99,11 @@ def test_missing_field(field: str, multimodal: bool) -> None:
     assert ei.value.field == want  # type: ignore[attr-defined]
 
 
-def test_missing_rope_theta() -> None:
+def test_missing_rope_theta_takes_the_converters_default() -> None:
     d = real()
     del d["text_config"]["rope_parameters"]["rope_theta"]
+    assert Qwen35Config.from_dict(d).rope_theta == 10000.0  # transformers' default, seen by llama.cpp
+    d["text_config"]["rope_parameters"]["rope_theta"] = "1e7"
     with pytest.raises(ConfigError, match="rope_theta"):
         Qwen35Config.from_dict(d)
 

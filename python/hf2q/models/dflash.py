@@ -43,6 +43,9 @@ from ..safetensors import Checkpoint, SafetensorsFile, TensorInfo, open_checkpoi
 from ._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
 
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_MASK_TOKEN_ID",
+    "DEFAULT_ROPE_THETA",
     "DRAFTER_CONFIGS",
     "FULL_ATTENTION",
     "GEMMA4_26B_A4B_DRAFTER_CONFIG",
@@ -75,6 +78,12 @@ FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 _LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION)
 U32_MAX = (1 << 32) - 1
+#: Values used when config.json leaves the field out: those of llama.cpp's
+#: converter (block size 16; rope_theta through transformers' Qwen3Config,
+#: 10000), mask token 0, all layers full attention.
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_ROPE_THETA = 10000.0
+DEFAULT_MASK_TOKEN_ID = 0
 
 #: Per-layer tensor names (after ``layers.{i}.``), in manifest (alphabetical) order.
 LAYER_TENSOR_NAMES: tuple[str, ...] = (
@@ -354,7 +363,7 @@ class DFlashConfig:
             raise _type_error("dflash_config.target_layer_ids", "an array of integers", raw_ids)
         ids = tuple(_as_int(v, f"dflash_config.target_layer_ids[{i}]") for i, v in enumerate(raw_ids))
         mask = dcfg.get("mask_token_id")
-        mask_id = 0 if mask is None else _as_int(mask, "dflash_config.mask_token_id")
+        mask_id = DEFAULT_MASK_TOKEN_ID if mask is None else _as_int(mask, "dflash_config.mask_token_id")
 
         # Optional keys.
         raw_scaling = d.get("rope_scaling")
@@ -393,11 +402,9 @@ class DFlashConfig:
         elif rope_scaling is not None and rope_scaling.get("rope_theta") is not None:
             rope_theta = _as_float(rope_scaling["rope_theta"], "rope_scaling.rope_theta", positive=True)
         else:
-            raise ConfigError(
-                "config is missing required key 'rope_theta' (looked at the root, rope_parameters.rope_theta "
-                "and rope_scaling.rope_theta)",
-                key="rope_theta",
-            )
+            # transformers' Qwen3Config default, which llama.cpp's converter
+            # reads through AutoConfig when no location states it.
+            rope_theta = DEFAULT_ROPE_THETA
 
         # block_size: root, else dflash_config.block_size; both and different -> error.
         root_bs = None if d.get("block_size") is None else _as_int(d["block_size"], "block_size")
@@ -409,10 +416,9 @@ class DFlashConfig:
             )
         block_size = root_bs if root_bs is not None else nested_bs
         if block_size is None:
-            raise ConfigError(
-                "config is missing required key 'block_size' (looked at the root and dflash_config.block_size)",
-                key="block_size",
-            )
+            # Neither location states it: llama.cpp's converter (and z-lab's
+            # DFlashDraftModel) use 16. A default is not checked against anything.
+            block_size = DEFAULT_BLOCK_SIZE
 
         # Scaling: rope_scaling object, else rope_parameters with a non-default rope_type.
         if rope_scaling is None and rope_params is not None and "rope_type" in rope_params:

@@ -13,7 +13,10 @@ The model-independent half of the loader (spec qwen35moe.md):
 from __future__ import annotations
 
 from .qwen35_config import (
+    DEFAULT_FULL_ATTENTION_INTERVAL,
     DEFAULT_MROPE_SECTION,
+    DEFAULT_PARTIAL_ROTARY_FACTOR,
+    DEFAULT_ROPE_THETA,
     FULL_ATTENTION,
     LINEAR_ATTENTION,
     MODEL_TYPES,

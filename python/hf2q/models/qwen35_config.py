@@ -8,11 +8,17 @@ RoPE fields come from ``rope_parameters`` (or ``rope_scaling``), else from the
 text level. A missing, wrongly typed or inconsistent field raises
 :class:`hf2q.ConfigError` naming it.
 
-Defaults are used only where the format itself defines one:
-``full_attention_interval`` 4, ``partial_rotary_factor`` 0.25,
-``mtp_num_hidden_layers`` 0, ``attn_output_gate`` true, ``mrope_section``
-[11, 11, 10] and ``mrope_interleaved`` true (llama.cpp's Qwen3.5 defaults),
-``rope_type`` "default", ``tie_word_embeddings`` false.
+Defaults are the values the reference converter (llama.cpp's
+``convert_hf_to_gguf.py``, which reads the file through transformers'
+``AutoConfig``) uses when the field is absent: ``full_attention_interval`` 4,
+``partial_rotary_factor`` 0.25, ``rope_theta`` 10000, ``mtp_num_hidden_layers``
+0, ``attn_output_gate`` true, ``mrope_section`` [11, 11, 10] and
+``mrope_interleaved`` true (llama.cpp's Qwen3.5 defaults), ``rope_type``
+"default", ``tie_word_embeddings`` false. A default is not user input: it is
+never rejected for disagreeing with other fields (transformers'
+``save_pretrained`` writes no ``mrope_section`` for a text-only config, and
+llama.cpp then uses [11, 11, 10, 0] whatever ``rotary_dim`` is). Only values
+the file states are checked for consistency.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ __all__ = [
     "FULL_ATTENTION",
     "MODEL_TYPES",
     "DEFAULT_MROPE_SECTION",
+    "DEFAULT_ROPE_THETA",
+    "DEFAULT_PARTIAL_ROTARY_FACTOR",
+    "DEFAULT_FULL_ATTENTION_INTERVAL",
 ]
 
 LayerKind = Literal["linear", "full"]
@@ -44,8 +53,14 @@ _LAYER_TYPE_KIND: dict[str, LayerKind] = {LINEAR_ATTENTION: "linear", FULL_ATTEN
 
 # model_type values this loader accepts (wrapper and text-only).
 MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
-# llama.cpp's _Qwen35MRopeMixin default when rope_parameters has no mrope_section.
+# llama.cpp's _Qwen35MRopeMixin default when rope_parameters has no mrope_section
+# (it writes [11, 11, 10, 0]).
 DEFAULT_MROPE_SECTION = (11, 11, 10)
+# transformers' Qwen3_5MoeTextConfig defaults, which llama.cpp's converter reads
+# through AutoConfig when config.json leaves the field out.
+DEFAULT_ROPE_THETA = 10000.0
+DEFAULT_PARTIAL_ROTARY_FACTOR = 0.25
+DEFAULT_FULL_ATTENTION_INTERVAL = 4
 
 _MISSING = object()
 
@@ -186,6 +201,9 @@ class Qwen35Config:
     model_type: str | None = None
     architectures: tuple[str, ...] = ()
     multimodal: bool = False  # the file nests the text model under text_config
+    #: False when config.json leaves ``mtp_num_hidden_layers`` out: the plan then
+    #: counts the ``mtp.layers.{i}`` tensors, as llama.cpp's converter does.
+    mtp_num_hidden_layers_stated: bool = field(default=True, compare=False, repr=False)
     rope_parameters: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # -- construction -----------------------------------------------------------
@@ -236,6 +254,7 @@ class Qwen35Config:
         max_pos = r.int_("max_position_embeddings")
         eps = r.float_("rms_norm_eps")
         mtp_n = r.int_("mtp_num_hidden_layers", default=0, minimum=0)
+        mtp_stated = r.lookup("mtp_num_hidden_layers")[1] not in (_MISSING, None)
         gate = r.bool_("attn_output_gate", default=True)
         tie = r.bool_("tie_word_embeddings", default=False)
 
@@ -255,7 +274,7 @@ class Qwen35Config:
         if ival is not _MISSING and ival is not None:
             interval = r.int_("full_attention_interval")
         if layer_types is None:
-            n = interval if interval is not None else 4
+            n = interval if interval is not None else DEFAULT_FULL_ATTENTION_INTERVAL
             layer_types = tuple(FULL_ATTENTION if (i + 1) % n == 0 else LINEAR_ATTENTION for i in range(L))
         elif interval is not None:
             for i, t in enumerate(layer_types):
@@ -266,27 +285,33 @@ class Qwen35Config:
                         f"but {'full' if (i + 1) % interval == 0 else 'linear'} attention by the interval",
                     )
 
-        # RoPE
-        theta = r.float_("rope_theta", rope=True)
-        prf = r.float_("partial_rotary_factor", default=0.25, rope=True)
-        prf_name = r.rope_lookup("partial_rotary_factor")[0]
-        if prf > 1.0:
-            raise r.error(prf_name, f"must be in (0, 1], got {prf!r}")
+        # RoPE. Defaults are the reference converter's values and are never
+        # checked against other fields; only values the file states are.
+        theta = r.float_("rope_theta", default=DEFAULT_ROPE_THETA, rope=True)
+        prf_name, prf_raw = r.rope_lookup("partial_rotary_factor")
+        prf_stated = prf_raw is not _MISSING and prf_raw is not None
+        prf = r.float_("partial_rotary_factor", default=DEFAULT_PARTIAL_ROTARY_FACTOR, rope=True)
         rot = int(hd * prf)
-        if rot <= 0 or rot % 2:
-            raise r.error(prf_name, f"gives rotary_dim = int({hd} * {prf!r}) = {rot}; it must be even and > 0")
+        if prf_stated:
+            if prf > 1.0:
+                raise r.error(prf_name, f"must be in (0, 1], got {prf!r}")
+            if rot <= 0 or rot % 2:
+                raise r.error(prf_name, f"gives rotary_dim = int({hd} * {prf!r}) = {rot}; it must be even and > 0")
         rope_type = r.str_("rope_type", default="default", rope=True)
         mname, msec = r.rope_lookup("mrope_section")
         if msec is _MISSING or msec is None:
+            # transformers' save_pretrained writes no mrope_section for a
+            # text-only config; llama.cpp then writes [11, 11, 10, 0] whatever
+            # rotary_dim is, so the default is taken as is.
             mrope = DEFAULT_MROPE_SECTION
         else:
             if (not isinstance(msec, (list, tuple)) or not 1 <= len(msec) <= 4
                     or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in msec)):
                 raise r.error(mname, f"must be a list of 1 to 4 non-negative integers, got {msec!r}")
             mrope = tuple(msec)
-        if sum(mrope) != rot // 2:
-            raise r.error(mname, f"{list(mrope)} sums to {sum(mrope)}, but rotary_dim / 2 = {rot // 2} "
-                                 f"(head_dim {hd} x partial_rotary_factor {prf!r})")
+            if sum(mrope) != rot // 2:
+                raise r.error(mname, f"{list(mrope)} sums to {sum(mrope)}, but rotary_dim / 2 = {rot // 2} "
+                                     f"(head_dim {hd} x partial_rotary_factor {prf!r})")
         interleaved = r.bool_("mrope_interleaved", default=True, rope=True)
 
         return cls(
@@ -301,7 +326,7 @@ class Qwen35Config:
             full_attention_interval=interval, mrope_section=mrope, mrope_interleaved=interleaved,
             rope_type=rope_type, attn_output_gate=gate, mtp_num_hidden_layers=mtp_n,
             tie_word_embeddings=tie, model_type=model_type, architectures=tuple(archs),
-            multimodal=r.text is not None, rope_parameters=dict(r.rope),
+            multimodal=r.text is not None, mtp_num_hidden_layers_stated=mtp_stated, rope_parameters=dict(r.rope),
         )
 
     # -- derived ------------------------------------------------------------------

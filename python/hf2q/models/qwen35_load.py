@@ -191,6 +191,7 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     with open_checkpoint(path) as ckpt:
         cfg = Qwen35Config.from_file(ckpt.directory / "config.json")
         plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+        cfg = plan.config  # the plan resolves what the file leaves out (mtp_num_hidden_layers)
         bufs: dict[str, Buffer] = {}
         bar = progress_bar(sum(pt.source_nbytes for pt in plan), "hf2q load", progress)
         last_layer: int | None = None

@@ -18,6 +18,7 @@ and fails with every offending name at once:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -667,6 +668,12 @@ def plan_qwen35_moe(
     entries = _entries(tensors)
 
     has_mtp = any(_strip_lm(n).startswith("mtp.") for n, _, _ in entries if not is_multimodal_tensor(n))
+    if has_mtp and not cfg.mtp_num_hidden_layers_stated:
+        # config.json does not say: llama.cpp's converter counts mtp.layers.{i}
+        # (a default, so it is taken from the names rather than refused).
+        idx = [int(m.group(1)) for n, _, _ in entries if (m := _MTP_LAYER_RE.match(_strip_lm(n)))]
+        if idx:
+            cfg = dataclasses.replace(cfg, mtp_num_hidden_layers=max(idx) + 1)
     if mtp is None:
         use_mtp = has_mtp
     elif mtp:
