@@ -199,6 +199,9 @@ def test_cli_hf_hub_cache(cache: Path) -> None:
     d = json.loads(p.stdout)
     assert d["repo_id"] == REPO and d["revision"] == "dev" and len(d["files"]) == 2
     assert d["path"] == str(cache / "models--z-lab--tiny-DFlash" / "snapshots" / COMMIT_DEV)
+    p = hf2q_cli("inspect", REPO, env=env)
+    assert p.returncode == 0 and p.stdout.startswith(
+        f"{REPO}@main ({cache / 'models--z-lab--tiny-DFlash' / 'snapshots' / COMMIT_MAIN}): dflash, 25 tensors")
 
 
 def test_cli_hf_home(cache: Path, tmp_path: Path) -> None:

@@ -155,7 +155,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report)
         return 0
-    print(f"{path}: {arch}, {len(rows)} tensors in {len(files)} file(s), {total:,} data bytes ({format_bytes(total)})")
+    name = f"{report['repo_id']}@{report['revision']} ({path})" if "repo_id" in report else str(path)
+    print(f"{name}: {arch}, {len(rows)} tensors in {len(files)} file(s), {total:,} data bytes ({format_bytes(total)})")
     if "resident_bytes" in report:
         print(f"resident bytes: {report['resident_bytes']:,} ({format_bytes(report['resident_bytes'])})")
     width = max((len(r["name"]) for r in rows), default=4)
