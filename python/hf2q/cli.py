@@ -201,8 +201,9 @@ def _load_model(path: Path, device: Any, progress: bool, args: argparse.Namespac
                       "Qwen3.5/3.6 MoE checkpoint folder (`hf2q inspect` reads any safetensors file)")
 
 
-def load_report(model: Any, verify: bool) -> dict[str, Any]:
-    d: dict[str, Any] = model.summary.as_dict()
+def load_report(model: Any, verify: bool, **extra: Any) -> dict[str, Any]:
+    """The load summary, then ``extra`` (where it came from), then the read-back."""
+    d: dict[str, Any] = {**model.summary.as_dict(), **extra}
     if verify:
         v = model.verify()
         d["verify"] = {**v, "seconds": round(v["seconds"], 3)}
@@ -213,7 +214,10 @@ def cmd_load(args: argparse.Namespace) -> int:
     device = open_device(args.device)
     path = resolve_source(args)
     model = _load_model(path, device, not args.json and not args.no_progress, args)
-    d = load_report(model, args.verify)
+    source: dict[str, Any] = {"checkpoint": str(path)}
+    if args.path != str(path):  # a repo id
+        source.update(repo_id=args.path, revision=args.revision or "main")
+    d = load_report(model, args.verify, **source)
     if args.json:
         emit_json(d)
     else:
@@ -295,8 +299,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise
         note(args, f"cached in {target}; remove it with: {_remove_hint(args)}")
     model = dflash.load(target, device=device, progress=not args.json)
-    d = load_report(model, not args.no_verify)
-    d["checkpoint"] = str(target)
+    d = load_report(model, not args.no_verify, checkpoint=str(target))
     if args.json:
         emit_json(d)
     else:
