@@ -193,7 +193,9 @@ def test_cli_hf_hub_cache(cache: Path) -> None:
     env = env_with(HF_HUB_CACHE=str(cache))
     p = hf2q_cli("load", REPO, "--device", "host", "--json", env=env)
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["resident_bytes"] == RESIDENT
+    d = json.loads(p.stdout)
+    assert d["resident_bytes"] == RESIDENT and (d["repo_id"], d["revision"]) == (REPO, "main")
+    assert d["checkpoint"] == str(cache / "models--z-lab--tiny-DFlash" / "snapshots" / COMMIT_MAIN)
     p = hf2q_cli("inspect", REPO, "--revision", "dev", "--json", env=env)
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
