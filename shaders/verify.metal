@@ -24,7 +24,7 @@ using namespace metal;
 constant uint kGroup = 256;  // kVerifyGroup in csrc/device/backend.h
 
 // Bound with setBytes at index 2; the same layout is declared in
-// csrc/device/metal/metal_backend.mm (four 32-bit fields, 16 bytes).
+// csrc/device/metal/verify_dispatch.h (four 32-bit fields, 16 bytes).
 struct VerifyParams {
   uint numel;        // elements covered by this dispatch
   uint ngroups;      // groups in this dispatch (threads past it do nothing)

@@ -88,7 +88,7 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["frobnicate"], ["load"], ["load", "x", "--device", "cuda"]):
+    for argv in (["frobnicate"], ["load"], ["load", "x", "--device", "tpu"]):
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert "usage:" in err and "hf2q: error: argument COMMAND: invalid choice: 'frobnicate'" in err

@@ -256,4 +256,11 @@ def test_transformers_still_writes_the_golden_configs(tmp_path) -> None:
         golden = json.loads((mg.GOLDEN / name / "hf" / "config.json").read_text())
         ours.pop("transformers_version", None)
         golden.pop("transformers_version", None)
-        assert ours == golden, f"{name}: transformers {tf.__version__} writes another config.json"
+        # Any transformers with these classes: what it writes must parse to the
+        # config the golden checkpoint parses to (the property loads rely on).
+        assert Qwen35Config.from_file(out) == Qwen35Config.from_file(mg.GOLDEN / name / "hf"), (
+            f"{name}: transformers {tf.__version__} writes a config.json we read differently")
+        # The pinned version (the one that wrote the golden data) must write it
+        # exactly; another version may add or drop fields that nothing reads.
+        if tf.__version__ == mg.PINNED["transformers"]:
+            assert ours == golden, f"{name}: transformers {tf.__version__} writes another config.json"

@@ -5,9 +5,13 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "device/device.h"
+#if defined(HF2Q_HAVE_CUDA)
+#include "device/cuda/cuda_api.h"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -48,12 +52,19 @@ std::vector<std::size_t> storage_shape(const BufferImpl& b) {
   return shape;
 }
 
+// A view of the buffer's memory where it lives: CPU for host/Metal, the
+// backend's DLPack device (kDLCUDA, index) otherwise.
 template <typename Framework>
 nb::ndarray<Framework> make_view(const std::shared_ptr<BufferImpl>& b, bool dlpack_bf16) {
   const std::vector<std::size_t> shape = storage_shape(*b);
+  const auto& info = b->device()->info();
   return nb::ndarray<Framework>(b->data(), shape.size(), shape.data(), keep_alive(b), nullptr,
-                                storage_dtype(b->dtype(), dlpack_bf16), nb::device::cpu::value);
+                                storage_dtype(b->dtype(), dlpack_bf16), info.dlpack_device_type,
+                                info.device_index);
 }
+
+// Storage bytes [offset, offset + out.size()) copied into a CPU array.
+using RwBytes = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 nb::dict stats_dict(Device& d) {
   hf2q::device::ResidencyStats st;
@@ -104,8 +115,33 @@ void bind_device(nb::module_& m) {
       .def_prop_ro("alloc_len", &BufferImpl::alloc_len)
       .def_prop_ro("address", [](const BufferImpl& b) { return reinterpret_cast<std::uintptr_t>(b.data()); })
       .def_prop_ro("device", [](const BufferImpl& b) { return b.device(); })
-      .def("numpy_view", [](std::shared_ptr<BufferImpl> b) { return make_view<nb::numpy>(b, false); })
-      .def("dlpack_view", [](std::shared_ptr<BufferImpl> b) { return make_view<nb::array_api>(b, true); });
+      .def("numpy_view",
+           [](std::shared_ptr<BufferImpl> b) {
+             if (!b->device()->info().cpu_visible) {
+               throw hf2q::device::DeviceError("a " + b->device()->info().kind +
+                                               " buffer lives in device memory the CPU cannot address");
+             }
+             return make_view<nb::numpy>(b, false);
+           })
+      .def("dlpack_view",
+           [](std::shared_ptr<BufferImpl> b) {
+             {
+               nb::gil_scoped_release nogil;
+               b->device()->synchronize();  // the consumer may read at once, on any stream
+             }
+             return make_view<nb::array_api>(b, true);
+           })
+      .def_prop_ro("dlpack_device", [](const BufferImpl& b) {
+        const auto& info = b.device()->info();
+        return std::make_pair(info.dlpack_device_type, info.device_index);
+      })
+      .def(
+          "copy_out",
+          [](std::shared_ptr<BufferImpl> b, std::size_t offset, RwBytes out) {
+            nb::gil_scoped_release nogil;
+            b->device()->copy_out(*b, offset, out.data(), out.size());
+          },
+          "offset"_a, "out"_a.noconvert());
 
   nb::class_<Device>(m, "NativeDevice")
       .def_static("open", &Device::open, "kind"_a)
@@ -116,6 +152,8 @@ void bind_device(nb::module_& m) {
       .def_prop_ro("working_set_bytes", [](const Device& d) { return d.info().working_set_bytes; })
       .def_prop_ro("wired_budget_bytes", [](const Device& d) { return d.info().wired_budget_bytes; })
       .def_prop_ro("residency_enabled", &Device::residency_enabled)
+      .def_prop_ro("cpu_visible", [](const Device& d) { return d.info().cpu_visible; })
+      .def_prop_ro("index", [](const Device& d) { return d.info().device_index; })
       .def(
           "alloc",
           [](Device& d, const std::vector<std::int64_t>& shape, const std::string& dtype) {
@@ -128,6 +166,7 @@ void bind_device(nb::module_& m) {
       .def("is_registered", &Device::is_registered, "buf"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("is_locked", &Device::is_locked, "buf"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("commit", [](Device& d) { nb::gil_scoped_release nogil; d.commit(); })
+      .def("synchronize", [](Device& d) { nb::gil_scoped_release nogil; d.synchronize(); })
       .def("request_residency", [](Device& d) { nb::gil_scoped_release nogil; d.request_residency(); })
       .def("end_residency", [](Device& d) { nb::gil_scoped_release nogil; d.end_residency(); })
       .def("stats", &stats_dict)
@@ -157,6 +196,35 @@ void bind_device(nb::module_& m) {
             return result_pair(r);
           },
           "buf"_a, "elem_offset"_a, "fd"_a, "file_offset"_a, "nbytes"_a, "src_dtype"_a)
+      .def(
+          "read_file_segments",
+          [](Device& d, BufferImpl& b, const std::vector<std::tuple<std::size_t, int, std::uint64_t, std::size_t>>& segs,
+             const std::string& src_dtype) {
+            const DType t = hf2q::device::dtype_from_name(src_dtype);
+            std::vector<Device::SegmentSpec> specs;
+            specs.reserve(segs.size());
+            for (const auto& [elem_offset, fd, file_offset, nbytes] : segs) {
+              specs.push_back(Device::SegmentSpec{elem_offset, fd, file_offset, nbytes});
+            }
+            hf2q::device::UploadResult r;
+            {
+              nb::gil_scoped_release nogil;
+              r = d.read_file_segments(b, specs, t);
+            }
+            return result_pair(r);
+          },
+          "buf"_a, "segments"_a, "src_dtype"_a)
+      .def(
+          "convert",
+          [](Device& d, BufferImpl& dst, BufferImpl& src) {
+            hf2q::device::UploadResult r;
+            {
+              nb::gil_scoped_release nogil;
+              r = d.convert(dst, src);
+            }
+            return result_pair(r);
+          },
+          "dst"_a, "src"_a)
       .def("checksums", [](Device& d, BufferImpl& b) {
         std::vector<std::uint32_t> sums;
         {
@@ -169,6 +237,24 @@ void bind_device(nb::module_& m) {
         return nb::ndarray<nb::numpy, std::uint32_t, nb::ndim<1>>(heap->data(), {n}, owner);
       }, "buf"_a);
 
+  m.def("backend_kinds", [] {
+    std::size_t n = 0;
+    const hf2q::device::BackendEntry* e = hf2q::device::backend_registry(&n);
+    std::vector<std::string> kinds;
+    for (std::size_t i = 0; i < n; ++i) kinds.emplace_back(e[i].kind);
+    return kinds;
+  });
+  m.def(
+      "cuda_configure",
+      [](const std::vector<std::string>& nvrtc_candidates, const std::string& cache_dir) {
+#if defined(HF2Q_HAVE_CUDA)
+        hf2q::device::cuda::configure(nvrtc_candidates, cache_dir);
+#else
+        (void)nvrtc_candidates, (void)cache_dir;
+#endif
+      },
+      "nvrtc_candidates"_a, "cache_dir"_a,
+      "Where the CUDA backend looks for NVRTC first, and its kernel cache directory ('' disables it).");
   m.def("residency_disabled_by_env", &hf2q::device::residency_disabled_by_env);
   m.def("inject_alloc_failure", &hf2q::device::inject_alloc_failure, "n"_a,
         "Testing hook: the n-th allocation from now fails with DeviceError (0 disables).");

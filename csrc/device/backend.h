@@ -1,7 +1,14 @@
-// The interface every device backend implements: memory and residency
-// primitives only. Bookkeeping, residency-set planning, size arithmetic and
-// uploads live in device.cpp, shared by all backends (and so exercised by the
-// host backend's tests on Linux).
+// The interface every device backend implements: memory, residency, upload
+// and read-back primitives. Bookkeeping, residency-set planning, size
+// arithmetic and upload planning live in device.cpp, shared by all backends
+// (and so exercised by the host backend's tests on Linux).
+//
+// Defaults describe a device whose memory the CPU can address (host, Metal
+// shared storage): uploads and read-back run the CPU kernels through the
+// buffer's CPU pointer, residency is bookkeeping only. A device with its own
+// memory (CUDA) overrides the upload, copy-out and checksum entry points and
+// sets BackendInfo::cpu_visible = false; nothing then writes through the
+// pointer, which is a device address.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +16,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dtype.h"
 
@@ -26,8 +34,12 @@ class FileReadError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// DLPack device types (DLDeviceType in dlpack.h) that backends report.
+constexpr int kDLCPU = 1;
+constexpr int kDLCUDA = 2;
+
 struct BackendInfo {
-  std::string kind;                  // "host", "metal"
+  std::string kind;                  // "host", "metal", "cuda"
   std::string name;                  // device name
   std::size_t page_size = 4096;      // allocation granularity
   std::size_t max_buffer_len = 0;    // 0: no limit beyond the OS
@@ -38,6 +50,48 @@ struct BackendInfo {
   std::size_t set_cap_bytes = 0;
   // Bytes that may be made resident in total (0: no budget).
   std::size_t wired_budget_bytes = 0;
+  // Whether the CPU can read and write the buffers' memory through their
+  // pointer. False: the pointer is a device address (CUDA).
+  bool cpu_visible = true;
+  // What __dlpack_device__ reports: (dlpack_device_type, device_index).
+  int dlpack_device_type = kDLCPU;
+  int device_index = 0;
+};
+
+// How an upload turns source elements into buffer bytes (planned and checked
+// by device.cpp before any backend sees it).
+enum class UploadOp { Raw, Decode, Quantize };
+
+struct UploadPlan {
+  UploadOp op;
+  std::size_t n_elems;   // source elements
+  std::size_t src_bytes; // source bytes
+  std::size_t dst_off;   // byte offset into the buffer
+  std::size_t dst_len;   // bytes written
+  std::size_t src_elem;  // bytes per source element (Q8_0 source: 0)
+  DType src_dtype;
+  DType dst_dtype;
+};
+
+// Where an upload lands: the buffer's backend object and base pointer (a CPU
+// pointer, or a device address where the memory is not CPU-visible).
+struct UploadTarget {
+  void* handle;
+  std::uint8_t* base;
+};
+
+// One piece of a batched file upload: `plan` (planned at `elem_offset` of
+// the buffer) from `fd` at `file_offset`.
+struct FileSegment {
+  UploadPlan plan;
+  int fd;
+  std::uint64_t file_offset;
+  std::size_t elem_offset;
+};
+
+struct UploadResult {
+  std::size_t first_nonfinite = static_cast<std::size_t>(-1);  // element index relative to the source
+  std::size_t inf_scales = 0;
 };
 
 // Number of elements summarised by one verification checksum.
@@ -55,19 +109,28 @@ class Backend {
   virtual void release(void* handle, void* ptr, std::size_t len) noexcept = 0;
 
   // Residency sets. create returns false when sets are unavailable (the
-  // device then runs without residency; not an error).
-  virtual bool set_create(int set, const std::string& label, std::size_t initial_capacity) = 0;
-  virtual void set_add(int set, void* handle) = 0;
-  virtual void set_remove(int set, void* handle) noexcept = 0;
-  virtual void set_commit(int set) noexcept = 0;
-  virtual void set_request(int set) noexcept = 0;
-  virtual void set_end(int set) noexcept = 0;
-  virtual void set_destroy(int set) noexcept = 0;
+  // device then runs without residency; not an error). Default: one logical
+  // set that is bookkeeping only (device.cpp counts its members), with
+  // nothing to stage, commit or request.
+  virtual bool set_create(int set, const std::string& label, std::size_t initial_capacity) {
+    (void)set, (void)label, (void)initial_capacity;
+    return true;
+  }
+  virtual void set_add(int set, void* handle) { (void)set, (void)handle; }
+  virtual void set_remove(int set, void* handle) noexcept { (void)set, (void)handle; }
+  virtual void set_commit(int set) noexcept { (void)set; }
+  virtual void set_request(int set) noexcept { (void)set; }
+  virtual void set_end(int set) noexcept { (void)set; }
+  virtual void set_destroy(int set) noexcept { (void)set; }
 
-  // Per-buffer pinning of CPU memory (host: mlock + prefault). Returns
-  // whether the pages are locked; unwire undoes a successful wire.
-  virtual bool wire(void* handle, void* ptr, std::size_t len) = 0;
-  virtual void unwire(void* handle, void* ptr, std::size_t len) noexcept = 0;
+  // Per-buffer pinning (host: mlock + prefault). Returns whether the memory
+  // is locked; unwire undoes a successful wire. Default: no per-buffer
+  // pinning (Metal: residency comes from the sets).
+  virtual bool wire(void* handle, void* ptr, std::size_t len) {
+    (void)handle, (void)ptr, (void)len;
+    return false;
+  }
+  virtual void unwire(void* handle, void* ptr, std::size_t len) noexcept { (void)handle, (void)ptr, (void)len; }
 
   // Attach the device's residency sets to a consumer's command queue (an
   // id<MTLCommandQueue> on Metal), now and for sets created later, so the
@@ -78,16 +141,69 @@ class Backend {
     return false;
   }
 
+  // Uploads, planned and bounds-checked by device.cpp. `src` is CPU memory;
+  // a file source is `plan` source bytes at `file_offset` of `fd`. Defaults
+  // (device.cpp): the CPU kernels writing through `dst.base`, in parallel;
+  // raw file data is pread straight into the buffer. Throw FileReadError
+  // for a short or failed read, DeviceError for device failures.
+  virtual UploadResult write(const UploadTarget& dst, const UploadPlan& plan, const void* src);
+  virtual UploadResult read_file(const UploadTarget& dst, const UploadPlan& plan, int fd,
+                                 std::uint64_t file_offset);
+  // Many segments of one buffer, same dtypes (an expert stack gathered from
+  // per-expert tensors): one pipeline and one wait instead of one per piece.
+  // first_nonfinite is a buffer element index here. Default: read_file for
+  // each segment in turn.
+  virtual UploadResult read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments);
+
+  // Convert a whole buffer of the same device (`src`, CPU pointer or device
+  // address) into `dst` as planned. Default: the memory upload from `src`.
+  virtual UploadResult convert(const UploadTarget& dst, const UploadPlan& plan, void* src_handle,
+                               const void* src) {
+    (void)src_handle;
+    return write(dst, plan, src);
+  }
+
+  // Wait until every upload queued so far is complete in device memory.
+  // Uploads may return with copies still in flight (CUDA, for those that
+  // need no result from the device); readers of device memory call this
+  // first. Default: uploads complete before they return.
+  virtual void synchronize() {}
+
+  // Copy `len` bytes at byte `offset` of a buffer into CPU memory `out`
+  // (bounds already checked). Default: memcpy from the CPU pointer.
+  virtual void copy_out(void* handle, const void* ptr, std::size_t offset, void* out, std::size_t len);
+
   // Read a buffer back through the device: the checksum of each group of
-  // kVerifyGroup decoded float32 values (see verify.h).
+  // kVerifyGroup decoded float32 values (see verify.h). Default: the CPU
+  // kernels over the CPU pointer.
   virtual void checksums(DType dtype, void* handle, const void* ptr, std::size_t numel,
-                         std::uint32_t* out, std::size_t ngroups) = 0;
+                         std::uint32_t* out, std::size_t ngroups);
 };
+
+// Reads exactly `len` bytes at `off` of `fd` into CPU memory; retries EINTR
+// and short reads. Throws FileReadError (I/O error, or end of file first).
+void pread_full(int fd, std::uint8_t* dst, std::size_t len, std::uint64_t off);
+
+// The backend registry (registry.cpp): Device::open("kind" or "kind:N")
+// finds its kind here. open returns nullptr with *why set when the kind
+// exists but no device can be had (no GPU, missing driver or library).
+struct BackendEntry {
+  const char* kind;
+  bool indexed;  // accepts "kind:N"
+  std::unique_ptr<Backend> (*open)(int index, std::string* why);
+};
+// Every kind this build knows, available or not; Device.default() (Python)
+// chooses among them.
+const BackendEntry* backend_registry(std::size_t* count);
 
 std::unique_ptr<Backend> make_host_backend();
 #if defined(HF2Q_HAVE_METAL)
 // nullptr (with *why set) when no Metal device can be created.
 std::unique_ptr<Backend> make_metal_backend(std::string* why);
+#endif
+#if defined(HF2Q_HAVE_CUDA)
+// nullptr (with *why set) when the driver, a GPU or NVRTC is missing.
+std::unique_ptr<Backend> make_cuda_backend(int index, std::string* why);
 #endif
 
 }  // namespace hf2q::device

@@ -11,6 +11,7 @@
 #include "kernels/checked_ops.h"
 #include "kernels/kernels.h"
 #include "kernels/thread_pool.h"
+#include "verify.h"
 
 namespace hf2q::device {
 namespace {
@@ -28,39 +29,16 @@ std::string mib(std::size_t bytes) {
   return buf;
 }
 
-// Reads exactly len bytes at off; retries EINTR and short reads.
-void pread_full(int fd, std::uint8_t* dst, std::size_t len, std::uint64_t off) {
-  while (len > 0) {
-    const std::size_t want = std::min<std::size_t>(len, 1u << 30);
-    const ssize_t r = ::pread(fd, dst, want, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw FileReadError("read of " + std::to_string(want) + " bytes at offset " + std::to_string(off) +
-                          " failed: " + std::strerror(errno));
-    }
-    if (r == 0) {
-      throw FileReadError("unexpected end of file at offset " + std::to_string(off) + " with " +
-                          std::to_string(len) + " bytes still expected (file truncated or rewritten?)");
-    }
-    dst += r;
-    len -= static_cast<std::size_t>(r);
-    off += static_cast<std::uint64_t>(r);
-  }
-}
 
-enum class Op { Raw, Decode, Quantize };
-
-struct Plan {
-  Op op;
-  std::size_t n_elems;   // source elements
-  std::size_t dst_off;   // byte offset into the buffer
-  std::size_t dst_len;   // bytes written
-  std::size_t src_elem;  // bytes per source element (Q8_0 source: 0)
-};
+using Op = UploadOp;
+using Plan = UploadPlan;
 
 Plan plan_write(const BufferImpl& buf, std::size_t elem_offset, std::size_t src_bytes, DType src) {
   const DType dst = buf.dtype();
   Plan p{};
+  p.src_dtype = src;
+  p.dst_dtype = dst;
+  p.src_bytes = src_bytes;
   if (src == dst) {
     p.op = Op::Raw;
   } else if (dst == DType::F32 && (src == DType::BF16 || src == DType::F16)) {
@@ -112,6 +90,25 @@ void atomic_min(std::atomic<std::size_t>& a, std::size_t v) {
 
 }  // namespace
 
+void pread_full(int fd, std::uint8_t* dst, std::size_t len, std::uint64_t off) {
+  while (len > 0) {
+    const std::size_t want = std::min<std::size_t>(len, 1u << 30);
+    const ssize_t r = ::pread(fd, dst, want, static_cast<off_t>(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw FileReadError("read of " + std::to_string(want) + " bytes at offset " + std::to_string(off) +
+                          " failed: " + std::strerror(errno));
+    }
+    if (r == 0) {
+      throw FileReadError("unexpected end of file at offset " + std::to_string(off) + " with " +
+                          std::to_string(len) + " bytes still expected (file truncated or rewritten?)");
+    }
+    dst += r;
+    len -= static_cast<std::size_t>(r);
+    off += static_cast<std::uint64_t>(r);
+  }
+}
+
 bool residency_disabled_by_env() {
   static const bool disabled = [] {
     const char* v = std::getenv("HF2Q_NO_RESIDENCY");
@@ -139,21 +136,35 @@ BufferImpl::~BufferImpl() { dev_->release(*this); }
 
 // -------------------------------------------------------------------- Device
 
-std::shared_ptr<Device> Device::open(const std::string& kind) {
-  std::unique_ptr<Backend> backend;
-  if (kind == "host") {
-    backend = make_host_backend();
-  } else if (kind == "metal") {
-#if defined(HF2Q_HAVE_METAL)
-    std::string why;
-    backend = make_metal_backend(&why);
-    if (!backend) throw DeviceError("Metal device unavailable: " + why);
-#else
-    throw DeviceError("Metal device unavailable: this build of hf2q has no Metal backend (Metal exists only on Apple platforms)");
-#endif
-  } else {
-    throw std::invalid_argument("unknown device kind '" + kind + "' (expected 'host' or 'metal')");
+std::shared_ptr<Device> Device::open(const std::string& spec) {
+  std::size_t count = 0;
+  const BackendEntry* entries = backend_registry(&count);
+  const std::size_t colon = spec.find(':');
+  const std::string kind = spec.substr(0, colon);
+  const BackendEntry* entry = nullptr;
+  std::string known;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (kind == entries[i].kind) entry = &entries[i];
+    known += (i ? ", '" : "'") + std::string(entries[i].kind) + "'";
   }
+  if (entry == nullptr) {
+    throw std::invalid_argument("unknown device kind '" + spec + "' (expected one of " + known + ")");
+  }
+  int index = 0;
+  if (colon != std::string::npos) {
+    const std::string digits = spec.substr(colon + 1);
+    const bool numeric = !digits.empty() && digits.size() <= 6 &&
+                         digits.find_first_not_of("0123456789") == std::string::npos;
+    if (!entry->indexed || !numeric) {
+      throw std::invalid_argument("bad device '" + spec + "': " +
+                                  (entry->indexed ? "expected '" + kind + ":N' with N a device number"
+                                                  : "the " + kind + " device takes no index"));
+    }
+    index = std::stoi(digits);
+  }
+  std::string why;
+  std::unique_ptr<Backend> backend = entry->open(index, &why);
+  if (!backend) throw DeviceError(why);
   return std::shared_ptr<Device>(new Device(std::move(backend)));
 }
 
@@ -405,8 +416,90 @@ void Device::release(BufferImpl& buf) noexcept {
 UploadResult Device::write(BufferImpl& buf, std::size_t elem_offset, const void* src, std::size_t src_bytes,
                            DType src_dtype) {
   const Plan p = plan_write(buf, elem_offset, src_bytes, src_dtype);
+  return backend_->write(UploadTarget{buf.handle(), buf.data()}, p, src);
+}
+
+UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
+                               std::size_t nbytes, DType src_dtype) {
+  const Plan p = plan_write(buf, elem_offset, nbytes, src_dtype);
+  std::uint64_t file_end = 0;
+  if (__builtin_add_overflow(file_offset, static_cast<std::uint64_t>(nbytes), &file_end) ||
+      file_end > static_cast<std::uint64_t>(INT64_MAX)) {
+    throw std::invalid_argument("file range overflows");
+  }
+  return backend_->read_file(UploadTarget{buf.handle(), buf.data()}, p, fd, file_offset);
+}
+
+UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments,
+                                        DType src_dtype) {
+  std::vector<FileSegment> segs;
+  segs.reserve(segments.size());
+  for (const SegmentSpec& s : segments) {
+    std::uint64_t file_end = 0;
+    if (__builtin_add_overflow(s.file_offset, static_cast<std::uint64_t>(s.nbytes), &file_end) ||
+        file_end > static_cast<std::uint64_t>(INT64_MAX)) {
+      throw std::invalid_argument("file range overflows");
+    }
+    segs.push_back(FileSegment{plan_write(buf, s.elem_offset, s.nbytes, src_dtype), s.fd, s.file_offset, s.elem_offset});
+  }
+  return backend_->read_file_segments(UploadTarget{buf.handle(), buf.data()}, segs);
+}
+
+UploadResult Backend::read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments) {
   UploadResult res;
-  std::uint8_t* dst = buf.data() + p.dst_off;
+  for (const FileSegment& s : segments) {
+    const UploadResult r = read_file(dst, s.plan, s.fd, s.file_offset);
+    if (r.first_nonfinite != static_cast<std::size_t>(-1)) {
+      res.first_nonfinite = std::min(res.first_nonfinite, s.elem_offset + r.first_nonfinite);
+    }
+    res.inf_scales += r.inf_scales;
+  }
+  return res;
+}
+
+UploadResult Device::convert(BufferImpl& dst, BufferImpl& src) {
+  if (src.device().get() != this || dst.device().get() != this) {
+    throw DeviceError("convert: both buffers must belong to this " + info().kind + " device");
+  }
+  if (&src == &dst) throw std::invalid_argument("convert: source and destination are the same buffer");
+  if (src.numel() != dst.numel()) {
+    throw std::invalid_argument("convert: the source has " + std::to_string(src.numel()) +
+                                " elements, the destination " + std::to_string(dst.numel()));
+  }
+  const Plan p = plan_write(dst, 0, src.byte_len(), src.dtype());
+  backend_->synchronize();
+  return backend_->convert(UploadTarget{dst.handle(), dst.data()}, p, src.handle(), src.data());
+}
+
+void Device::copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_t len) {
+  std::size_t end = 0;
+  if (!ops::checked_add(offset, len, &end) || end > buf.byte_len()) {
+    throw std::invalid_argument("read of " + std::to_string(len) + " bytes at byte " + std::to_string(offset) +
+                                " overruns the buffer's " + std::to_string(buf.byte_len()) + " bytes");
+  }
+  backend_->synchronize();
+  if (len != 0) backend_->copy_out(buf.handle(), buf.data(), offset, out, len);
+}
+
+// ------------------------------------------- defaults for CPU-visible memory
+
+namespace {
+// A backend whose memory the CPU cannot address must override every entry
+// point that would otherwise go through the pointer: refuse, never write.
+void require_cpu_visible(const Backend& b, const char* what) {
+  if (!b.info().cpu_visible) {
+    throw DeviceError(std::string("the ") + b.info().kind + " backend has no " + what +
+                      " for its memory, which the CPU cannot address");
+  }
+}
+}  // namespace
+
+UploadResult Backend::write(const UploadTarget& target, const UploadPlan& p, const void* src) {
+  require_cpu_visible(*this, "upload");
+  const DType src_dtype = p.src_dtype;
+  const std::size_t src_bytes = p.src_bytes;
+  UploadResult res;
+  std::uint8_t* dst = target.base + p.dst_off;
   switch (p.op) {
     case Op::Raw: {
       const auto* s = static_cast<const std::uint8_t*>(src);
@@ -434,15 +527,12 @@ UploadResult Device::write(BufferImpl& buf, std::size_t elem_offset, const void*
   return res;
 }
 
-UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
-                               std::size_t nbytes, DType src_dtype) {
-  const Plan p = plan_write(buf, elem_offset, nbytes, src_dtype);
-  std::uint64_t file_end = 0;
-  if (__builtin_add_overflow(file_offset, static_cast<std::uint64_t>(nbytes), &file_end) ||
-      file_end > static_cast<std::uint64_t>(INT64_MAX)) {
-    throw std::invalid_argument("file range overflows");
-  }
-  std::uint8_t* dst = buf.data() + p.dst_off;
+UploadResult Backend::read_file(const UploadTarget& target, const UploadPlan& p, int fd,
+                                std::uint64_t file_offset) {
+  require_cpu_visible(*this, "file upload");
+  const DType src_dtype = p.src_dtype;
+  const std::size_t nbytes = p.src_bytes;
+  std::uint8_t* dst = target.base + p.dst_off;
   UploadResult res;
   if (p.op == Op::Raw) {
     parallel_for(nbytes, kCopyChunk, [&](std::size_t b, std::size_t e) { pread_full(fd, dst + b, e - b, file_offset + b); });
@@ -481,6 +571,19 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   return res;
 }
 
+void Backend::copy_out(void*, const void* ptr, std::size_t offset, void* out, std::size_t len) {
+  require_cpu_visible(*this, "copy-out");
+  const auto* s = static_cast<const std::uint8_t*>(ptr) + offset;
+  auto* d = static_cast<std::uint8_t*>(out);
+  parallel_for(len, kCopyChunk, [&](std::size_t b, std::size_t e) { std::memcpy(d + b, s + b, e - b); });
+}
+
+void Backend::checksums(DType dtype, void*, const void* ptr, std::size_t numel, std::uint32_t* out,
+                        std::size_t ngroups) {
+  require_cpu_visible(*this, "read-back");
+  cpu_checksums(dtype, ptr, numel, out, ngroups);
+}
+
 std::vector<std::uint32_t> Device::device_checksums(BufferImpl& buf) {
   const std::size_t ngroups = (buf.numel() + kVerifyGroup - 1) / kVerifyGroup;
   std::vector<std::uint32_t> out(ngroups);
@@ -488,6 +591,7 @@ std::vector<std::uint32_t> Device::device_checksums(BufferImpl& buf) {
     std::lock_guard<std::mutex> lk(mu_);
     if (pending_ > 0) commit_locked();  // a GPU read needs the set committed
   }
+  backend_->synchronize();
   backend_->checksums(buf.dtype(), buf.handle(), buf.data(), buf.numel(), out.data(), ngroups);
   return out;
 }

@@ -60,15 +60,12 @@ struct ResidencyStats {
   std::string label;
 };
 
-struct UploadResult {
-  std::size_t first_nonfinite = static_cast<std::size_t>(-1);  // element index relative to the source
-  std::size_t inf_scales = 0;
-};
-
 class Device : public std::enable_shared_from_this<Device> {
  public:
-  // kind: "host" or "metal". Throws DeviceError if unavailable.
-  static std::shared_ptr<Device> open(const std::string& kind);
+  // spec: a registered kind ("host", "metal", "cuda") or "kind:N" for an
+  // indexed kind. Throws std::invalid_argument for an unknown kind or a bad
+  // index, DeviceError when the kind is known but unavailable (naming why).
+  static std::shared_ptr<Device> open(const std::string& spec);
   ~Device();
 
   const BackendInfo& info() const { return backend_->info(); }
@@ -101,6 +98,28 @@ class Device : public std::enable_shared_from_this<Device> {
   // through small per-thread chunks for conversions, in parallel.
   UploadResult read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
                          std::size_t nbytes, DType src_dtype);
+
+  // Every upload so far complete in device memory (see Backend::synchronize).
+  void synchronize() { backend_->synchronize(); }
+
+  // Convert all of `src` (a buffer of this device) into `dst` on the device
+  // (GPU kernels on CUDA, the CPU kernels on host and Metal); the same
+  // conversions and element counts as write().
+  UploadResult convert(BufferImpl& dst, BufferImpl& src);
+
+  // Copy `len` bytes at byte `offset` of the buffer's storage into CPU
+  // memory (a device copy where the memory is not CPU-visible).
+  void copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_t len);
+
+  // Several file ranges of `src_dtype` data into one buffer, each at its own
+  // element offset; first_nonfinite is a buffer element index.
+  struct SegmentSpec {
+    std::size_t elem_offset;
+    int fd;
+    std::uint64_t file_offset;
+    std::size_t nbytes;
+  };
+  UploadResult read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments, DType src_dtype);
 
   std::vector<std::uint32_t> device_checksums(BufferImpl& buf);
 

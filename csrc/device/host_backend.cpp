@@ -13,7 +13,6 @@
 
 #include "backend.h"
 #include "kernels/thread_pool.h"
-#include "verify.h"
 
 #if defined(__linux__) && !defined(MADV_POPULATE_WRITE)
 #define MADV_POPULATE_WRITE 23  // Linux 5.14+; older headers lack the constant
@@ -70,14 +69,9 @@ class HostBackend final : public Backend {
 
   void release(void*, void* ptr, std::size_t len) noexcept override { ::munmap(ptr, len); }
 
-  // One logical set: mlock is per buffer, nothing to stage or commit.
-  bool set_create(int, const std::string&, std::size_t) override { return true; }
-  void set_add(int, void*) override {}
-  void set_remove(int, void*) noexcept override {}
-  void set_commit(int) noexcept override {}
-  void set_request(int) noexcept override {}
-  void set_end(int) noexcept override {}
-  void set_destroy(int) noexcept override {}
+  // Residency sets: the default single bookkeeping set (mlock is per
+  // buffer, nothing to stage or commit). Uploads, copy-out and checksums:
+  // the defaults for CPU-visible memory.
 
   bool wire(void*, void* ptr, std::size_t len) override {
     // mlock faults the pages in; split over the pool, since populating fresh
@@ -95,11 +89,6 @@ class HostBackend final : public Backend {
   }
 
   void unwire(void*, void* ptr, std::size_t len) noexcept override { ::munlock(ptr, len); }
-
-  void checksums(DType dtype, void*, const void* ptr, std::size_t numel, std::uint32_t* out,
-                 std::size_t ngroups) override {
-    cpu_checksums(dtype, ptr, numel, out, ngroups);
-  }
 
  private:
   void prefault(std::uint8_t* p, std::size_t len) {

@@ -383,7 +383,9 @@ def _add_source(p: argparse.ArgumentParser, what: str) -> None:
                    help='print one JSON object on stdout (on failure: {"error": {...}})')
 
 
-_DEVICE_HELP = "where the weights go: auto (Metal on Apple when available, else host), host, or metal"
+DEVICES = ["auto", "host", "metal", "cuda"]
+_DEVICE_HELP = ("where the weights go: auto (the first available of Metal on Apple, a CUDA GPU, the host), "
+                "host, metal or cuda")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -414,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "config.json of the checkpoint's folder.")
     _add_source(p, "a checkpoint folder with config.json (DFlash drafter or Qwen3.5/3.6 MoE), a .safetensors "
                    "file or index inside such a folder, or a Hugging Face repo id (owner/name) in the local cache")
-    p.add_argument("--device", choices=["auto", "host", "metal"], default="auto", help=_DEVICE_HELP)
+    p.add_argument("--device", choices=DEVICES, default="auto", help=_DEVICE_HELP)
     p.add_argument("--verify", action="store_true",
                    help="read every buffer back through the device and compare with a CPU decode")
     p.add_argument("--no-progress", action="store_true",
@@ -428,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="load a full-size synthetic DFlash drafter (written once to a cache folder)",
                        description="Write a full-size synthetic gemma-4-26B-A4B DFlash drafter (859 MB of random "
                                    "BF16 weights) once into a cache folder, then load and verify it.")
-    p.add_argument("--device", choices=["auto", "host", "metal"], default="auto", help=_DEVICE_HELP)
+    p.add_argument("--device", choices=DEVICES, default="auto", help=_DEVICE_HELP)
     p.add_argument("--cache-dir", metavar="DIR",
                    help="folder that keeps the synthetic checkpoint, in a sub-folder "
                         "(default $HF2Q_CACHE, else $XDG_CACHE_HOME/hf2q or ~/.cache/hf2q)")

@@ -4,7 +4,10 @@ registered in the device's residency set.
 ``Device("host")`` works everywhere (page-aligned memory; residency = mlock +
 prefault). ``Device("metal")`` uses shared-storage ``MTLBuffer`` objects in
 ``MTLResidencySet``\\ s on Apple silicon. Conversions (BF16/F16 -> F32, -> Q8_0)
-run in native code straight into the buffer's memory.
+run in native code straight into the buffer's memory. ``Device("cuda")`` /
+``Device("cuda:N")`` keeps buffers in NVIDIA GPU memory: file bytes are staged
+through pinned buffers, copied raw, and converted by GPU kernels (the driver
+and NVRTC are loaded at run time; ``pip install "hf2q[cuda]"`` brings NVRTC).
 """
 
 from __future__ import annotations
@@ -122,16 +125,46 @@ class Buffer:
 
     def numpy(self) -> np.ndarray:
         """Zero-copy writable view: ``bf16`` as ``ml_dtypes.bfloat16``, ``q8_0``
-        as raw uint8 of shape ``(..., last // 32 * 34)``."""
+        as raw uint8 of shape ``(..., last // 32 * 34)``. Only for memory the
+        CPU can address (host, Metal); a CUDA buffer raises
+        :class:`hf2q.DeviceError`: use :meth:`to_host` for a copy, or
+        ``torch.from_dlpack(buf)``."""
+        if not self._device._native.cpu_visible:
+            raise DeviceError(
+                f"{self!r} lives in {self._device.kind} device memory, which the CPU cannot address: "
+                "buf.numpy() is a zero-copy view only on host and Metal buffers; use buf.to_host() for a "
+                "copy in host memory, or torch.from_dlpack(buf) for a view on the GPU"
+            )
         arr = self._native.numpy_view()
-        storage = _STORAGE_NUMPY.get(self.dtype)
-        return arr.view(storage) if storage is not None else arr
+        return _storage_typed(arr, self.dtype)
+
+    def to_host(self) -> np.ndarray:
+        """A copy of the buffer's storage in host memory, typed as
+        :meth:`numpy` types it (on a GPU: a device-to-host copy)."""
+        out = np.empty(self.byte_len, dtype=U8)
+        self._native.copy_out(0, out)
+        typed = out.view(_STORAGE_BASE.get(self.dtype, U8)).reshape(_storage_shape(self))
+        return _storage_typed(typed, self.dtype)
+
+    def _storage_bytes(self, begin: int, end: int) -> np.ndarray:
+        """Storage bytes ``[begin, end)`` as uint8: a view where the CPU can
+        address the memory, else a copy."""
+        if self._device._native.cpu_visible:
+            return self._native.numpy_view().reshape(-1).view(U8)[begin:end]
+        out = np.empty(end - begin, dtype=U8)
+        self._native.copy_out(begin, out)
+        return out
 
     def __dlpack__(self, **kwargs: Any) -> Any:
+        # Uploads complete before they return, so any consumer stream may
+        # read the memory at once (the stream argument needs no event).
         return self._native.dlpack_view().__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU: CPU-visible (shared storage on unified memory)
+        """(kDLCPU, 0) for host and Metal (shared storage on unified memory),
+        (kDLCUDA, index) for a CUDA buffer."""
+        kind, index = self._native.dlpack_device
+        return (int(kind), int(index))
 
     def __repr__(self) -> str:
         return (
@@ -224,42 +257,76 @@ _native_devices: dict[str, Any] = {}
 _native_lock = threading.Lock()
 
 
-def _open_native(kind: str) -> Any:
+def _device_spec(kind: str) -> str:
+    """The canonical spec of ``kind``: ``"cuda"`` is ``"cuda:0"``; unknown
+    kinds raise ValueError naming the registered ones."""
+    if not isinstance(kind, str):
+        raise TypeError(f"device kind must be a str, got {type(kind).__name__}")
+    base, sep, index = kind.partition(":")
+    kinds = tuple(_core.backend_kinds())
+    if base not in kinds:
+        raise ValueError(f"unknown device kind {kind!r}; expected one of {', '.join(map(repr, kinds))}")
+    if base == "cuda":
+        if sep and not (index.isdigit() and index.isascii() and len(index) <= 6):
+            raise ValueError(f"bad device {kind!r}: expected 'cuda' or 'cuda:N' with N a device number")
+        return f"cuda:{int(index) if sep else 0}"
+    if sep:
+        raise ValueError(f"bad device {kind!r}: the {base} device takes no index")
+    return base
+
+
+def _open_native(spec: str) -> Any:
+    if spec.startswith("cuda"):
+        from . import _cuda
+
+        _cuda.prepare()  # where NVRTC and the kernel cache are, before the first open
+    return _core.NativeDevice.open(spec)
+
+
+def _shared_native(spec: str) -> Any:
     with _native_lock:
-        dev = _native_devices.get(kind)
+        dev = _native_devices.get(spec)
         if dev is None:
-            dev = _core.NativeDevice.open(kind)
-            _native_devices[kind] = dev
+            dev = _open_native(spec)
+            _native_devices[spec] = dev
         return dev
 
 
 class Device:
-    """A device: ``Device("host")`` or ``Device("metal")``; one native device
-    per kind and process, so residency accounting is shared."""
+    """A device: ``Device("host")``, ``Device("metal")``, ``Device("cuda")`` or
+    ``Device("cuda:N")``; one native device per kind (and GPU) and process,
+    so residency accounting is shared."""
 
     def __init__(self, kind: str = "host") -> None:
-        if kind not in ("host", "metal"):
-            raise ValueError(f"unknown device kind {kind!r}; expected 'host' or 'metal'")
-        self._native = _open_native(kind)
+        self._native = _shared_native(_device_spec(kind))
         self.residency = Residency(self)
 
     @classmethod
     def _isolated(cls, kind: str = "host") -> "Device":
         """A device with its own native instance and residency accounting (tests)."""
         dev = cls.__new__(cls)
-        dev._native = _core.NativeDevice.open(kind)
+        dev._native = _open_native(_device_spec(kind))
         dev.residency = Residency(dev)
         return dev
 
     @classmethod
     def default(cls) -> "Device":
-        """Metal on Apple when available, else the host."""
-        if sys.platform == "darwin":
+        """The first available of: Metal (Apple), CUDA (a GPU with its driver
+        and NVRTC), the host."""
+        candidates = (["metal"] if sys.platform == "darwin" else []) + (
+            ["cuda"] if "cuda" in _core.backend_kinds() else []
+        )
+        for kind in candidates:
             try:
-                return cls("metal")
+                return cls(kind)
             except DeviceError:
                 pass
         return cls("host")
+
+    @property
+    def index(self) -> int:
+        """The device number (``cuda:N``); 0 for host and Metal."""
+        return int(self._native.index)
 
     @property
     def kind(self) -> str:
@@ -284,7 +351,8 @@ class Device:
         return id(self._native)
 
     def __repr__(self) -> str:
-        return f"hf2q.Device({self.kind!r}, name={self.name!r}, residency_enabled={self.residency_enabled})"
+        kind = f"{self.kind}:{self.index}" if self.kind == "cuda" else self.kind
+        return f"hf2q.Device({kind!r}, name={self.name!r}, residency_enabled={self.residency_enabled})"
 
     def attach_command_queue(self, queue: int) -> None:
         """Attach this device's residency sets to a consumer's command queue
@@ -294,6 +362,16 @@ class Device:
         if isinstance(queue, bool) or not isinstance(queue, int):
             raise TypeError(f"queue must be an int address, got {type(queue).__name__}")
         self._native.attach_queue(queue)
+
+    def synchronize(self) -> None:
+        """Wait until every upload so far is complete in device memory. On
+        CUDA, uploads that need no answer from the GPU (raw copies, widening to
+        f32) return once their bytes are staged, with the copies in flight;
+        ``__dlpack__``, ``to_host``, ``verify`` and ``convert`` synchronize by
+        themselves, so only a consumer of :attr:`Buffer.address` needs this.
+        A no-op on host and Metal. Raises :class:`hf2q.DeviceError` for a
+        copy that failed on the device."""
+        self._native.synchronize()
 
     # ---------------------------------------------------------------- buffers
 
@@ -423,6 +501,34 @@ class Device:
         first_bad = result[0] + offset if result[0] >= 0 else -1
         self._check_result((first_bad, result[1]), buf.shape, name, value_class=cls)
 
+    def write_from_file_segments(self, buf: Buffer, file: PathOrFd, segments: Sequence[tuple[int, int, int]],
+                                 src_dtype: str, *, name: str | None = None) -> None:
+        """Several ranges of one file into ``buf`` in one call: ``segments`` are
+        ``(offset, file_offset, nbytes)`` triples (``offset`` in elements of
+        ``buf``), converted as :meth:`write_from_file` does. On a GPU the
+        segments share one pipeline of staged copies (an expert stack gathered
+        from per-expert tensors), instead of one round trip each."""
+        self._own(buf)
+        _dtype_name(src_dtype)
+        segs = []
+        for off, foff, n in segments:
+            if foff < 0 or n < 0:
+                raise ValueError("file_offset and nbytes must be >= 0")
+            segs.append((_offset(off), int(foff), int(n)))
+        with _opened(file) as fd:
+            try:
+                result = self._native.read_file_segments(buf._native, [(o, fd, f, n) for o, f, n in segs], src_dtype)
+            except FileReadError as e:
+                raise _file_read_error(file, name, e) from None
+            cls = ""
+            if result[0] >= 0:
+                esize = _ITEMSIZE[src_dtype]
+                for off, foff, n in segs:
+                    if off <= result[0] < off + n // esize:
+                        cls = _file_value_class(fd, foff, result[0] - off, src_dtype)
+                        break
+        self._check_result(result, buf.shape, name, value_class=cls)
+
     def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
                          shape: Sequence[int], *, name: str | None = None) -> Buffer:
         """A new buffer of dtype ``to`` and ``shape`` filled from ``nbytes`` of
@@ -437,6 +543,27 @@ class Device:
             del buf  # inner frames in the traceback would keep it alive
             raise _detached(e)
         return buf
+
+    def convert(self, buf: Buffer, to: str, *, name: str | None = None) -> Buffer:
+        """A new buffer of dtype ``to`` holding ``buf`` converted on this device
+        (GPU kernels on CUDA; the CPU kernels on host and Metal): the
+        conversions of :meth:`write` (bf16/f16 -> f32, f32/f16/bf16 -> q8_0,
+        same dtype: a copy)."""
+        self._own(buf)
+        out = self.alloc(buf.shape, _dtype_name(to))
+        try:
+            result = self._native.convert(out._native, buf._native)
+            if result[0] >= 0:
+                idx = result[0]
+                one = buf._storage_bytes(idx * _ITEMSIZE[buf.dtype], (idx + 1) * _ITEMSIZE[buf.dtype])
+                cls = _value_class(one.view(_typed_dtype(buf.dtype)), 0)
+            else:
+                cls = ""
+            self._check_result(result, buf.shape, name, value_class=cls)
+        except BaseException as e:
+            del out
+            raise _detached(e)
+        return out
 
     # ------------------------------------------------------------ read-back
 
@@ -458,6 +585,21 @@ class Device:
         return VerifyReport(True, int(cpu_sums.size), (), seconds)
 
 
+_STORAGE_BASE = {"f32": F32, "f16": np.dtype(np.uint16), "bf16": np.dtype(np.uint16), "i32": np.dtype(np.int32)}
+
+
+def _storage_shape(buf: Buffer) -> tuple[int, ...]:
+    shape = buf.shape
+    if buf.dtype == "q8_0":
+        return shape[:-1] + (shape[-1] // 32 * 34,)
+    return shape
+
+
+def _storage_typed(arr: np.ndarray, dtype: str) -> np.ndarray:
+    storage = _STORAGE_NUMPY.get(dtype)
+    return arr.view(storage) if storage is not None else arr
+
+
 def _detached(e: BaseException) -> BaseException:
     """`e` without the frames (traceback, chained exceptions) that would keep a
     failed upload's buffer alive until the exception is cleared."""
@@ -471,6 +613,10 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def _typed_dtype(sdt: str) -> np.dtype:
+    return {"f32": F32, "f16": F16, "bf16": BF16}[sdt]
 
 
 def _typed_view(flat: np.ndarray, sdt: str) -> np.ndarray | None:
@@ -549,8 +695,8 @@ _WEIGHTS = (2 * np.arange(_GROUP, dtype=np.uint32) + 1).astype(np.uint32)
 
 def reference_checksums(buf: Buffer, chunk_groups: int = 4096) -> np.ndarray:
     """Per-group checksums of ``buf``'s decoded float32 values computed with
-    numpy (:mod:`hf2q.reference` decoders), in chunks to bound memory."""
-    storage = buf._native.numpy_view().reshape(-1)
+    numpy (:mod:`hf2q.reference` decoders), in chunks to bound memory (on a
+    GPU each chunk is copied to the host first)."""
     numel = buf.numel
     ngroups = -(-numel // _GROUP)
     out = np.empty(ngroups, dtype=np.uint32)
@@ -559,15 +705,15 @@ def reference_checksums(buf: Buffer, chunk_groups: int = 4096) -> np.ndarray:
         g1 = min(ngroups, g0 + chunk_groups)
         e0, e1 = g0 * _GROUP, min(numel, g1 * _GROUP)
         if dtype in ("f32", "i32"):
-            bits = storage[e0:e1].view(np.uint32)
-        elif dtype == "bf16":
-            bits = reference.bf16_to_f32(storage[e0:e1]).view(np.uint32)
-        elif dtype == "f16":
-            bits = reference.f16_to_f32(storage[e0:e1]).view(np.uint32)
+            bits = buf._storage_bytes(e0 * 4, e1 * 4).view(np.uint32)
+        elif dtype in ("bf16", "f16"):
+            raw = buf._storage_bytes(e0 * 2, e1 * 2).view(np.uint16)
+            decode = reference.bf16_to_f32 if dtype == "bf16" else reference.f16_to_f32
+            bits = decode(raw).view(np.uint32)
         elif dtype == "u8":
-            bits = storage[e0:e1].astype(np.uint32)
+            bits = buf._storage_bytes(e0, e1).astype(np.uint32)
         else:  # q8_0: 32-element blocks of 34 bytes
-            bits = reference.dequantize_q8_0(storage[e0 // 32 * 34 : e1 // 32 * 34]).view(np.uint32)
+            bits = reference.dequantize_q8_0(buf._storage_bytes(e0 // 32 * 34, e1 // 32 * 34)).view(np.uint32)
         padded = np.zeros((g1 - g0) * _GROUP, dtype=np.uint32)
         padded[: bits.size] = bits
         with np.errstate(over="ignore"):

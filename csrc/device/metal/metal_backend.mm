@@ -65,6 +65,7 @@
 
 #include "device/backend.h"
 #include "device/dtype.h"
+#include "device/metal/verify_dispatch.h"  // kernels, arguments and dispatches (shared with the CPU test)
 #include "hf2q_shader_source.h"  // kHf2qVerifyMetalSource (generated from shaders/verify.metal)
 
 // SDK (compile-time) capabilities; run-time availability is checked separately.
@@ -87,19 +88,8 @@ namespace {
 
 constexpr int kMaxSets = 32;                     // residency sets per command queue (Metal's limit)
 constexpr std::size_t kMinSetCap = 64u << 20;    // 64 MiB
-constexpr std::size_t kChunkGroups = 1u << 20;   // checksum groups per dispatch: 32-bit indices in the shader
-constexpr NSUInteger kThreadsPerThreadgroup = 64;
-constexpr int kNumDTypes = 6;                    // DType values 0..5
-
-// Per-dispatch arguments, bound with setBytes; the same layout is declared in
-// shaders/verify.metal.
-struct VerifyParams {
-  std::uint32_t numel;        // elements covered by this dispatch
-  std::uint32_t ngroups;      // groups in this dispatch
-  std::uint32_t default_nan;  // bits of 0 * Inf on this CPU
-  std::uint32_t pad;
-};
-static_assert(sizeof(VerifyParams) == 16, "VerifyParams must match shaders/verify.metal");
+using metal_verify::kNumDTypes;
+using metal_verify::kernel_name;
 
 std::string to_std(NSString* s) {
   const char* c = s != nil ? [s UTF8String] : nullptr;
@@ -108,19 +98,6 @@ std::string to_std(NSString* s) {
 
 std::string describe(NSError* e) {
   return e != nil ? to_std([e localizedDescription]) : std::string("no error information");
-}
-
-// Kernel of shaders/verify.metal reading each dtype.
-const char* kernel_name(DType t) {
-  switch (t) {
-    case DType::F32:
-    case DType::I32: return "hf2q_verify_b32";
-    case DType::F16: return "hf2q_verify_f16";
-    case DType::BF16: return "hf2q_verify_bf16";
-    case DType::U8: return "hf2q_verify_u8";
-    case DType::Q8_0: return "hf2q_verify_q8_0";
-  }
-  return nullptr;
 }
 
 // The NaN this CPU's multiplier returns for 0 * Inf (arm64: 0x7FC00000,
@@ -340,19 +317,14 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
   }
 #else
   // SDK older than macOS 15 / iOS 18: no residency sets; the device runs
-  // without residency (not an error).
+  // without residency (not an error). The other set calls keep their
+  // defaults, never reached without a set.
   bool set_create(int, const std::string&, std::size_t) override { return false; }
-  void set_add(int, void*) override {}
-  void set_remove(int, void*) noexcept override {}
-  void set_commit(int) noexcept override {}
-  void set_request(int) noexcept override {}
-  void set_end(int) noexcept override {}
-  void set_destroy(int) noexcept override {}
 #endif
 
-  // Residency comes from the sets; there is no per-buffer wiring on Metal.
-  bool wire(void*, void*, std::size_t) override { return false; }
-  void unwire(void*, void*, std::size_t) noexcept override {}
+  // Residency comes from the sets: no per-buffer wiring (the default wire /
+  // unwire). Shared storage is CPU-visible, so uploads and copy-out keep the
+  // defaults too.
 
   void checksums(DType dtype, void* handle, const void*, std::size_t numel, std::uint32_t* out,
                  std::size_t ngroups) override {
@@ -401,9 +373,9 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
   }
 
   // One command buffer on the backend's queue (the residency sets are
-  // attached to it), one dispatch per kChunkGroups groups, each binding the
-  // buffer at the byte offset of its first group. Returns an error message,
-  // empty on success.
+  // attached to it), the dispatches of metal_verify::for_each_dispatch (one
+  // per kChunkGroups groups, each binding the buffer at the byte offset of its
+  // first group). Returns an error message, empty on success.
   std::string run_checksums(DType dtype, id<MTLBuffer> src, std::size_t need, std::size_t numel,
                             std::uint32_t* out, std::size_t ngroups) {
     if (static_cast<std::size_t>([src length]) < need) {
@@ -425,22 +397,17 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
     id<MTLComputeCommandEncoder> enc = cb != nil ? [cb computeCommandEncoder] : nil;
     if (enc == nil) return "GPU checksums: cannot create a Metal command buffer or compute encoder";
 
-    const NSUInteger tg = std::max<NSUInteger>(1, std::min<NSUInteger>(kThreadsPerThreadgroup,
-                                                                       [pso maxTotalThreadsPerThreadgroup]));
+    const std::size_t tg = std::max<std::size_t>(
+        1, std::min<std::size_t>(metal_verify::kThreadsPerThreadgroup,
+                                 static_cast<std::size_t>([pso maxTotalThreadsPerThreadgroup])));
     [enc setComputePipelineState:pso];
-    for (std::size_t g0 = 0; g0 < ngroups; g0 += kChunkGroups) {
-      const std::size_t gn = std::min(kChunkGroups, ngroups - g0);
-      const std::size_t e0 = g0 * kVerifyGroup;  // first element; a multiple of 256 (and of 32)
-      VerifyParams p{};
-      p.numel = static_cast<std::uint32_t>(std::min(numel - e0, gn * kVerifyGroup));
-      p.ngroups = static_cast<std::uint32_t>(gn);
-      p.default_nan = default_nan_;
-      [enc setBuffer:src offset:static_cast<NSUInteger>(element_byte_offset(dtype, e0)) atIndex:0];
-      [enc setBuffer:dst offset:static_cast<NSUInteger>(g0 * sizeof(std::uint32_t)) atIndex:1];
-      [enc setBytes:&p length:sizeof p atIndex:2];
-      [enc dispatchThreadgroups:MTLSizeMake(static_cast<NSUInteger>((gn + tg - 1) / tg), 1, 1)
-          threadsPerThreadgroup:MTLSizeMake(tg, 1, 1)];
-    }
+    metal_verify::for_each_dispatch(dtype, numel, ngroups, default_nan_, tg, [&](const metal_verify::Dispatch& d) {
+      [enc setBuffer:src offset:static_cast<NSUInteger>(d.src_offset) atIndex:0];
+      [enc setBuffer:dst offset:static_cast<NSUInteger>(d.first_group * sizeof(std::uint32_t)) atIndex:1];
+      [enc setBytes:&d.params length:sizeof d.params atIndex:2];
+      [enc dispatchThreadgroups:MTLSizeMake(static_cast<NSUInteger>(d.threadgroups), 1, 1)
+          threadsPerThreadgroup:MTLSizeMake(static_cast<NSUInteger>(d.threads_per_group), 1, 1)];
+    });
     [enc endEncoding];
     [cb commit];
     [cb waitUntilCompleted];

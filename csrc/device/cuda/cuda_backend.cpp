@@ -1,0 +1,739 @@
+// CUDA backend: weights in device memory (cuMemAlloc, never managed memory),
+// uploads that overlap disk, PCIe and GPU, conversions on the GPU, read-back
+// checksums on the GPU. No CUDA toolkit at build time: the driver API and
+// NVRTC are loaded at run time (cuda_api.h); the kernels (shaders/
+// cuda_kernels.cu) are embedded at build time, compiled with NVRTC for the
+// GPU's architecture on first use and cached on disk.
+//
+// Uploads. The source (a file, or CPU memory) is cut into chunks of at most
+// kSlotBytes; worker threads each take a free slot of a ring of pinned
+// staging buffers, fill it (pread, or memcpy), and queue an async H2D copy on
+// the slot's stream: straight into the buffer for raw data, into the slot's
+// device scratch followed by a conversion kernel otherwise. A slot is reused
+// once its event says the copy (and kernel) finished, so at most the ring is
+// staged, never a whole tensor. Every upload waits for its copies before it
+// returns: the data is on the GPU for any consumer stream.
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_api.h"
+#include "device/backend.h"
+#include "hf2q_cuda_source.h"
+#include "kernels/thread_pool.h"
+
+namespace hf2q::device {
+namespace {
+
+using namespace cuda;
+
+constexpr std::size_t kSlotBytes = 8u << 20;  // a multiple of 32 elements of every source dtype
+constexpr int kStatusCells = 256;             // concurrent converting uploads before one waits
+constexpr unsigned kBlock = 256;
+// Q8_0 blocks one thread block of kBlock threads quantizes per step (8 warps,
+// each 4 (f32) or 8 (16-bit) blocks: shaders/cuda_kernels.cu).
+constexpr std::size_t kQ8BlocksPerCta = 32;
+
+std::uint32_t cpu_default_nan_bits() {
+  volatile float zero = 0.0f;
+  volatile float inf = std::numeric_limits<float>::infinity();
+  const float nan = zero * inf;
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &nan, sizeof bits);
+  return bits;
+}
+
+std::uint64_t fnv1a(std::uint64_t h, const std::string& s) {
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return (h ^ 0xFFu) * 1099511628211ull;
+}
+
+std::string mib(std::size_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%zu bytes (%.1f MiB)", bytes, static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+bool read_whole(const std::string& path, std::string* out) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  std::string data;
+  char buf[1 << 16];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.append(buf, n);
+  const bool ok = std::ferror(f) == 0;
+  std::fclose(f);
+  if (ok) out->swap(data);
+  return ok && !out->empty();
+}
+
+// mkdir -p; best effort (the cache is an optimisation).
+void make_dirs(const std::string& dir) {
+  for (std::size_t i = 1; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') ::mkdir(dir.substr(0, i).c_str(), 0755);
+  }
+}
+
+// Written to a temporary name and renamed, so concurrent processes never
+// read a half-written cubin.
+void write_atomically(const std::string& dir, const std::string& path, const std::string& data) {
+  make_dirs(dir);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
+                          std::to_string(reinterpret_cast<std::uintptr_t>(&data));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  std::size_t done = 0;
+  bool ok = true;
+  while (done < data.size()) {
+    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      ok = false;
+      break;
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  ok = (::close(fd) == 0) && ok;
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) ::unlink(tmp.c_str());
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Driver* d, CUdevice dev, CUcontext ctx, BackendInfo info, int sm_count, int cc)
+      : d_(d), dev_(dev), ctx_(ctx), info_(std::move(info)), sm_count_(sm_count), cc_(cc),
+        default_nan_(cpu_default_nan_bits()) {}
+
+  ~CudaBackend() override {
+    // Errors are ignored: at interpreter exit the driver may be shutting down.
+    if (d_->cuCtxPushCurrent(ctx_) == CUDA_SUCCESS) {
+      for (Slot& s : slots_) {
+        if (s.stream) d_->cuStreamSynchronize(s.stream);
+        if (s.done) d_->cuEventDestroy(s.done);
+        if (s.stream) d_->cuStreamDestroy(s.stream);
+        if (s.scratch) d_->cuMemFree(s.scratch);
+        if (s.host) d_->cuMemFreeHost(s.host);
+      }
+      if (status_dev_) d_->cuMemFree(status_dev_);
+      if (status_host_) d_->cuMemFreeHost(status_host_);
+      if (misc_) {
+        d_->cuStreamSynchronize(misc_);
+        d_->cuStreamDestroy(misc_);
+      }
+      if (module_) d_->cuModuleUnload(module_);
+      CUcontext prev = nullptr;
+      d_->cuCtxPopCurrent(&prev);
+    }
+    d_->cuDevicePrimaryCtxRelease(dev_);
+  }
+
+  const BackendInfo& info() const override { return info_; }
+
+  // Compiles (or loads from the cache) the kernels and makes the streams.
+  bool init(std::string* why) {
+    try {
+      Ctx c(*this);
+      check(d_->cuStreamCreate(&misc_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+      if (!load_kernels(why)) return false;
+      void* host = nullptr;
+      check(d_->cuMemHostAlloc(&host, sizeof(std::uint64_t) * 2 * kStatusCells, CU_MEMHOSTALLOC_PORTABLE),
+            "cuMemHostAlloc");
+      status_host_ = static_cast<std::uint64_t*>(host);
+      check(d_->cuMemAlloc(&status_dev_, sizeof(std::uint64_t) * 2 * kStatusCells), "cuMemAlloc");
+      for (int i = kStatusCells - 1; i >= 0; --i) free_status_.push_back(i);
+      return true;
+    } catch (const DeviceError& e) {
+      *why = e.what();
+      return false;
+    }
+  }
+
+  // ------------------------------------------------------------ memory
+
+  void* allocate(std::size_t len, void** handle) override {
+    Ctx c(*this);
+    CUdeviceptr p = 0;
+    const CUresult r = d_->cuMemAlloc(&p, len);
+    if (r != CUDA_SUCCESS) {
+      std::size_t free_b = 0, total_b = 0;
+      d_->cuMemGetInfo(&free_b, &total_b);
+      throw DeviceError("cannot allocate " + mib(len) + " of CUDA device memory on " + info_.name + " (" +
+                        mib(free_b) + " free of " + mib(total_b) + "): " + describe(*d_, "cuMemAlloc", r));
+    }
+    try {
+      check(d_->cuMemsetD8Async(p, 0, len, misc_), "cuMemsetD8Async");  // zero-filled, as on every backend
+      check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+    } catch (...) {
+      d_->cuMemFree(p);
+      throw;
+    }
+    *handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(p));
+    return *handle;
+  }
+
+  void release(void*, void* ptr, std::size_t) noexcept override {
+    if (ptr == nullptr) return;
+    if (d_->cuCtxPushCurrent(ctx_) != CUDA_SUCCESS) return;
+    // No copy into this buffer may still be in flight when it is freed.
+    if (inflight_.exchange(false)) {
+      for (Slot& s : slots_) d_->cuStreamSynchronize(s.stream);
+    }
+    d_->cuMemFree(dptr(ptr));
+    CUcontext prev = nullptr;
+    d_->cuCtxPopCurrent(&prev);
+  }
+
+  // Device memory from cuMemAlloc is never paged out or migrated: every
+  // buffer in the (bookkeeping) set is resident, so it counts as locked.
+  bool wire(void*, void*, std::size_t) override { return true; }
+
+  // ------------------------------------------------------------ uploads
+
+  UploadResult write(const UploadTarget& dst, const UploadPlan& p, const void* src) override {
+    const Source one{&p, 0, -1, 0, static_cast<const std::uint8_t*>(src)};
+    return upload(dst, &one, 1);
+  }
+
+  UploadResult read_file(const UploadTarget& dst, const UploadPlan& p, int fd, std::uint64_t file_offset) override {
+    const Source one{&p, 0, fd, file_offset, nullptr};
+    return upload(dst, &one, 1);
+  }
+
+  UploadResult read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments) override {
+    if (segments.empty()) return {};
+    std::vector<Source> srcs;
+    srcs.reserve(segments.size());
+    for (const FileSegment& s : segments) {
+      if (s.plan.op != segments[0].plan.op || s.plan.src_dtype != segments[0].plan.src_dtype) {
+        throw std::invalid_argument("segments of one upload must share their conversion");
+      }
+      srcs.push_back(Source{&s.plan, s.elem_offset, s.fd, s.file_offset, nullptr});
+    }
+    return upload(dst, srcs.data(), srcs.size());
+  }
+
+  void synchronize() override {
+    if (!inflight_.exchange(false)) return;
+    Ctx c(*this);
+    CUresult sync = CUDA_SUCCESS;
+    for (Slot& s : slots_) {
+      const CUresult r = d_->cuStreamSynchronize(s.stream);
+      if (sync == CUDA_SUCCESS) sync = r;
+    }
+    check(sync, "cuStreamSynchronize (uploads in flight)");
+  }
+
+  // Both buffers on this GPU: the conversion kernel (or a device copy) alone.
+  UploadResult convert(const UploadTarget& dst, const UploadPlan& p, void*, const void* src) override {
+    UploadResult res;
+    if (p.src_bytes == 0) return res;
+    Ctx c(*this);
+    const CUdeviceptr out = dptr(dst.base) + p.dst_off;
+    CUdeviceptr from = dptr(src);
+    if (p.op == UploadOp::Raw) {
+      check(d_->cuMemcpyDtoDAsync(out, from, p.src_bytes, misc_), "cuMemcpyDtoDAsync");
+      check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+      return res;
+    }
+    unsigned long long n = p.n_elems;
+    if (p.op == UploadOp::Decode) {
+      CUdeviceptr to = out;
+      void* args[] = {&from, &to, &n};
+      launch(p.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_, grid_for(n, kBlock), misc_, args);
+      check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+      return res;
+    }
+    const int cell = take_status();
+    try {
+      CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cell) * 16;
+      check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
+      check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
+      CUdeviceptr to = out;
+      unsigned long long nblocks = n / 32, base = 0;
+      void* args[] = {&from, &to, &nblocks, &base, &status};
+      CUfunction k = p.src_dtype == DType::F32 ? fn_q8_f32_ : p.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
+      launch(k, grid_for(nblocks, kQ8BlocksPerCta), misc_, args);
+      std::uint64_t* h = status_host_ + cell * 2;
+      check(d_->cuMemcpyDtoHAsync(h, status, 16, misc_), "cuMemcpyDtoHAsync");
+      check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+      res.first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
+      res.inf_scales = static_cast<std::size_t>(h[1]);
+    } catch (...) {
+      put_status(cell);
+      throw;
+    }
+    put_status(cell);
+    return res;
+  }
+
+  void copy_out(void*, const void* ptr, std::size_t offset, void* out, std::size_t len) override {
+    Ctx c(*this);
+    check(d_->cuMemcpyDtoHAsync(out, dptr(ptr) + offset, len, misc_), "cuMemcpyDtoHAsync");
+    check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+  }
+
+  void checksums(DType dtype, void*, const void* ptr, std::size_t numel, std::uint32_t* out,
+                 std::size_t ngroups) override {
+    if (ngroups == 0) return;
+    if (ngroups != (numel + kVerifyGroup - 1) / kVerifyGroup) throw DeviceError("GPU checksums: bad arguments");
+    Ctx c(*this);
+    CUdeviceptr sums = 0;
+    check(d_->cuMemAlloc(&sums, ngroups * sizeof(std::uint32_t)), "cuMemAlloc (checksums)");
+    try {
+      CUdeviceptr data = dptr(ptr);
+      int dt = static_cast<int>(dtype);
+      unsigned long long n = numel, g = ngroups;
+      unsigned nan = default_nan_;
+      void* args[] = {&data, &dt, &n, &sums, &g, &nan};
+      launch(fn_checksums_, grid_for(ngroups, 1), misc_, args);
+      check(d_->cuMemcpyDtoHAsync(out, sums, ngroups * sizeof(std::uint32_t), misc_), "cuMemcpyDtoHAsync");
+      check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+    } catch (...) {
+      d_->cuMemFree(sums);
+      throw;
+    }
+    d_->cuMemFree(sums);
+  }
+
+ private:
+  struct Slot {
+    void* host = nullptr;       // pinned staging, kSlotBytes
+    CUdeviceptr scratch = 0;    // device copy of the staged source, for conversions
+    CUstream stream = nullptr;
+    CUevent done = nullptr;     // recorded after the slot's last copy / kernel
+    bool pending = false;
+  };
+
+  // Makes the primary context current for this thread's driver calls and
+  // restores whatever was current before (we live inside others' processes).
+  class Ctx {
+   public:
+    explicit Ctx(CudaBackend& b) : b_(b) { b_.check(b_.d_->cuCtxPushCurrent(b_.ctx_), "cuCtxPushCurrent"); }
+    ~Ctx() {
+      CUcontext prev = nullptr;
+      b_.d_->cuCtxPopCurrent(&prev);
+    }
+    Ctx(const Ctx&) = delete;
+    Ctx& operator=(const Ctx&) = delete;
+
+   private:
+    CudaBackend& b_;
+  };
+
+  void check(CUresult r, const char* what) const {
+    if (r != CUDA_SUCCESS) throw DeviceError("CUDA error on " + info_.name + ": " + describe(*d_, what, r));
+  }
+
+  static CUdeviceptr dptr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)); }
+
+  unsigned grid_for(std::size_t items, std::size_t items_per_block) const {
+    const std::size_t want = (items + items_per_block - 1) / items_per_block;
+    const std::size_t cap = static_cast<std::size_t>(sm_count_) * 32;  // grid-stride beyond this
+    return static_cast<unsigned>(std::max<std::size_t>(1, std::min(want, cap)));
+  }
+
+  void launch(CUfunction f, unsigned grid, CUstream stream, void** args) {
+    check(d_->cuLaunchKernel(f, grid, 1, 1, kBlock, 1, 1, 0, stream, args, nullptr), "cuLaunchKernel");
+  }
+
+  bool load_kernels(std::string* why) {
+    const int major = cc_ / 10, minor = cc_ % 10;
+    const std::string arch = "sm_" + std::to_string(major) + std::to_string(minor);
+    // No fast math of any kind: Q8_0 bytes depend on IEEE division,
+    // multiplication and no contraction.
+    const std::vector<std::string> opts = {"--gpu-architecture=" + arch, "--fmad=false", "--ftz=false",
+                                           "--prec-div=true", "--prec-sqrt=true", "--std=c++17"};
+    int drv = 0;
+    d_->cuDriverGetVersion(&drv);
+    std::uint64_t key = 1469598103934665603ull;
+    key = fnv1a(key, kCudaKernelSource);
+    for (const auto& o : opts) key = fnv1a(key, o);
+    key = fnv1a(key, std::to_string(drv));
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(key));
+    const std::string dir = cuda::cache_dir();
+    const std::string path = dir.empty() ? std::string() : dir + "/kernels-" + arch + "-" + hex + ".cubin";
+
+    std::string cubin;
+    if (!path.empty() && read_whole(path, &cubin) && d_->cuModuleLoadData(&module_, cubin.data()) == CUDA_SUCCESS) {
+      return bind_functions(why);
+    }
+    module_ = nullptr;
+
+    std::string nvrtc_why;
+    const Nvrtc* n = cuda::nvrtc(&nvrtc_why);
+    if (n == nullptr) {
+      *why = nvrtc_why;
+      return false;
+    }
+    int vmaj = 0, vmin = 0;
+    n->nvrtcVersion(&vmaj, &vmin);
+    const std::string nv = "NVRTC " + std::to_string(vmaj) + "." + std::to_string(vmin) + " (" + n->path + ")";
+    nvrtcProgram prog = nullptr;
+    int r = n->nvrtcCreateProgram(&prog, kCudaKernelSource, "hf2q_cuda_kernels.cu", 0, nullptr, nullptr);
+    if (r != 0) {
+      *why = nv + " could not create a program: " + n->nvrtcGetErrorString(r);
+      return false;
+    }
+    std::vector<const char*> argv;
+    for (const auto& o : opts) argv.push_back(o.c_str());
+    r = n->nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
+    if (r != 0) {
+      std::size_t log_len = 0;
+      std::string log;
+      if (n->nvrtcGetProgramLogSize(prog, &log_len) == 0 && log_len > 1) {
+        log.resize(log_len);
+        n->nvrtcGetProgramLog(prog, &log[0]);
+        log.resize(std::min<std::size_t>(log_len - 1, 4000));
+      }
+      n->nvrtcDestroyProgram(&prog);
+      *why = nv + " could not compile the kernels for " + arch + " (" + n->nvrtcGetErrorString(r) +
+             "; an NVRTC older than this GPU?): " + log;
+      return false;
+    }
+    std::size_t size = 0;
+    if (n->nvrtcGetCUBINSize(prog, &size) != 0 || size == 0) {
+      n->nvrtcDestroyProgram(&prog);
+      *why = nv + " produced no cubin for " + arch;
+      return false;
+    }
+    cubin.assign(size, '\0');
+    n->nvrtcGetCUBIN(prog, &cubin[0]);
+    n->nvrtcDestroyProgram(&prog);
+    const CUresult lr = d_->cuModuleLoadData(&module_, cubin.data());
+    if (lr != CUDA_SUCCESS) {
+      module_ = nullptr;
+      *why = "the NVIDIA driver (CUDA " + std::to_string(drv / 1000) + "." + std::to_string(drv % 1000 / 10) +
+             ") cannot load the kernels " + nv + " built for " + arch + ": " +
+             describe(*d_, "cuModuleLoadData", lr) + " (an NVRTC newer than the driver?)";
+      return false;
+    }
+    if (!path.empty()) write_atomically(dir, path, cubin);
+    return bind_functions(why);
+  }
+
+  bool bind_functions(std::string* why) {
+    const struct {
+      const char* name;
+      CUfunction* fn;
+    } table[] = {{"hf2q_bf16_to_f32", &fn_bf16_},
+                 {"hf2q_f16_to_f32", &fn_f16_},
+                 {"hf2q_quantize_q8_0_f32", &fn_q8_f32_},
+                 {"hf2q_quantize_q8_0_f16", &fn_q8_f16_},
+                 {"hf2q_quantize_q8_0_bf16", &fn_q8_bf16_},
+                 {"hf2q_checksums", &fn_checksums_}};
+    for (const auto& e : table) {
+      const CUresult r = d_->cuModuleGetFunction(e.fn, module_, e.name);
+      if (r != CUDA_SUCCESS) {
+        *why = "the compiled kernels lack " + std::string(e.name) + ": " + describe(*d_, "cuModuleGetFunction", r);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // ---------------------------------------------------------- staging ring
+
+  void ensure_ring() {
+    std::lock_guard<std::mutex> lk(ring_mu_);
+    if (!slots_.empty()) return;
+    const int n = std::min(16, std::max(4, 2 * get_num_threads()));
+    std::vector<Slot> slots(static_cast<std::size_t>(n));
+    try {
+      for (Slot& s : slots) {
+        check(d_->cuMemHostAlloc(&s.host, kSlotBytes, CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc (staging)");
+        check(d_->cuStreamCreate(&s.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        check(d_->cuEventCreate(&s.done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+      }
+    } catch (...) {
+      for (Slot& s : slots) {
+        if (s.done) d_->cuEventDestroy(s.done);
+        if (s.stream) d_->cuStreamDestroy(s.stream);
+        if (s.host) d_->cuMemFreeHost(s.host);
+      }
+      throw;
+    }
+    slots_ = std::move(slots);
+    for (int i = n - 1; i >= 0; --i) free_slots_.push_back(i);
+  }
+
+  // One slot, exclusively, until the lease ends; its previous work is done.
+  class Lease {
+   public:
+    explicit Lease(CudaBackend& b) : b_(b) {
+      std::unique_lock<std::mutex> lk(b_.ring_mu_);
+      b_.ring_cv_.wait(lk, [&] { return !b_.free_slots_.empty(); });
+      idx_ = b_.free_slots_.back();
+      b_.free_slots_.pop_back();
+      lk.unlock();
+      Slot& s = slot();
+      if (s.pending) {
+        try {
+          b_.check(b_.d_->cuEventSynchronize(s.done), "cuEventSynchronize");
+        } catch (...) {
+          give_back();
+          throw;
+        }
+        s.pending = false;
+      }
+    }
+    ~Lease() { give_back(); }
+    Slot& slot() { return b_.slots_[static_cast<std::size_t>(idx_)]; }
+
+   private:
+    void give_back() {
+      if (idx_ < 0) return;
+      {
+        std::lock_guard<std::mutex> lk(b_.ring_mu_);
+        b_.free_slots_.push_back(idx_);
+      }
+      b_.ring_cv_.notify_one();
+      idx_ = -1;
+    }
+    CudaBackend& b_;
+    int idx_ = -1;
+  };
+
+  int take_status() {
+    std::unique_lock<std::mutex> lk(status_mu_);
+    status_cv_.wait(lk, [&] { return !free_status_.empty(); });
+    const int i = free_status_.back();
+    free_status_.pop_back();
+    return i;
+  }
+  void put_status(int i) {
+    {
+      std::lock_guard<std::mutex> lk(status_mu_);
+      free_status_.push_back(i);
+    }
+    status_cv_.notify_one();
+  }
+
+  // Where one planned piece of an upload comes from: CPU memory `mem`, or
+  // `fd` at `file_offset`. `base_elem` is added to non-finite indices.
+  struct Source {
+    const UploadPlan* plan;
+    std::size_t base_elem;
+    int fd;
+    std::uint64_t file_offset;
+    const std::uint8_t* mem;
+  };
+
+  // The chunked pipeline over every source: each chunk is staged in a slot's
+  // pinned buffer (memcpy or pread), then its copy (and conversion) queued on
+  // the slot's stream. Chunks are small enough that a mid-sized tensor still
+  // spreads over every thread, large enough to keep copies efficient.
+  // Returns once all of it is on the GPU.
+  UploadResult upload(const UploadTarget& dst, const Source* srcs, std::size_t nsrcs) {
+    UploadResult res;
+    const UploadPlan& p0 = *srcs[0].plan;
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < nsrcs; ++i) total += srcs[i].plan->src_bytes;
+    if (total == 0) return res;
+    Ctx c(*this);
+    ensure_ring();
+    const bool convert = p0.op != UploadOp::Raw;
+    const std::size_t esize = convert ? p0.src_elem : 1;
+    CUfunction kernel = nullptr;
+    if (p0.op == UploadOp::Decode) kernel = p0.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_;
+    if (p0.op == UploadOp::Quantize) {
+      kernel = p0.src_dtype == DType::F32 ? fn_q8_f32_ : p0.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
+    }
+
+    // 64 KiB granules: a multiple of 32 elements of every source dtype.
+    constexpr std::size_t kGranule = 64u << 10;
+    const std::size_t threads = static_cast<std::size_t>(get_num_threads());
+    std::size_t chunk = (total / (2 * threads) + kGranule - 1) / kGranule * kGranule;
+    chunk = std::min(kSlotBytes, std::max<std::size_t>(1u << 20, chunk));
+    struct Piece {
+      std::size_t src;
+      std::size_t off;
+      std::size_t len;
+    };
+    std::vector<Piece> pieces;
+    for (std::size_t i = 0; i < nsrcs; ++i) {
+      const std::size_t n = srcs[i].plan->src_bytes;
+      for (std::size_t off = 0; off < n; off += chunk) pieces.push_back(Piece{i, off, std::min(chunk, n - off)});
+    }
+
+    int cell = -1;
+    CUdeviceptr status = 0;
+    if (p0.op == UploadOp::Quantize) {
+      cell = take_status();
+      status = status_dev_ + static_cast<std::size_t>(cell) * 16;
+      try {
+        check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
+        check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
+        check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+      } catch (...) {
+        put_status(cell);
+        throw;
+      }
+    }
+
+    std::exception_ptr failure;
+    try {
+      parallel_for(pieces.size(), 1, [&](std::size_t c0, std::size_t c1) {
+        Ctx tc(*this);
+        for (std::size_t ci = c0; ci < c1; ++ci) {
+          const Piece& pc = pieces[ci];
+          const Source& src = srcs[pc.src];
+          const UploadPlan& p = *src.plan;
+          const CUdeviceptr out = dptr(dst.base) + p.dst_off;
+          Lease lease(*this);
+          Slot& s = lease.slot();
+          auto* host = static_cast<std::uint8_t*>(s.host);
+          if (src.mem != nullptr) {
+            std::memcpy(host, src.mem + pc.off, pc.len);
+          } else {
+            pread_full(src.fd, host, pc.len, src.file_offset + pc.off);
+          }
+          if (!convert) {
+            check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
+          } else {
+            if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, kSlotBytes), "cuMemAlloc (scratch)");
+            check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
+            CUdeviceptr from = s.scratch;
+            const unsigned long long elems = pc.len / esize, first = pc.off / esize;
+            if (p.op == UploadOp::Decode) {
+              CUdeviceptr to = out + first * 4;
+              unsigned long long n = elems;
+              void* args[] = {&from, &to, &n};
+              launch(kernel, grid_for(elems, kBlock), s.stream, args);
+            } else {
+              CUdeviceptr to = out + first / 32 * 34;
+              unsigned long long nblocks = elems / 32, base = src.base_elem + first;
+              void* args[] = {&from, &to, &nblocks, &base, &status};
+              launch(kernel, grid_for(nblocks, kQ8BlocksPerCta), s.stream, args);
+            }
+          }
+          check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
+          s.pending = true;
+        }
+      });
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    // Nothing is asked of the device (raw copies, widening): the copies stay
+    // in flight, overlapping the next upload's reads; synchronize() (called
+    // before any read of device memory and before a free) waits for them.
+    // The source was staged already, so the caller may reuse it.
+    if (!failure && cell < 0) {
+      inflight_.store(true);
+      return res;
+    }
+    // Otherwise nothing of this upload may still be in flight when it
+    // returns (the caller may free the buffer, or needs the status).
+    CUresult sync = CUDA_SUCCESS;
+    for (Slot& s : slots_) {
+      const CUresult r = d_->cuStreamSynchronize(s.stream);
+      if (sync == CUDA_SUCCESS) sync = r;
+    }
+    if (cell >= 0) {
+      if (!failure && sync == CUDA_SUCCESS) {
+        std::uint64_t* h = status_host_ + cell * 2;
+        const CUresult r1 = d_->cuMemcpyDtoHAsync(h, status, 16, misc_);
+        const CUresult r2 = r1 == CUDA_SUCCESS ? d_->cuStreamSynchronize(misc_) : r1;
+        if (r2 == CUDA_SUCCESS) {
+          res.first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
+          res.inf_scales = static_cast<std::size_t>(h[1]);
+        } else {
+          sync = r2;
+        }
+      }
+      put_status(cell);
+    }
+    if (failure) std::rethrow_exception(failure);
+    check(sync, "cuStreamSynchronize (upload)");
+    return res;
+  }
+
+  const Driver* d_;
+  CUdevice dev_;
+  CUcontext ctx_;
+  BackendInfo info_;
+  int sm_count_;
+  int cc_;
+  std::uint32_t default_nan_;
+  CUstream misc_ = nullptr;  // allocation zeroing, status words, read-back
+  CUmodule module_ = nullptr;
+  CUfunction fn_bf16_ = nullptr, fn_f16_ = nullptr, fn_q8_f32_ = nullptr, fn_q8_f16_ = nullptr,
+             fn_q8_bf16_ = nullptr, fn_checksums_ = nullptr;
+
+  std::atomic<bool> inflight_{false};  // uploads queued and not yet waited for
+
+  std::mutex ring_mu_;
+  std::condition_variable ring_cv_;
+  std::vector<Slot> slots_;
+  std::vector<int> free_slots_;
+
+  std::mutex status_mu_;
+  std::condition_variable status_cv_;
+  std::vector<int> free_status_;
+  std::uint64_t* status_host_ = nullptr;  // pinned, 2 words per cell
+  CUdeviceptr status_dev_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int index, std::string* why) {
+  const Driver* d = cuda::driver(why);
+  if (d == nullptr) return nullptr;
+  int count = 0;
+  CUresult r = d->cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS || count == 0) {
+    *why = r != CUDA_SUCCESS ? "the NVIDIA driver cannot count GPUs: " + describe(*d, "cuDeviceGetCount", r)
+                             : std::string("the NVIDIA driver reports no CUDA GPU");
+    return nullptr;
+  }
+  if (index < 0 || index >= count) {
+    *why = "there is no CUDA GPU " + std::to_string(index) + ": this machine has " + std::to_string(count) +
+           (count == 1 ? " (cuda:0)" : " (cuda:0 to cuda:" + std::to_string(count - 1) + ")");
+    return nullptr;
+  }
+  CUdevice dev = 0;
+  char name[256] = {0};
+  int major = 0, minor = 0, sms = 0;
+  std::size_t total = 0;
+  if ((r = d->cuDeviceGet(&dev, index)) != CUDA_SUCCESS ||
+      (r = d->cuDeviceGetName(name, sizeof name - 1, dev)) != CUDA_SUCCESS ||
+      (r = d->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)) != CUDA_SUCCESS ||
+      (r = d->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)) != CUDA_SUCCESS ||
+      (r = d->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) != CUDA_SUCCESS ||
+      (r = d->cuDeviceTotalMem(&total, dev)) != CUDA_SUCCESS) {
+    *why = "cannot query CUDA GPU " + std::to_string(index) + ": " + describe(*d, "cuDeviceGet*", r);
+    return nullptr;
+  }
+  CUcontext ctx = nullptr;
+  if ((r = d->cuDevicePrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS) {
+    *why = "cannot use CUDA GPU " + std::to_string(index) + " (" + name + "): " +
+           describe(*d, "cuDevicePrimaryCtxRetain", r);
+    return nullptr;
+  }
+  BackendInfo info;
+  info.kind = "cuda";
+  info.name = name;
+  info.page_size = 4096;
+  info.working_set_bytes = total;
+  info.unified_memory = false;
+  info.cpu_visible = false;
+  info.dlpack_device_type = kDLCUDA;
+  info.device_index = index;
+  info.max_sets = 1;
+  auto b = std::make_unique<CudaBackend>(d, dev, ctx, std::move(info), sms, major * 10 + minor);
+  if (!b->init(why)) return nullptr;  // ~CudaBackend releases the context
+  return b;
+}
+
+}  // namespace hf2q::device
