@@ -148,6 +148,18 @@ def test_readme_lists_every_option() -> None:
             assert f"hf2q {cmd}" in readme
 
 
+def test_help_lists_every_environment_variable_of_the_readme(capsys: pytest.CaptureFixture[str]) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    env_section = readme.split("## Environment", 1)[1].split("\n## ", 1)[0]
+    names = set(re.findall(r"`((?:HF2Q|HF)_[A-Z_]+)", env_section))
+    assert {"HF2Q_NUM_THREADS", "HF2Q_NO_RESIDENCY", "HF2Q_NO_PROGRESS", "HF_HUB_CACHE"} <= names
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for n in names:
+        assert n in out, n
+
+
 @pytest.mark.parametrize("kind,name", [("metal", "Metal"), ("cuda", "CUDA")])
 def test_demo_on_a_missing_device_fails_before_writing(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                        kind: str, name: str) -> None:
