@@ -26,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import best_of, dump_json, print_table  # noqa: E402
 
 import hf2q  # noqa: E402
-from hf2q import ops  # noqa: E402
+from hf2q import formats, ops  # noqa: E402
+
+Q8 = formats.get("q8_0")
 
 
 def main() -> int:
@@ -35,7 +37,7 @@ def main() -> int:
     ap.add_argument("--gguf-elements", type=int, default=2 << 20)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    n = args.elements - args.elements % 32
+    n = args.elements - args.elements % Q8.block_elems
     rng = np.random.default_rng(0)
     f32 = (rng.standard_normal(n, dtype=np.float32) * 0.02)
     bf16 = f32.astype(ml_dtypes.bfloat16)
@@ -53,9 +55,9 @@ def main() -> int:
         return 2 * nbytes / best_of(lambda: np.copyto(dst, src)) / 1e9
 
     copy_f32 = memcpy_gbs(4 * n)
-    copy_q8 = memcpy_gbs(n // 32 * 34)
+    copy_q8 = memcpy_gbsQ8.storage_bytes(n)
     add("memcpy, f32-sized (numpy copyto)", 2 * 4 * n / copy_f32 / 1e9, 8 * n, "baseline")
-    add("memcpy, q8_0-sized (numpy copyto)", 2 * (n // 32 * 34) / copy_q8 / 1e9, 2 * (n // 32 * 34), "baseline")
+    add("memcpy, q8_0-sized (numpy copyto)", 2 * Q8.storage_bytes(n) / copy_q8 / 1e9, 2 * Q8.storage_bytes(n), "baseline")
     out = np.empty(n, np.float32)
     out[:] = 0
     add("hf2q bf16->f32 into out", best_of(lambda: ops.bf16_to_f32(bf16, out=out)), 6 * n, "ours")
@@ -71,21 +73,21 @@ def main() -> int:
     except ImportError:
         rows.append({"case": "torch .float()", "kind": "not installed"})
 
-    q = np.empty(n // 32 * 34, np.uint8)
+    q = np.empty(Q8.storage_bytes(n), np.uint8)
     q[:] = 0
-    qbytes = n // 32 * 34
+    qbytes = Q8.storage_bytes(n)
     for name, src, es in (("f32", f32, 4), ("bf16", bf16, 2), ("f16", f16, 2)):
         add(f"hf2q q8_0 from {name} into out", best_of(lambda src=src: ops.quantize_q8_0(src, out=q)), es * n + qbytes, "ours")
     add("hf2q dequantize q8_0", best_of(lambda: ops.dequantize_q8_0(q, out=out)), qbytes + 4 * n, "ours")
 
     import gguf
 
-    m = min(n, args.gguf_elements - args.gguf_elements % 32)
+    m = min(n, args.gguf_elements - args.gguf_elements % Q8.block_elems)
     sl = f32[:m].reshape(-1, 4096) if m % 4096 == 0 else f32[:m].reshape(-1, 32)
     t_g = best_of(lambda: gguf.quants.quantize(sl, gguf.GGMLQuantizationType.Q8_0))
     equal = bool(np.array_equal(gguf.quants.quantize(sl, gguf.GGMLQuantizationType.Q8_0).reshape(-1),
                                 ops.quantize_q8_0(sl).reshape(-1)))
-    add(f"gguf-py q8_0 from f32 ({m:,} elements)", t_g, 4 * m + m // 32 * 34, "peer")
+    add(f"gguf-py q8_0 from f32 ({m:,} elements)", t_g, 4 * m + Q8.storage_bytes(m), "peer")
 
     for r in rows:
         if "GB/s" in r:

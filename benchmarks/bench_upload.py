@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import best_of, dump_json, print_table  # noqa: E402
 
 import hf2q  # noqa: E402
+from hf2q import formats  # noqa: E402
 
 
 def main() -> int:
@@ -32,7 +33,7 @@ def main() -> int:
     args = ap.parse_args()
 
     n = args.mib * (1 << 20) // 2
-    n -= n % 32
+    n -= n % formats.get("q8_0").block_elems
     rng = np.random.default_rng(0)
     src = (rng.standard_normal(n, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
     nbytes = src.nbytes
@@ -78,7 +79,7 @@ def main() -> int:
 
         # Ours: from memory -------------------------------------------------
         for to in ("bf16", "f32", "q8_0"):
-            out_bytes = {"bf16": nbytes, "f32": 2 * nbytes, "q8_0": n // 32 * 34}[to]
+            out_bytes = formats.nbytes((n,), to)
             t = best_of(lambda to=to: dev.upload(src, to=to), repeat=2)
             add(f"hf2q upload from memory -> {to} (alloc incl.)", t, nbytes + out_bytes)
 

@@ -120,7 +120,7 @@ apple_clang_ok() {  # a clang that targets arm64-apple-macos
 find_tools() {
   CXX=${HF2Q_APPLE_CXX:-}
   if [ -z "$CXX" ]; then
-    for c in clang++ clang++-21 clang++-20 clang++-19 clang++-18 clang++-17 clang++-16 clang++-15 clang++-14; do
+    for c in clang++-21 clang++-20 clang++-19 clang++-18 clang++-17 clang++-16 clang++-15 clang++-14 clang++; do
       p=$(command -v "$c" 2>/dev/null) || continue
       if apple_clang_ok "$p"; then CXX=$p; break; fi
     done
@@ -218,9 +218,11 @@ minos() { case "$1" in macos15-*) echo 15.0 ;; *) echo 14.0 ;; esac; }
 sdk15() { case "$1" in *-sdk15) echo 1 ;; *) echo 0 ;; esac; }
 
 configure() {
-  local name=$1 dir="$BUILD/$1" t d flags=""
+  # Apple's toolchain links libc++ only; say so, so that a Debian clang whose
+  # Darwin driver would pick libstdc++ (clang 14 does) checks the same headers.
+  local name=$1 dir="$BUILD/$1" t d flags="-stdlib=libc++"
   t=$(triple "$name"); d=$(deploy "$name")
-  [ "$(sdk15 "$name")" = 1 ] && flags=$SDK15_FLAGS
+  [ "$(sdk15 "$name")" = 1 ] && flags="$flags $SDK15_FLAGS"
   rm -rf "$dir"
   local args=(-S "$ROOT" -B "$dir" -G "$GEN"
     -DCMAKE_SYSTEM_NAME=Darwin -DCMAKE_SYSTEM_PROCESSOR=arm64

@@ -138,7 +138,7 @@ HF2Q_QWEN_VARIANTS: dict[str, dict[str, Any]] = {
     },
 }
 
-# z-lab drafters' config fields (spec dflash.md §7/§8), tiny sizes.
+# z-lab drafters' config fields (docs/DFLASH.md), tiny sizes.
 DFLASH_VARIANTS: dict[str, dict[str, Any]] = {
     "dflash_original": {
         "architectures": ["DFlashDraftModel"], "attention_bias": False, "attention_dropout": 0.0,

@@ -79,7 +79,7 @@ def test_alloc_shapes_dtypes_and_zero_fill(dev, dtype, shape, byte_len, np_dtype
 
 
 def test_q8_0_expert_stack_byte_len(dev):
-    # q8_0.md: [256, 512, 2048] -> 285,212,672 bytes; computed without allocating much
+    # docs/Q8_0.md: [256, 512, 2048] -> 285,212,672 bytes; computed without allocating much
     from hf2q._core import NativeDevice  # noqa: F401  (size arithmetic is native)
 
     buf = dev.alloc((2, 512, 2048), "q8_0")
@@ -400,6 +400,7 @@ def test_short_read_is_an_error(dev, tmp_path):
             dev.upload_from_file(path, 0, 2000, "bf16", to, (1000,))
         assert str(path) in str(ei.value)
         assert isinstance(ei.value, hf2q.Hf2qError)
+        assert ei.value.code == "FileTruncated"  # set by the native reader, not read from the message
     with pytest.raises(FileReadError, match="cannot open"):
         dev.upload_from_file(tmp_path / "missing", 0, 4, "bf16", "bf16", (2,))
     gc.collect()

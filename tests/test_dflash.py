@@ -1,5 +1,5 @@
-"""hf2q.dflash: config revisions and rules (spec dflash.md §2-§4), manifest
-(§5), weight validation errors, byte accounting for every drafter (§6-§8) and
+"""hf2q.dflash: config revisions and rules (docs/DFLASH.md), manifest,
+weight validation errors, byte accounting for every drafter and
 the synthetic checkpoint writer. Never allocates a full-size drafter."""
 
 from __future__ import annotations
@@ -660,7 +660,7 @@ def test_load_from_open_checkpoint_and_file(tiny_ckpt: Path) -> None:
 
 
 def test_norm_decode_is_exact_not_misread(tmp_path: Path) -> None:
-    """Spec §9: BF16 1.0, 1.0 read as one F32 is 0x3f803f80 = 1.0019379; the
+    """docs/DFLASH.md: BF16 1.0, 1.0 read as one F32 is 0x3f803f80 = 1.0019379; the
     host layout decodes each norm element to F32 exactly."""
     raw = np.array([1.0, 1.0], dtype=ml_dtypes.bfloat16)
     assert raw.tobytes() == b"\x80\x3f\x80\x3f"

@@ -1,4 +1,4 @@
-"""hf2q.dflash device upload (spec dflash.md §5, §6, §9; safetensors.md §5):
+"""hf2q.dflash device upload (docs/DFLASH.md, docs/SAFETENSORS.md):
 raw BF16 projections byte-identical to the file, the six norm kinds decoded to
 F32, field names, byte accounting, residency, the always-on dtype invariant,
 read-back verification, and cleanup after truncated files, interrupts and
@@ -39,7 +39,7 @@ from hf2q.errors import ConfigError, ExtraTensorError, MissingTensorError, Safet
 from hf2q.testing import make_dflash_checkpoint
 from safetensors.numpy import load_file, save_file
 
-import hf2q.models.dflash as dflash_mod
+import hf2q.loader as hf2q_loader
 
 BF16 = ml_dtypes.bfloat16
 TINY = DFlashConfig.from_dict(TINY_DRAFTER_CONFIG)
@@ -246,7 +246,7 @@ def test_two_models_share_accounting(single: Path, dev: Device) -> None:
     assert b.verify()["buffers"] == N_TENSORS
 
 
-# --------------------------------------------------------------------------- dtype invariant (spec §9)
+# --------------------------------------------------------------------------- dtype invariant (docs/DFLASH.md)
 
 
 def test_misread_value_pinned() -> None:
@@ -341,13 +341,12 @@ def test_upload_rejects_bf16_norms_and_frees_everything(
 ) -> None:
     """Re-create the original loader bug (norms uploaded as BF16): the
     always-on check in upload refuses the model and frees every buffer."""
-    real = Device.upload_from_file
+    real = Device.alloc
 
-    def buggy(self: Device, file: Any, offset: int, nbytes: int, src_dtype: str, to: str, shape: Any,
-              **kw: Any) -> Buffer:
-        return real(self, file, offset, nbytes, src_dtype, "bf16", shape, **kw)
+    def buggy(self: Device, shape: Any, dtype: str) -> Buffer:  # every buffer BF16, as the file
+        return real(self, shape, "bf16")
 
-    monkeypatch.setattr(Device, "upload_from_file", buggy)
+    monkeypatch.setattr(Device, "alloc", buggy)
     with DFlashWeights.load(single) as w:
         with pytest.raises(DTypeInvariantError) as ei:
             DFlashModelTensors.upload(dev, w.config, w)
@@ -433,7 +432,7 @@ def test_keyboard_interrupt_from_progress_bar(
         bars.append(InterruptingBar(after))
         return bars[-1]
 
-    monkeypatch.setattr(dflash_mod, "progress_bar", make_bar)
+    monkeypatch.setattr(hf2q_loader, "progress_bar", make_bar)  # the one loader's bar
     with pytest.raises(KeyboardInterrupt) as ei:
         dflash.load(single, dev, progress=True)
     assert count(dev) == 0  # freed while the exception (and its traceback) is still alive
@@ -463,20 +462,20 @@ def test_keyboard_interrupt_from_real_tqdm(single: Path, dev: Device, monkeypatc
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, MemoryError, hf2q.DeviceError])
 @pytest.mark.parametrize("after", [0, 1, 12, N_TENSORS - 1])
-def test_failure_in_upload_from_file_leaves_nothing(
+def test_failure_in_write_from_file_leaves_nothing(
     sharded: Path, dev: Device, monkeypatch: pytest.MonkeyPatch, after: int, exc: type
 ) -> None:
-    real = Device.upload_from_file
+    real = Device.write_from_file_segments  # what the loader streams through
     calls = {"n": 0}
 
-    def flaky(self: Device, *a: Any, **kw: Any) -> Buffer:
+    def flaky(self: Device, *a: Any, **kw: Any) -> None:
         if calls["n"] == after:
             raise exc("injected")
         calls["n"] += 1
         return real(self, *a, **kw)
 
     keep = dev.alloc((10,), "f32")
-    monkeypatch.setattr(Device, "upload_from_file", flaky)
+    monkeypatch.setattr(Device, "write_from_file_segments", flaky)
     with pytest.raises(exc) as ei:
         dflash.load(sharded, dev, progress=False)
     assert calls["n"] == after
@@ -511,7 +510,7 @@ def test_failed_load_closes_files(tmp_path: Path, single: Path, dev: Device, mon
     def boom(self: Device, *a: Any, **kw: Any) -> Buffer:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Device, "upload_from_file", boom)
+    monkeypatch.setattr(Device, "write_from_file_segments", boom)
     with pytest.raises(KeyboardInterrupt):
         dflash.load(single, dev, progress=False)
     assert len(os.listdir(fd_dir)) == before

@@ -336,7 +336,7 @@ def test_keyboard_interrupt_anywhere_in_a_load(kind: str, ckpts: dict[str, Path]
 
 def test_keyboard_interrupt_from_qwen35_progress_bar(ckpts: dict[str, Path], dev: Device,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import hf2q.models.qwen35_load as qwen35_load
+    import hf2q.loader as hf2q_loader
 
     path = ckpts["qwen35-sharded"]
     n_tensors = len(qwen35.load(path, device=dev, progress=False).names())
@@ -349,7 +349,7 @@ def test_keyboard_interrupt_from_qwen35_progress_bar(ckpts: dict[str, Path], dev
             return bars[-1]
 
         with monkeypatch.context() as m:
-            m.setattr(qwen35_load, "progress_bar", make_bar)
+            m.setattr(hf2q_loader, "progress_bar", make_bar)  # the one loader's bar
             with pytest.raises(KeyboardInterrupt):
                 qwen35.load(path, device=dev, progress=True)
         assert bars[0].closed and bars[0].updates == after + 1

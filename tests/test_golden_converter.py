@@ -23,7 +23,7 @@ import pytest
 import hf2q
 from hf2q import dflash, qwen35
 from hf2q.models.dflash import DFlashConfig
-from hf2q.models.qwen35_config import DEFAULT_FULL_ATTENTION_INTERVAL, Qwen35Config
+from hf2q.models.qwen35.config import DEFAULT_FULL_ATTENTION_INTERVAL, Qwen35Config
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 OUTTYPES = ("q8_0", "f32", "bf16")

@@ -1,6 +1,6 @@
 """Native kernels (hf2q.ops) against hf2q.reference and gguf-py, byte for byte.
 
-Conformance target: /work/shared/spec/q8_0.md. Every Q8_0 comparison checks
+Conformance target: docs/Q8_0.md. Every Q8_0 comparison checks
 three implementations: the native kernels (SIMD and forced-scalar paths, 1 and
 N threads), the numpy reference, and gguf-py's quantizer on ``x.astype(f32)``.
 """
@@ -209,7 +209,7 @@ KINDS = ["randn", "uniform", "bf16like", "halfint", "ints", "signed_zeros", "sub
 
 
 def test_no_flush_to_zero():
-    """Importing hf2q must not switch the process to FTZ/DAZ (spec section 8)."""
+    """Importing hf2q must not switch the process to FTZ/DAZ (docs/Q8_0.md, build rules)."""
     tiny = np.float32(1e-45)
     assert tiny != 0
     assert np.float32(1e-38) / np.float32(4.0) != 0

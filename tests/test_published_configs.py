@@ -1,6 +1,6 @@
 """Published configs (issue 10, item 4): the config.json fields of the
 published Qwen3.6-35B-A3B MoE model and of z-lab's DFlash drafters, typed by
-us from the spec (qwen35moe.md §1, §4, §6; dflash.md §7, §8) into
+us from docs/QWEN35MOE.md and docs/DFLASH.md into
 tests/data/published/, must parse to the documented numbers."""
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def test_drafter_config_numbers(fname: str) -> None:
 
 
 def test_gemma_drafter_derived_sizes() -> None:
-    """dflash.md §7: derived widths and BF16 bytes per tensor."""
+    """docs/DFLASH.md (gemma-4 drafter): derived widths and BF16 bytes per tensor."""
     c = DFlashConfig.from_file(PUBLISHED / "dflash-gemma-4-26b-a4b-it.config.json")
     assert (c.fc_input_dim, c.q_width, c.kv_width, c.num_attention_heads // c.num_key_value_heads) == (
         16_896, 4_096, 1_024, 4)
@@ -136,7 +136,7 @@ def test_gemma_drafter_derived_sizes() -> None:
 
 
 def test_qwen_drafter_default_taps_rule() -> None:
-    """dflash.md §8: the 27B drafter's taps follow z-lab's rule, T ids spaced
+    """docs/DFLASH.md (other drafters): the 27B drafter's taps follow z-lab's rule, T ids spaced
     evenly from 1 to num_target_layers - 3, rounded."""
     c = DFlashConfig.from_file(PUBLISHED / "dflash-qwen3.6-27b.config.json")
     t, end = c.num_taps, c.num_target_layers - 3

@@ -25,7 +25,7 @@ ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
 
 
 def parse_safetensors(path) -> dict:
-    """Minimal independent check of spec safetensors.md §1/§3 for our writer."""
+    """Minimal independent check of docs/SAFETENSORS.md for our writer."""
     data = path.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
     assert n % 8 == 0  # padded like the reference writer

@@ -1,4 +1,4 @@
-"""Qwen35Config: config.json parsing (spec qwen35moe.md §1)."""
+"""Qwen35Config: config.json parsing (docs/QWEN35MOE.md)."""
 
 from __future__ import annotations
 

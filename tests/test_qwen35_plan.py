@@ -1,5 +1,5 @@
 """Tensor plan: names, counts, shapes, classes, device dtypes, validation
-(spec qwen35moe.md §3-§6). Built from synthetic name -> (dtype, shape)
+(docs/QWEN35MOE.md). Built from synthetic name -> (dtype, shape)
 mappings: no file, no bytes."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def tiny_specs(**kw) -> dict:
     return dict(checkpoint_tensor_specs("tiny", **kw))
 
 
-# ----------------------------------------------------------------------------- the §4 table
+# ----------------------------------------------------------------------------- the name table of docs/QWEN35MOE.md
 FULL_NAMES = ["attn_norm", "post_attention_norm", "attn_q", "attn_k", "attn_v", "attn_output",
               "attn_q_norm", "attn_k_norm"]
 LINEAR_NAMES = ["attn_norm", "post_attention_norm", "attn_qkv", "attn_gate", "ssm_alpha", "ssm_beta",
@@ -88,7 +88,7 @@ def spec_names(L: int, full: set[int], mtp: int) -> set[str]:
     return names
 
 
-# numpy shapes of spec §4 for Qwen3.6-35B-A3B
+# numpy shapes of docs/QWEN35MOE.md for Qwen3.6-35B-A3B
 SPEC_SHAPES = {
     "token_embd.weight": (V, H), "output.weight": (V, H), "output_norm.weight": (H,),
     "attn_norm.weight": (H,), "post_attention_norm.weight": (H,),

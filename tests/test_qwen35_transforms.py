@@ -1,4 +1,4 @@
-"""Reference transforms (spec qwen35moe.md §3.4-§3.7) against independent
+"""Reference transforms (docs/QWEN35MOE.md) against independent
 formulations, and an end-to-end check of every planned tensor of the tiny
 checkpoints against an oracle written straight from the spec."""
 
@@ -41,7 +41,7 @@ def bf16(shape) -> np.ndarray:
 
 
 def tiled_source_heads(nk: int, r: int) -> list[int]:
-    """Spec §3.7: grouped head k*r + j goes to tiled position j*nk + k.
+    """docs/QWEN35MOE.md (transform 7): grouped head k*r + j goes to tiled position j*nk + k.
     Returns src[dst] for dst = 0..nk*r-1."""
     src = [0] * (nk * r)
     for k in range(nk):
@@ -196,7 +196,7 @@ def test_device_dtypes() -> None:
 
 # ----------------------------------------------------------------------------- end to end, tiny
 def oracle(gguf_name: str, arr: dict[str, np.ndarray], c: Qwen35Config, prefix: str, fused: bool) -> np.ndarray:
-    """Final logical float32 array of one GGUF tensor, straight from spec §3/§4 with index arrays."""
+    """Final logical float32 array of one GGUF tensor, straight from docs/QWEN35MOE.md with index arrays."""
     nk, nv, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
     L, E = c.num_hidden_layers, c.num_experts
     src = tiled_source_heads(nk, nv // nk)

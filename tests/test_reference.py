@@ -1,6 +1,6 @@
 """hf2q.reference (the numpy oracle) against independent implementations and
 gguf-py: exhaustive rounding, every 16-bit pattern, the scale conversion and
-the rows of /work/shared/spec/q8_0.md section 4."""
+the rows of docs/Q8_0.md (edge cases)."""
 
 from __future__ import annotations
 

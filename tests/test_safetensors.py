@@ -1,6 +1,6 @@
-"""hf2q.safetensors: every validation rule of spec safetensors.md §3 with its
+"""hf2q.safetensors: every validation rule of docs/SAFETENSORS.md with its
 code, parity with the ``safetensors`` package on valid files, pread reading,
-truncation, sharded checkpoints (§4) and fuzzing."""
+truncation, sharded checkpoints and fuzzing."""
 
 from __future__ import annotations
 
@@ -534,9 +534,16 @@ def test_chunked_parallel_read_and_truncation(f: Path, monkeypatch: pytest.Monke
         assert ei.value.code == "FileTruncated"
 
 
-def test_pread_fallback_without_preadv(f: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_native_reader_only(f: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every checkpoint byte (headers included) is read by the native core:
+    Python's pread / preadv are never called, even in 8-byte chunks."""
     tensors = _package_file(f)
-    monkeypatch.delattr(os, "preadv", raising=False)
+
+    def forbidden(*a: object, **kw: object) -> None:
+        raise AssertionError("checkpoint bytes read from Python")
+
+    monkeypatch.setattr(os, "preadv", forbidden, raising=False)
+    monkeypatch.setattr(os, "pread", forbidden)
     monkeypatch.setattr(hst, "READ_CHUNK_BYTES", 8)
     with hst.open(f) as sf:
         for k in sf:

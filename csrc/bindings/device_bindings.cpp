@@ -9,6 +9,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "device/device.h"
+#include "device/reader.h"
 #if defined(HF2Q_HAVE_CUDA)
 #include "device/cuda/cuda_api.h"
 #endif
@@ -48,7 +49,7 @@ nb::dlpack::dtype storage_dtype(DType t, bool dlpack_bf16) {
 
 std::vector<std::size_t> storage_shape(const BufferImpl& b) {
   std::vector<std::size_t> shape(b.shape().begin(), b.shape().end());
-  if (b.dtype() == DType::Q8_0) shape.back() = shape.back() / 32 * 34;
+  if (!shape.empty()) shape.back() = static_cast<std::size_t>(hf2q::device::storage_last_dim(b.dtype(), b.shape().back()));
   return shape;
 }
 
@@ -102,8 +103,13 @@ void bind_device(nb::module_& m) {
       nb::object cls = nb::module_::import_("hf2q.errors").attr("DeviceError");
       PyErr_SetString(cls.ptr(), e.what());
     } catch (const hf2q::device::FileReadError& e) {
+      // The cause crosses once, as .code (hf2q.safetensors' FileTruncated / Io).
+      const auto* typed = dynamic_cast<const hf2q::device::CheckpointReadError*>(&e);
+      const bool truncated = typed != nullptr && typed->why() == hf2q::device::ReadFailure::Truncated;
       nb::object cls = nb::module_::import_("hf2q.device").attr("FileReadError");
-      PyErr_SetString(cls.ptr(), e.what());
+      nb::object err = cls(nb::str(e.what()));
+      err.attr("code") = nb::str(truncated ? "FileTruncated" : "Io");
+      PyErr_SetObject(cls.ptr(), err.ptr());
     }
   });
 

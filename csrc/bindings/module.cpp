@@ -3,12 +3,17 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "../kernels/checked_ops.h"
+#include "../device/dtype.h"
+#include "../device/reader.h"
+#include "../kernels/formats.h"
 #include "../kernels/kernels.h"
 #include "../kernels/thread_pool.h"
 
@@ -97,6 +102,34 @@ NB_MODULE(_core, m) {
   m.attr("SRC_F32") = static_cast<int>(hf2q::kernels::SrcType::F32);
   m.attr("SRC_F16") = static_cast<int>(hf2q::kernels::SrcType::F16);
   m.attr("SRC_BF16") = static_cast<int>(hf2q::kernels::SrcType::BF16);
+
+  m.def(
+      "format_table",
+      [] {
+        std::vector<std::tuple<std::string, int, std::size_t, std::size_t, std::string, std::string, int>> rows;
+        for (const hf2q::FormatRow& r : hf2q::kFormats) {
+          rows.emplace_back(r.name, r.id, r.block_elems, r.block_bytes, r.numpy, r.safetensors, r.gguf_type);
+        }
+        return rows;
+      },
+      "The native format table: (name, id, block_elems, block_bytes, numpy, safetensors, gguf_type) rows.");
+
+  m.def(
+      "read_file",
+      [](int fd, std::uint64_t offset, RwBytes out, std::size_t chunk) {
+        nb::gil_scoped_release nogil;
+        hf2q::device::read_range(fd, out.data(), out.size(), offset, chunk);
+      },
+      "fd"_a, "offset"_a, "out"_a.noconvert(), "chunk"_a = 0,
+      "pread exactly out.size bytes at offset into out, in parallel chunks (0: the default size); "
+      "raises FileReadError with .code 'FileTruncated' or 'Io'.");
+  m.attr("READ_CHUNK_BYTES") = hf2q::device::kReadChunkBytes;
+  m.def(
+      "can_convert",
+      [](const std::string& src, const std::string& dst) {
+        return hf2q::device::can_convert(hf2q::device::dtype_from_name(src), hf2q::device::dtype_from_name(dst));
+      },
+      "src"_a, "dst"_a, "Whether device writes convert src-dtype data into a dst buffer natively.");
 
   bind_device(m);
 }

@@ -11,6 +11,7 @@
 #include "kernels/checked_ops.h"
 #include "kernels/kernels.h"
 #include "kernels/thread_pool.h"
+#include "reader.h"
 #include "verify.h"
 
 namespace hf2q::device {
@@ -18,7 +19,7 @@ namespace {
 
 std::atomic<long> g_alloc_fail_countdown{0};
 
-constexpr std::size_t kCopyChunk = 8u << 20;         // bytes per parallel raw copy / pread
+constexpr std::size_t kCopyChunk = kReadChunkBytes;  // bytes per parallel raw copy / pread
 constexpr std::size_t kConvertChunkElems = 1u << 20;     // source elements per conversion chunk, at most
 constexpr std::size_t kMinConvertChunkElems = 1u << 16;  // and at least (a multiple of 32)
 constexpr std::size_t kAutoCommitPending = 64;       // staged adds before an implicit commit
@@ -39,19 +40,18 @@ Plan plan_write(const BufferImpl& buf, std::size_t elem_offset, std::size_t src_
   p.src_dtype = src;
   p.dst_dtype = dst;
   p.src_bytes = src_bytes;
-  if (src == dst) {
-    p.op = Op::Raw;
-  } else if (dst == DType::F32 && (src == DType::BF16 || src == DType::F16)) {
-    p.op = Op::Decode;
-  } else if (dst == DType::Q8_0 && (src == DType::F32 || src == DType::F16 || src == DType::BF16)) {
-    p.op = Op::Quantize;
-  } else {
+  if (!can_convert(src, dst)) {
     throw std::invalid_argument(std::string("cannot convert ") + dtype_name(src) + " to " + dtype_name(dst) +
                                 " (supported: same dtype, bf16/f16 -> f32, f32/f16/bf16 -> q8_0)");
   }
-  if (src == DType::Q8_0) {
-    if (src_bytes % 34 != 0) throw std::invalid_argument("q8_0 source byte length must be a multiple of 34");
-    p.n_elems = src_bytes / 34 * 32;
+  p.op = src == dst ? Op::Raw : (dst == DType::Q8_0 ? Op::Quantize : Op::Decode);
+  if (dtype_block_elems(src) > 1) {
+    const std::size_t bb = dtype_block_bytes(src);
+    if (src_bytes % bb != 0) {
+      throw std::invalid_argument(std::string(dtype_name(src)) + " source byte length must be a multiple of " +
+                                  std::to_string(bb));
+    }
+    p.n_elems = src_bytes / bb * dtype_block_elems(src);
   } else {
     p.src_elem = dtype_elem_size(src);
     if (src_bytes % p.src_elem != 0) {
@@ -66,8 +66,9 @@ Plan plan_write(const BufferImpl& buf, std::size_t elem_offset, std::size_t src_
                                 std::to_string(elem_offset) + " overruns the buffer's " +
                                 std::to_string(buf.numel()) + " elements");
   }
-  if (dst == DType::Q8_0 && p.n_elems % 32 != 0) {
-    throw std::invalid_argument("q8_0 writes need a multiple of 32 elements, got " + std::to_string(p.n_elems));
+  if (p.n_elems % dtype_block_elems(dst) != 0) {
+    throw std::invalid_argument(std::string(dtype_name(dst)) + " writes need a multiple of " +
+                                std::to_string(dtype_block_elems(dst)) + " elements, got " + std::to_string(p.n_elems));
   }
   p.dst_off = element_byte_offset(dst, elem_offset);
   p.dst_len = element_byte_offset(dst, p.n_elems);
@@ -90,24 +91,7 @@ void atomic_min(std::atomic<std::size_t>& a, std::size_t v) {
 
 }  // namespace
 
-void pread_full(int fd, std::uint8_t* dst, std::size_t len, std::uint64_t off) {
-  while (len > 0) {
-    const std::size_t want = std::min<std::size_t>(len, 1u << 30);
-    const ssize_t r = ::pread(fd, dst, want, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw FileReadError("read of " + std::to_string(want) + " bytes at offset " + std::to_string(off) +
-                          " failed: " + std::strerror(errno));
-    }
-    if (r == 0) {
-      throw FileReadError("unexpected end of file at offset " + std::to_string(off) + " with " +
-                          std::to_string(len) + " bytes still expected (file truncated or rewritten?)");
-    }
-    dst += r;
-    len -= static_cast<std::size_t>(r);
-    off += static_cast<std::uint64_t>(r);
-  }
-}
+// pread_full (declared in backend.h) lives in reader.cpp, the one checkpoint reader.
 
 bool residency_disabled_by_env() {
   static const bool disabled = [] {
@@ -399,7 +383,7 @@ void Device::release(BufferImpl& buf) noexcept {
       const Member m = it->second;
       members_.erase(it);
       if (m.set >= 0) {
-        // Out of the set, committed, before the memory goes (metal_residency.md 3.7).
+        // Out of the set, committed, before the memory goes (docs/RESIDENCY.md).
         auto& s = sets_[static_cast<std::size_t>(m.set)];
         backend_->set_remove(m.set, buf.handle());
         backend_->set_commit(m.set);
@@ -535,7 +519,7 @@ UploadResult Backend::read_file(const UploadTarget& target, const UploadPlan& p,
   std::uint8_t* dst = target.base + p.dst_off;
   UploadResult res;
   if (p.op == Op::Raw) {
-    parallel_for(nbytes, kCopyChunk, [&](std::size_t b, std::size_t e) { pread_full(fd, dst + b, e - b, file_offset + b); });
+    read_range(fd, dst, nbytes, file_offset, kCopyChunk);
     return res;
   }
   std::atomic<std::size_t> first_bad{kernels::kNoIndex};
@@ -543,7 +527,7 @@ UploadResult Backend::read_file(const UploadTarget& target, const UploadPlan& p,
   // Enough chunks that every thread gets work even for one expert's slice
   // (512 x 2048 elements), few enough that each pread stays large.
   const std::size_t threads = static_cast<std::size_t>(get_num_threads());
-  std::size_t chunk = (p.n_elems / (4 * threads) + 31) / 32 * 32;
+  std::size_t chunk = (p.n_elems / (4 * threads) + kQ8BlockElems - 1) / kQ8BlockElems * kQ8BlockElems;
   chunk = std::min(kConvertChunkElems, std::max(kMinConvertChunkElems, chunk));
   parallel_for(p.n_elems, chunk, [&](std::size_t b, std::size_t e) {
     // One small staging chunk per thread, reused across calls.
@@ -561,7 +545,8 @@ UploadResult Backend::read_file(const UploadTarget& target, const UploadPlan& p,
       }
     } else {
       const kernels::Q8Result r =
-          kernels::quantize_q8_0_range(src_type(src_dtype), staging.data(), dst + b / 32 * 34, (e - b) / 32);
+          kernels::quantize_q8_0_range(src_type(src_dtype), staging.data(), dst + element_byte_offset(DType::Q8_0, b),
+                                      (e - b) / kQ8BlockElems);
       inf_scales.fetch_add(r.inf_scales);
       if (r.first_nonfinite != kernels::kNoIndex) atomic_min(first_bad, b + r.first_nonfinite);
     }

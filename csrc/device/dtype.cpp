@@ -6,35 +6,70 @@
 
 namespace hf2q::device {
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::U8: return "u8";
-    case DType::I32: return "i32";
-    case DType::Q8_0: return "q8_0";
+namespace {
+
+const FormatRow& row(DType t) {
+  const int i = static_cast<int>(t);
+  if (i < 0 || i >= kNumDTypes) throw std::invalid_argument("unknown dtype id " + std::to_string(i));
+  return kFormats[i];
+}
+
+std::string device_names() {
+  std::string s;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    if (i) s += (i + 1 == kNumDTypes) ? " or " : ", ";
+    s += kFormats[i].name;
   }
-  return "?";
+  return s;
+}
+
+}  // namespace
+
+const char* dtype_name(DType t) {
+  const int i = static_cast<int>(t);
+  return (i >= 0 && i < kNumDTypes) ? kFormats[i].name : "?";
 }
 
 DType dtype_from_name(const std::string& name) {
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::U8, DType::I32, DType::Q8_0}) {
-    if (name == dtype_name(t)) return t;
+  for (int i = 0; i < kNumDTypes; ++i) {
+    if (name == kFormats[i].name) return static_cast<DType>(i);
   }
-  throw std::invalid_argument("unknown dtype '" + name + "' (expected f32, f16, bf16, u8, i32 or q8_0)");
+  throw std::invalid_argument("unknown dtype '" + name + "' (expected " + device_names() + ")");
 }
 
 std::size_t dtype_elem_size(DType t) {
-  switch (t) {
-    case DType::F32:
-    case DType::I32: return 4;
-    case DType::F16:
-    case DType::BF16: return 2;
-    case DType::U8: return 1;
-    case DType::Q8_0: return 0;
+  const FormatRow& r = row(t);
+  return r.block_elems == 1 ? r.block_bytes : 0;
+}
+
+std::size_t dtype_block_elems(DType t) { return row(t).block_elems; }
+std::size_t dtype_block_bytes(DType t) { return row(t).block_bytes; }
+
+std::size_t dtype_storage_bytes(DType t, std::size_t n) {
+  const FormatRow& r = row(t);
+  if (n % r.block_elems != 0) {
+    throw std::invalid_argument(std::string(r.name) + " needs a multiple of " + std::to_string(r.block_elems) +
+                                " elements, got " + std::to_string(n));
   }
-  return 0;
+  std::size_t bytes = 0;
+  if (!ops::checked_mul(n / r.block_elems, r.block_bytes, &bytes)) {
+    throw std::overflow_error("tensor byte length overflows 64 bits");
+  }
+  return bytes;
+}
+
+std::int64_t storage_last_dim(DType t, std::int64_t last) {
+  const FormatRow& r = row(t);
+  if (r.block_elems == 1) return last;  // a numpy element is a whole element
+  return last / static_cast<std::int64_t>(r.block_elems) * static_cast<std::int64_t>(r.block_bytes);
+}
+
+bool can_convert(DType src, DType dst) {
+  if (src == dst) return true;
+  const bool half = src == DType::BF16 || src == DType::F16;
+  if (dst == DType::F32) return half;
+  if (dst == DType::Q8_0) return half || src == DType::F32;
+  return false;
 }
 
 std::size_t shape_numel(const std::vector<std::int64_t>& shape) {
@@ -50,26 +85,22 @@ std::size_t shape_numel(const std::vector<std::int64_t>& shape) {
 
 std::size_t tensor_byte_len(DType dtype, const std::vector<std::int64_t>& shape) {
   const std::size_t numel = shape_numel(shape);
-  if (dtype == DType::Q8_0) {
-    if (shape.empty() || shape.back() % 32 != 0) {
-      throw std::invalid_argument("q8_0 needs a last dimension that is a multiple of 32");
-    }
-    return ops::q8_0_bytes(numel);
+  const FormatRow& r = row(dtype);
+  if (r.block_elems > 1 && (shape.empty() || shape.back() % static_cast<std::int64_t>(r.block_elems) != 0)) {
+    throw std::invalid_argument(std::string(r.name) + " needs a last dimension that is a multiple of " +
+                                std::to_string(r.block_elems));
   }
-  std::size_t bytes = 0;
-  if (!ops::checked_mul(numel, dtype_elem_size(dtype), &bytes)) {
-    throw std::overflow_error("tensor byte length overflows 64 bits");
-  }
-  return bytes;
+  return dtype_storage_bytes(dtype, numel);
 }
 
 std::size_t element_byte_offset(DType dtype, std::size_t elem) {
-  if (dtype == DType::Q8_0) {
-    if (elem % 32 != 0) throw std::invalid_argument("q8_0 element offset must be a multiple of 32");
-    return elem / 32 * 34;
+  const FormatRow& r = row(dtype);
+  if (elem % r.block_elems != 0) {
+    throw std::invalid_argument(std::string(r.name) + " element offset must be a multiple of " +
+                                std::to_string(r.block_elems));
   }
   std::size_t off = 0;
-  if (!ops::checked_mul(elem, dtype_elem_size(dtype), &off)) throw std::overflow_error("offset overflows");
+  if (!ops::checked_mul(elem / r.block_elems, r.block_bytes, &off)) throw std::overflow_error("offset overflows");
   return off;
 }
 

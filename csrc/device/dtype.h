@@ -6,25 +6,40 @@
 #include <string>
 #include <vector>
 
+#include "kernels/formats.h"
+
 namespace hf2q::device {
 
-// q8_0 is u8 storage holding ggml Q8_0 blocks of a tensor whose logical
-// (unquantized) shape the buffer keeps: byte_len = numel / 32 * 34.
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5 };
+// Buffer dtypes are the device rows of the format table (kernels/formats.h).
+// A q8_0 buffer is u8 storage holding ggml Q8_0 blocks of a tensor whose
+// logical (unquantized) shape the buffer keeps.
+using hf2q::DType;
 
 const char* dtype_name(DType t);
-// Throws std::invalid_argument for an unknown name.
+// Throws std::invalid_argument for an unknown name (or a file-only format).
 DType dtype_from_name(const std::string& name);
-// Size of one element of the logical tensor; 0 for q8_0 (block format).
+// Size of one element of the logical tensor; 0 for block formats (q8_0).
 std::size_t dtype_elem_size(DType t);
+// Block geometry of `t` (plain dtypes: blocks of one element).
+std::size_t dtype_block_elems(DType t);
+std::size_t dtype_block_bytes(DType t);
+// Bytes of storage for `n` logical elements (n % block_elems == 0; checked).
+std::size_t dtype_storage_bytes(DType t, std::size_t n);
+// Last dimension of the numpy storage view of a row of `last` elements: unchanged
+// for plain dtypes, bytes for block formats (gguf-py's Q8_0 layout).
+std::int64_t storage_last_dim(DType t, std::int64_t last);
+
+// Whether a write can turn `src` data into a `dst` buffer natively: the same
+// dtype (raw copy), bf16/f16 -> f32 (decode), f32/f16/bf16 -> q8_0 (quantize).
+bool can_convert(DType src, DType dst);
 
 // Element count of `shape`: every dimension >= 0, product without overflow
 // (std::invalid_argument / std::overflow_error otherwise).
 std::size_t shape_numel(const std::vector<std::int64_t>& shape);
 // Bytes a tensor of `shape` and `dtype` occupies; for q8_0 the last dimension
-// must be a multiple of 32.
+// must be a multiple of its block size (32).
 std::size_t tensor_byte_len(DType dtype, const std::vector<std::int64_t>& shape);
-// Byte offset of flat element `elem` inside a buffer of `dtype` (q8_0: elem % 32 == 0).
+// Byte offset of flat element `elem` inside a buffer of `dtype` (block formats: elem on a block boundary).
 std::size_t element_byte_offset(DType dtype, std::size_t elem);
 
 }  // namespace hf2q::device

@@ -1,5 +1,5 @@
 // Host backend: page-aligned anonymous memory; residency = mlock + prefault
-// (metal_residency.md section 7). Runs everywhere; the backend CI exercises.
+// (docs/RESIDENCY.md). Runs everywhere; the backend CI exercises.
 #include <errno.h>
 #include <sys/mman.h>
 #include <sys/resource.h>

@@ -31,7 +31,7 @@ void decode_group(DType dtype, const std::uint8_t* data, std::size_t begin, std:
       return;
     case DType::Q8_0:
       // begin and n are multiples of 32 (kVerifyGroup is; numel is).
-      kernels::dequantize_q8_0_range(data + begin / 32 * 34, tmp, n / 32);
+      kernels::dequantize_q8_0_range(data + element_byte_offset(DType::Q8_0, begin), tmp, n / kQ8BlockElems);
       break;
   }
   std::memcpy(bits, tmp, n * 4);

@@ -9,10 +9,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "formats.h"
+
 namespace hf2q::kernels {
 
-constexpr std::size_t kQ8BlockElems = 32;
-constexpr std::size_t kQ8BlockBytes = 34;
+// Q8_0 block geometry comes from the format table (formats.h).
+using hf2q::kQ8BlockBytes;
+using hf2q::kQ8BlockElems;
 // Returned by the quantizers when every element was finite.
 constexpr std::size_t kNoIndex = static_cast<std::size_t>(-1);
 

@@ -10,7 +10,7 @@ float f16_bits_to_f32(std::uint16_t h) { return f16_to_f32_inline(h); }
 namespace scalar {
 namespace {
 
-// Exact round-half-away-from-zero (q8_0.md section 2); equal to roundf.
+// Exact round-half-away-from-zero (docs/Q8_0.md); equal to roundf.
 inline float round_half_away(float p) {
   const float t = std::trunc(p);
   return t + (std::fabs(p - t) >= 0.5f ? std::copysign(1.0f, p) : 0.0f);

@@ -8,6 +8,7 @@ core, the readers and the model loaders are imported on first use
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from ._env import EnvVarWarning, check_environment
@@ -27,7 +28,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
-    from . import _core, dflash, hub, ops, qwen35, reference, safetensors, testing
+    from . import _core, dflash, formats, gemma4, hub, models, ops, qwen35, reference, safetensors, testing
     from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
     from .hub import HubError, RepoNotCachedError
     from .safetensors import open_checkpoint
@@ -37,9 +38,12 @@ check_environment()
 #: attribute -> (module, attribute in it or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
     "_core": ("hf2q._core", None),
+    "formats": ("hf2q.formats", None),
+    "models": ("hf2q.models", None),
     "ops": ("hf2q.ops", None),
     "reference": ("hf2q.reference", None),
     "dflash": ("hf2q.dflash", None),
+    "gemma4": ("hf2q.gemma4", None),
     "qwen35": ("hf2q.qwen35", None),
     "safetensors": ("hf2q.safetensors", None),
     "hub": ("hf2q.hub", None),
@@ -70,6 +74,21 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
+def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, family: str | None = None,
+         progress: bool = True, revision: str | None = None, download: bool = False, **options: object) -> object:
+    """Load any checkpoint with the model family its ``config.json`` names
+    (DFlash drafter, Qwen3.5/3.6 MoE, Gemma 4, else ``generic``: its own tensor names);
+    ``family`` forces one. ``options`` go to the family's loader: ``dtype``
+    (generic: ``keep``/``f32``/``bf16``/``q8_0``), ``expert_dtype`` /
+    ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). ``path`` may be a Hugging Face
+    repo id in the local cache (``revision``, ``download``: see
+    :func:`hf2q.hub.resolve`). See :mod:`hf2q.models`."""
+    from . import models
+
+    return models.load(path, device, family=family, progress=progress, revision=revision, download=download,
+                       **options)
+
+
 def get_num_threads() -> int:
     """Threads the native kernels use (the calling thread included)."""
     from . import _core
@@ -91,6 +110,9 @@ def set_num_threads(n: int) -> None:
 
 __all__ = [
     "__version__",
+    "load",
+    "formats",
+    "models",
     "ops",
     "reference",
     "Device",
@@ -101,6 +123,7 @@ __all__ = [
     "register_weight_buffer",
     "open_checkpoint",
     "dflash",
+    "gemma4",
     "qwen35",
     "safetensors",
     "hub",

@@ -9,6 +9,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from . import formats
 from .errors import NonFiniteError
 
 if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
@@ -68,7 +69,7 @@ def quant_source(src: Any, what: str = "src") -> tuple[np.ndarray, np.dtype]:
         raise TypeError(f"{what} must have dtype float32, float16 or bfloat16, got {src.dtype}")
     if not src.flags.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous")
-    if src.ndim == 0 or src.shape[-1] % 32 != 0:
+    if src.ndim == 0 or src.shape[-1] % formats.get("q8_0").block_elems != 0:
         raise ValueError(
             f"Q8_0 quantizes along the last axis in blocks of 32: shape {tuple(src.shape)} "
             "needs a last dimension that is a multiple of 32"
@@ -77,8 +78,8 @@ def quant_source(src: Any, what: str = "src") -> tuple[np.ndarray, np.dtype]:
 
 
 def q8_0_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Shape of the Q8_0 bytes of a tensor of `shape` (last axis / 32 * 34), as gguf-py."""
-    return (*shape[:-1], shape[-1] // 32 * 34)
+    """Shape of the Q8_0 bytes of a tensor of `shape` (last axis in bytes), as gguf-py."""
+    return formats.storage_shape(shape, "q8_0")
 
 
 def q8_source(blocks: Any, what: str = "blocks") -> tuple[np.ndarray, tuple[int, ...]]:
@@ -86,11 +87,11 @@ def q8_source(blocks: Any, what: str = "blocks") -> tuple[np.ndarray, tuple[int,
     arr = as_byte_array(blocks, what)
     if arr.dtype != U8:
         raise TypeError(f"{what} must hold raw Q8_0 bytes (uint8), got dtype {arr.dtype}")
-    if arr.ndim == 0 or arr.shape[-1] % 34 != 0:
+    if arr.ndim == 0 or arr.shape[-1] % formats.get("q8_0").block_bytes != 0:
         raise ValueError(
             f"Q8_0 data of shape {tuple(arr.shape)}: the last dimension must be a multiple of 34 bytes"
         )
-    return arr.reshape(-1), (*arr.shape[:-1], arr.shape[-1] // 34 * 32)
+    return arr.reshape(-1), formats.logical_shape(arr.shape, "q8_0")
 
 
 def check_out(out: Any, dtype: np.dtype, count: int, what: str = "out") -> np.ndarray:

@@ -46,32 +46,11 @@ def resolve_source(args: argparse.Namespace) -> Path:
 
 
 def detect_architecture(path: Path) -> str:
-    """``"dflash"``, ``"qwen35moe"`` or ``"safetensors"`` (no config.json),
-    read from the checkpoint's ``config.json``."""
-    directory = path if path.is_dir() else path.parent
-    cfg_path = directory / "config.json"
-    if not cfg_path.is_file():
-        return "safetensors"
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{cfg_path}: cannot read config.json: {e}") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{cfg_path}: config.json is not a JSON object")
-    archs = cfg.get("architectures") or []
-    if isinstance(archs, str):
-        archs = [archs]
-    archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-    model_types = {m for m in (cfg.get("model_type"), text.get("model_type")) if isinstance(m, str)}
-    if "DFlashDraftModel" in archs or "dflash_config" in cfg:
-        return "dflash"
-    if model_types & {"qwen3_5_moe", "qwen3_5_moe_text"} or any("Qwen3_5Moe" in str(a) for a in archs):
-        return "qwen35moe"
-    raise ConfigError(
-        f"{cfg_path}: unsupported architecture (architectures={archs}, model_type={cfg.get('model_type')!r}); "
-        "hf2q loads DFlash drafters and Qwen3.5/3.6 MoE models"
-    )
+    """The registry name of the family that loads the checkpoint at ``path``
+    (``"dflash"``, ``"qwen35moe"``, ``"gemma4"``, else ``"generic"``), from its ``config.json``."""
+    from .models import detect, read_config
+
+    return detect(read_config(path)[1]).name
 
 
 # =========================================================================== output
@@ -121,36 +100,32 @@ def note(args: argparse.Namespace, text: str) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from . import models
     from .safetensors import open_checkpoint
 
     path = resolve_source(args)
-    arch = detect_architecture(path)
-    with open_checkpoint(path) as ckpt:
+    _, config = models.read_config(path)  # read once, handed to the family
+    with open_checkpoint(path) as ckpt:  # headers parsed once
         rows = [
             {"name": n, "dtype": ckpt[n].dtype, "shape": list(ckpt[n].shape), "bytes": ckpt[n].nbytes}
             for n in ckpt.keys()
         ]
         total = ckpt.total_data_bytes()
         files = [str(getattr(f, "path", f)) for f in ckpt.files]
+        fam, plan = models.inspect(ckpt, config, **_family_options(args))
+    arch = fam.name
     report: dict[str, Any] = {"path": str(path), "architecture": arch, "files": files, "tensors": len(rows),
                               "data_bytes": total}
     if args.path != str(path):  # a repo id
         report["repo_id"] = args.path
         report["revision"] = args.revision or "main"
-    if arch == "dflash":
-        from .models.dflash import DFlashWeights
-
-        with DFlashWeights.load(path) as w:
-            report["resident_bytes"] = w.gpu_resident_bytes()
-            device_dtypes = {t.entry.name: t.entry.device_dtype for t in w}
+    device_dtypes = plan.pop("device_dtypes", None)
+    if "gpu_resident_bytes" in plan:  # the model API's name; the report says what it is
+        plan["resident_bytes"] = plan.pop("gpu_resident_bytes")
+    report.update(plan)
+    if device_dtypes is not None:
         for r in rows:
             r["device_dtype"] = device_dtypes.get(r["name"])
-    elif arch == "qwen35moe":
-        from . import qwen35
-
-        plan = qwen35.inspect(path)
-        plan["resident_bytes"] = plan.pop("gpu_resident_bytes")
-        report.update(plan)
     report["tensor_list"] = rows
     if args.json:
         emit_json(report)
@@ -177,28 +152,30 @@ def open_device(kind: str | None) -> Any:
     return Device.default() if kind in (None, "auto") else Device(kind)
 
 
+def _family_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The family options given on the command line."""
+    return {k: getattr(args, k) for k in ("expert_dtype", "dense_dtype", "dtype") if getattr(args, k, None) is not None}
+
+
+def _options_for(fam: Any, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The options the family takes; one given that it does not take is a
+    usage error (not silently dropped)."""
+    given = _family_options(args)
+    foreign = [f"--{k.replace('_', '-')}" for k in given if k not in fam.options]
+    if foreign:
+        verb = "does" if len(foreign) == 1 else "do"
+        raise UsageError(f"{' and '.join(foreign)} {verb} not apply to {path}: the {fam.name} family takes "
+                         f"{', '.join('--' + o.replace('_', '-') for o in fam.options) or 'no options'}")
+    return given
+
+
 def _load_model(path: Path, device: Any, progress: bool, args: argparse.Namespace) -> Any:
-    arch = detect_architecture(path)
-    qwen_options = [f"--{k.replace('_', '-')}" for k in ("expert_dtype", "dense_dtype") if getattr(args, k, None)]
-    if arch == "dflash":
-        if qwen_options:
-            verb = "apply" if len(qwen_options) > 1 else "applies"
-            raise UsageError(f"{' and '.join(qwen_options)} {verb} to Qwen3.5/3.6 MoE models only; {path} is a "
-                             "DFlash drafter")
-        from . import dflash
+    from . import models
 
-        return dflash.load(path, device=device, progress=progress)
-    if arch == "qwen35moe":
-        from . import qwen35
-
-        return qwen35.load(path, device=device, progress=progress, expert_dtype=args.expert_dtype or "q8_0",
-                           dense_dtype=args.dense_dtype or "f32")
-    from .safetensors import open_checkpoint
-
-    open_checkpoint(path).close()  # a broken file fails as `inspect` words it
-    folder = path if path.is_dir() else path.parent
-    raise ConfigError(f"{folder}: no config.json, so the model is unknown; `hf2q load` needs a DFlash drafter or a "
-                      "Qwen3.5/3.6 MoE checkpoint folder (`hf2q inspect` reads any safetensors file)")
+    _, config = models.read_config(path)
+    fam = models.detect(config)
+    return models.load_with(path, config, fam, device, progress=progress,
+                            **_options_for(fam, path, args))  # config.json read once
 
 
 def load_report(model: Any, verify: bool, **extra: Any) -> dict[str, Any]:
@@ -213,6 +190,8 @@ def load_report(model: Any, verify: bool, **extra: Any) -> dict[str, Any]:
 def cmd_load(args: argparse.Namespace) -> int:
     device = open_device(args.device)
     path = resolve_source(args)
+    if args.drafter:
+        return _load_pair(path, args, device)
     model = _load_model(path, device, not args.json and not args.no_progress, args)
     source: dict[str, Any] = {"checkpoint": str(path)}
     if args.path != str(path):  # a repo id
@@ -222,6 +201,33 @@ def cmd_load(args: argparse.Namespace) -> int:
         emit_json(d)
     else:
         print_summary(d)
+    return 0
+
+
+def _load_pair(path: Path, args: argparse.Namespace, device: Any) -> int:
+    """``hf2q load TARGET --drafter DRAFTER``: both halves checked, then
+    loaded as a bound pair (hf2q.pairs); prints both summaries and the pair's."""
+    from . import hub, models, pairs
+
+    drafter = hub.resolve(args.drafter, command=args.command)
+    if not os.path.lexists(drafter):
+        raise SafetensorsError(f"{drafter}: no such file or directory", code="Io", path=str(drafter))
+    fam = models.detect(models.read_config(path)[1])
+    pair = pairs.load_pair(path, drafter, device, progress=not args.json and not args.no_progress,
+                           **_options_for(fam, path, args))
+    verify = pair.verify() if args.verify else None
+    target = {**pair.target.summary.as_dict(), "checkpoint": str(path)}
+    drafted = {**pair.drafter.summary.as_dict(), "checkpoint": str(drafter)}
+    if args.json:
+        emit_json({"target": target, "drafter": drafted, "pair": pair.summary(),
+                   **({"verify": verify} if verify else {})})
+        return 0
+    print_summary(target)
+    print()
+    print_summary({**drafted, **({"verify": verify} if verify else {})})
+    print()
+    for k, v in pair.summary().items():
+        print(f"{k.replace('_', ' ') + ':':<22}{f'{v:,}' if isinstance(v, int) and not isinstance(v, bool) else v}")
     return 0
 
 
@@ -383,14 +389,16 @@ def _add_source(p: argparse.ArgumentParser, what: str) -> None:
                    help='print one JSON object on stdout (on failure: {"error": {...}})')
 
 
-DEVICES = ["auto", "host", "metal", "cuda"]
-_DEVICE_HELP = ("where the weights go: auto (the first available of Metal on Apple, a CUDA GPU, the host), "
-                "host, metal or cuda")
+_DEVICE_HELP = ("where the weights go: auto (the first available of Metal on Apple, a CUDA GPU, the host) "
+                "or a backend this build has")
+_DTYPES = ["keep", "f32", "bf16", "q8_0"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import _core
     from ._version import __version__
 
+    devices = ["auto", *_core.backend_kinds()]  # the native backend registry
     parser = _Parser(
         prog="hf2q",
         description="HuggingFace safetensors checkpoints to inference-ready weights in device memory.",
@@ -408,29 +416,38 @@ def build_parser() -> argparse.ArgumentParser:
                                    "headers only.")
     _add_source(p, "any .safetensors file, index (.safetensors.index.json) or checkpoint folder, or a Hugging "
                    "Face repo id (owner/name) in the local cache")
+    p.add_argument("--dtype", choices=_DTYPES,
+                   help="generic checkpoints: the dtype policy whose device dtypes to show (default keep)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("load", help="validate a checkpoint and make it resident on a device",
-                       description="Validate a DFlash drafter or Qwen3.5/3.6 MoE checkpoint and make its weights "
-                                   "resident on a device; print what was loaded. The model is read from the "
-                                   "config.json of the checkpoint's folder.")
-    _add_source(p, "a checkpoint folder with config.json (DFlash drafter or Qwen3.5/3.6 MoE), a .safetensors "
-                   "file or index inside such a folder, or a Hugging Face repo id (owner/name) in the local cache")
-    p.add_argument("--device", choices=DEVICES, default="auto", help=_DEVICE_HELP)
+                       description="Validate a checkpoint and make its weights resident on a device; print what "
+                                   "was loaded. The family is read from the config.json of the checkpoint's "
+                                   "folder: a DFlash drafter, Qwen3.5/3.6 MoE or Gemma 4 model, else any "
+                                   "safetensors checkpoint under its own tensor names (generic).")
+    _add_source(p, "a checkpoint folder, a .safetensors file or index (.safetensors.index.json), or a Hugging "
+                   "Face repo id (owner/name) in the local cache")
+    p.add_argument("--device", choices=devices, default="auto", help=_DEVICE_HELP)
     p.add_argument("--verify", action="store_true",
                    help="read every buffer back through the device and compare with a CPU decode")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (bars are drawn only on a terminal anyway)")
+    p.add_argument("--drafter", metavar="DRAFTER", help="a DFlash drafter (path or repo id) to load bound to this "
+                   "target (its embedding and LM head become the target's buffers)")
     p.add_argument("--expert-dtype", choices=["q8_0", "bf16", "f32"],
-                   help="Qwen3.5/3.6 MoE only: dtype of the expert stacks (default q8_0)")
+                   help="Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the expert stacks (default q8_0)")
     p.add_argument("--dense-dtype", choices=["f32", "bf16", "q8_0"],
-                   help="Qwen3.5/3.6 MoE only: dtype of the other matrices (default f32)")
+                   help="Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the other matrices (default f32)")
+    p.add_argument("--dtype", choices=_DTYPES,
+                   help="generic checkpoints (no known architecture) only: keep each tensor's dtype (default), "
+                        "or convert floats as llama.cpp's --outtype would (q8_0: 2-D weights whose rows are whole "
+                        "32-blocks)")
     p.set_defaults(func=cmd_load)
 
     p = sub.add_parser("demo", help="load a full-size synthetic DFlash drafter (written once to a cache folder)",
                        description="Write a full-size synthetic gemma-4-26B-A4B DFlash drafter (859 MB of random "
                                    "BF16 weights) once into a cache folder, then load and verify it.")
-    p.add_argument("--device", choices=DEVICES, default="auto", help=_DEVICE_HELP)
+    p.add_argument("--device", choices=devices, default="auto", help=_DEVICE_HELP)
     p.add_argument("--cache-dir", metavar="DIR",
                    help="folder that keeps the synthetic checkpoint, in a sub-folder "
                         "(default $HF2Q_CACHE, else $XDG_CACHE_HOME/hf2q or ~/.cache/hf2q)")

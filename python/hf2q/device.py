@@ -21,7 +21,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from . import _core, reference
+from . import _core, formats, reference
 from ._arrays import BF16, F16, F32, U8, as_byte_array
 from .errors import DeviceError, Hf2qError, NonFiniteError, ScaleOverflowWarning
 
@@ -37,16 +37,19 @@ __all__ = [
 
 PathOrFd = Union[str, "os.PathLike[str]", int]
 
-#: Buffer dtypes. ``q8_0`` is u8 storage holding ggml Q8_0 blocks of a tensor
-#: whose logical shape the buffer keeps (``byte_len = numel / 32 * 34``).
-DTYPES = ("f32", "f16", "bf16", "u8", "i32", "q8_0")
+#: Buffer dtypes: the device rows of :mod:`hf2q.formats`. ``q8_0`` is u8
+#: storage holding ggml Q8_0 blocks of a tensor whose logical shape the buffer
+#: keeps (``byte_len = formats.nbytes(shape, "q8_0")``).
+DTYPES = formats.DEVICE_FORMATS
 _NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16", np.dtype(np.int32): "i32"}
-_STORAGE_NUMPY = {"bf16": BF16, "f16": F16}
 
 
 class FileReadError(Hf2qError, OSError):
     """A file could not be read completely (I/O error, or the file shrank or
-    was rewritten while being read)."""
+    was rewritten while being read). ``code`` is ``"FileTruncated"`` (end of
+    file before the bytes expected) or ``"Io"``, as the native reader says."""
+
+    code: str = "Io"
 
 
 def _dtype_name(dtype: str) -> str:
@@ -143,8 +146,7 @@ class Buffer:
         :meth:`numpy` types it (on a GPU: a device-to-host copy)."""
         out = np.empty(self.byte_len, dtype=U8)
         self._native.copy_out(0, out)
-        typed = out.view(_STORAGE_BASE.get(self.dtype, U8)).reshape(_storage_shape(self))
-        return _storage_typed(typed, self.dtype)
+        return out.view(formats.get(self.dtype).storage_dtype).reshape(formats.storage_shape(self.shape, self.dtype))
 
     def _storage_bytes(self, begin: int, end: int) -> np.ndarray:
         """Storage bytes ``[begin, end)`` as uint8: a view where the CPU can
@@ -413,9 +415,10 @@ class Device:
         flat = arr.reshape(-1).view(U8)
         if src_dtype != to and flat.ctypes.data % 4:
             flat = flat.copy()  # conversions read aligned elements; odd-address input alone is copied
-        if src_dtype == "q8_0":
-            return flat, src_dtype, (flat.size // 34 * 32,)
-        itemsize = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "u8": 1}[src_dtype]
+        fmt = formats.get(src_dtype)
+        if fmt.is_block:
+            return flat, src_dtype, formats.logical_shape((flat.size,), fmt)
+        itemsize = fmt.itemsize
         if flat.size % itemsize:
             raise ValueError(f"src holds {flat.size} bytes: not a multiple of the {src_dtype} element size {itemsize}")
         return flat, src_dtype, (flat.size // itemsize,)
@@ -522,7 +525,7 @@ class Device:
                 raise _file_read_error(file, name, e) from None
             cls = ""
             if result[0] >= 0:
-                esize = _ITEMSIZE[src_dtype]
+                esize = formats.get(src_dtype).itemsize
                 for off, foff, n in segs:
                     if off <= result[0] < off + n // esize:
                         cls = _file_value_class(fd, foff, result[0] - off, src_dtype)
@@ -555,8 +558,9 @@ class Device:
             result = self._native.convert(out._native, buf._native)
             if result[0] >= 0:
                 idx = result[0]
-                one = buf._storage_bytes(idx * _ITEMSIZE[buf.dtype], (idx + 1) * _ITEMSIZE[buf.dtype])
-                cls = _value_class(one.view(_typed_dtype(buf.dtype)), 0)
+                fmt = formats.get(buf.dtype)
+                one = buf._storage_bytes(fmt.storage_bytes(idx), fmt.storage_bytes(idx + 1))
+                cls = _value_class(one.view(fmt.storage_dtype), 0)
             else:
                 cls = ""
             self._check_result(result, buf.shape, name, value_class=cls)
@@ -585,19 +589,10 @@ class Device:
         return VerifyReport(True, int(cpu_sums.size), (), seconds)
 
 
-_STORAGE_BASE = {"f32": F32, "f16": np.dtype(np.uint16), "bf16": np.dtype(np.uint16), "i32": np.dtype(np.int32)}
-
-
-def _storage_shape(buf: Buffer) -> tuple[int, ...]:
-    shape = buf.shape
-    if buf.dtype == "q8_0":
-        return shape[:-1] + (shape[-1] // 32 * 34,)
-    return shape
-
-
 def _storage_typed(arr: np.ndarray, dtype: str) -> np.ndarray:
-    storage = _STORAGE_NUMPY.get(dtype)
-    return arr.view(storage) if storage is not None else arr
+    """The native view re-typed as :mod:`hf2q.formats` says (bf16 -> ml_dtypes.bfloat16)."""
+    storage = formats.get(dtype).storage_dtype
+    return arr.view(storage) if storage != arr.dtype else arr
 
 
 def _detached(e: BaseException) -> BaseException:
@@ -615,12 +610,8 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _typed_dtype(sdt: str) -> np.dtype:
-    return {"f32": F32, "f16": F16, "bf16": BF16}[sdt]
-
-
 def _typed_view(flat: np.ndarray, sdt: str) -> np.ndarray | None:
-    dt = {"f32": F32, "f16": F16, "bf16": BF16}.get(sdt)
+    dt = formats.get(sdt).numpy_dtype if sdt in ("f32", "f16", "bf16") else None
     return flat.view(dt) if dt is not None else None
 
 
@@ -632,11 +623,8 @@ def _offset(offset: int) -> int:
     return int(offset)
 
 
-_ITEMSIZE = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "u8": 1}
-
-
 def _source_nbytes(numel: int, src_dtype: str) -> int:
-    return numel // 32 * 34 if src_dtype == "q8_0" else numel * _ITEMSIZE[src_dtype]
+    return formats.get(src_dtype).storage_bytes(numel)
 
 
 def _value_class(view: np.ndarray | None, index: int) -> str:
@@ -647,15 +635,20 @@ def _value_class(view: np.ndarray | None, index: int) -> str:
 
 def _file_value_class(fd: int, file_offset: int, index: int, src_dtype: str) -> str:
     """``nan``/``+inf``/``-inf`` of the element at ``index`` in a file."""
-    dt = {"f32": F32, "f16": F16, "bf16": BF16}[src_dtype]
-    raw = os.pread(fd, dt.itemsize, file_offset + index * dt.itemsize)
-    return _value_class(np.frombuffer(raw, dtype=dt), 0) if len(raw) == dt.itemsize else "nan"
+    dt = formats.get(src_dtype).storage_dtype
+    raw = np.empty(dt.itemsize, dtype=np.uint8)
+    try:
+        _core.read_file(fd, file_offset + index * dt.itemsize, raw)  # the one native reader
+    except FileReadError:
+        return "nan"
+    return _value_class(raw.view(dt), 0)
 
 
 def _file_read_error(file: PathOrFd, name: str | None, e: BaseException) -> FileReadError:
     what = f" for '{name}'" if name else ""
     err = FileReadError(f"{_describe(file)}{what}: {e}")
     err.reason = str(e)  # without the file/tensor prefix, for callers that name them
+    err.code = getattr(e, "code", "Io")  # set natively: "FileTruncated" or "Io"
     return err
 
 
@@ -704,16 +697,18 @@ def reference_checksums(buf: Buffer, chunk_groups: int = 4096) -> np.ndarray:
     for g0 in range(0, ngroups, chunk_groups):
         g1 = min(ngroups, g0 + chunk_groups)
         e0, e1 = g0 * _GROUP, min(numel, g1 * _GROUP)
+        fmt = formats.get(dtype)
+        b0, b1 = fmt.storage_bytes(e0), fmt.storage_bytes(e1)  # group bounds are whole blocks
         if dtype in ("f32", "i32"):
-            bits = buf._storage_bytes(e0 * 4, e1 * 4).view(np.uint32)
+            bits = buf._storage_bytes(b0, b1).view(np.uint32)
         elif dtype in ("bf16", "f16"):
-            raw = buf._storage_bytes(e0 * 2, e1 * 2).view(np.uint16)
+            raw = buf._storage_bytes(b0, b1).view(np.uint16)
             decode = reference.bf16_to_f32 if dtype == "bf16" else reference.f16_to_f32
             bits = decode(raw).view(np.uint32)
         elif dtype == "u8":
-            bits = buf._storage_bytes(e0, e1).astype(np.uint32)
-        else:  # q8_0: 32-element blocks of 34 bytes
-            bits = reference.dequantize_q8_0(buf._storage_bytes(e0 // 32 * 34, e1 // 32 * 34)).view(np.uint32)
+            bits = buf._storage_bytes(b0, b1).astype(np.uint32)
+        else:  # q8_0
+            bits = reference.dequantize_q8_0(buf._storage_bytes(b0, b1)).view(np.uint32)
         padded = np.zeros((g1 - g0) * _GROUP, dtype=np.uint32)
         padded[: bits.size] = bits
         with np.errstate(over="ignore"):

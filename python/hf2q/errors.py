@@ -100,6 +100,11 @@ class ConfigError(Hf2qError, ValueError):
         self.key = key
         self.rule = rule
 
+    @property
+    def field(self) -> str | None:
+        """Alias of :attr:`key` (the name the Qwen3.5 config reader used)."""
+        return self.key
+
 
 @dataclass(frozen=True)
 class ManifestProblem:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
+from . import _core, formats
 from ._arrays import (
     BF16,
     F16,
@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 _SRC_TYPE = {F32: _core.SRC_F32, F16: _core.SRC_F16, BF16: _core.SRC_BF16}
+_Q8 = formats.get("q8_0")
 
 
 def _aligned(raw: np.ndarray, align: int) -> np.ndarray:
@@ -89,7 +90,7 @@ def quantize_q8_0(src: np.ndarray, out: np.ndarray | None = None, *, name: str |
     stored as +Inf, like the reference, with a :class:`hf2q.ScaleOverflowWarning`.
     """
     arr, dtype = quant_source(src)
-    nbytes = arr.size // 32 * 34
+    nbytes = _Q8.storage_bytes(arr.size)
     result = np.empty(q8_0_shape(arr.shape), dtype=U8) if out is None else check_out(out, U8, nbytes)
     raw = _aligned(arr.reshape(-1).view(U8), dtype.itemsize)
     first_bad, inf_scales = _core.quantize_q8_0(raw, _SRC_TYPE[dtype], result.reshape(-1))
@@ -111,7 +112,7 @@ def dequantize_q8_0(blocks: Any, out: np.ndarray | None = None) -> np.ndarray:
     array whose last dimension is a multiple of 34, or a bytes-like object.
     Returns shape ``blocks.shape[:-1] + (last // 34 * 32,)``, or ``out``."""
     raw, shape = q8_source(blocks)
-    count = raw.size // 34 * 32
+    count = formats.logical_shape((raw.size,), _Q8)[0]
     result = np.empty(shape, dtype=F32) if out is None else check_out(out, F32, count)
     _core.dequantize_q8_0(raw, result.reshape(-1).view(U8))
     return result

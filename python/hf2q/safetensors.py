@@ -1,4 +1,4 @@
-"""A strict safetensors reader and checkpoint opener (spec: safetensors.md).
+"""A strict safetensors reader and checkpoint opener (docs/SAFETENSORS.md).
 
 hf2q parses safetensors headers itself and enforces the reference (Rust
 ``safetensors`` crate) rule set, plus duplicate-key rejection, before any
@@ -22,16 +22,16 @@ from __future__ import annotations
 import json
 import os
 import stat
-import threading
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union, cast
 
 import numpy as np
 
+from . import _core, formats
+from .device import FileReadError
 from .errors import SafetensorsError
 
 __all__ = [
@@ -49,43 +49,21 @@ __all__ = [
 PathLike = Union[str, "os.PathLike[str]"]
 _Buf = TypeVar("_Buf")
 
-#: Bits per element of every dtype code the format knows (spec §2).
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E4M3": 8,
-    "F8_E5M2": 8,
-    "F8_E8M0": 8,
-    "F8_E4M3FNUZ": 8,
-    "F8_E5M2FNUZ": 8,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "I64": 64,
-    "U64": 64,
-    "F64": 64,
-    "C64": 64,
-}
+#: Bits per element of every dtype code the format knows (docs/SAFETENSORS.md),
+#: from the format table (:mod:`hf2q.formats`).
+DTYPE_BITS: dict[str, int] = {code: formats.from_safetensors(code).bits for code in formats.safetensors_codes()}
 
 #: Largest accepted header length N (decimal bytes), as the reference crate.
 MAX_HEADER_SIZE = 100_000_000
 U64_MAX = (1 << 64) - 1
 INDEX_FILE_NAME = "model.safetensors.index.json"
 SINGLE_FILE_NAME = "model.safetensors"
-#: Large reads are split into chunks of this size, served by a small thread pool.
-READ_CHUNK_BYTES = 32 << 20
-READ_THREADS = 4
+#: Large reads are split into chunks of this size, served in parallel by the
+#: native reader (csrc/device/reader.cpp) on the kernels' thread pool.
+READ_CHUNK_BYTES = int(_core.READ_CHUNK_BYTES)
 _MAX_INDEX_BYTES = 100_000_000
 
-# Error codes (spec §3), in rule order; DuplicateKey is hf2q's addition.
+# Error codes (docs/SAFETENSORS.md), in rule order; DuplicateKey is hf2q's addition.
 HEADER_TOO_SMALL = "HeaderTooSmall"
 HEADER_TOO_LARGE = "HeaderTooLarge"
 INVALID_HEADER_LENGTH = "InvalidHeaderLength"
@@ -109,39 +87,12 @@ TENSOR_NOT_IN_SHARD = "TensorNotInShard"
 TENSOR_NOT_IN_INDEX = "TensorNotInIndex"
 DUPLICATE_TENSOR = "DuplicateTensor"
 
-_NUMPY_DTYPES: dict[str, Any] = {
-    "BOOL": np.bool_,
-    "U8": np.uint8,
-    "I8": np.int8,
-    "I16": np.int16,
-    "U16": np.uint16,
-    "F16": np.float16,
-    "I32": np.int32,
-    "U32": np.uint32,
-    "F32": np.float32,
-    "I64": np.int64,
-    "U64": np.uint64,
-    "F64": np.float64,
-    "C64": np.complex64,
-}
-
-
 def _numpy_dtype(code: str) -> np.dtype | None:
-    if code in _NUMPY_DTYPES:
-        return np.dtype(_NUMPY_DTYPES[code]).newbyteorder("<")
-    import ml_dtypes
-
-    attr = {
-        "BF16": "bfloat16",
-        "F8_E4M3": "float8_e4m3fn",
-        "F8_E5M2": "float8_e5m2",
-        "F8_E8M0": "float8_e8m0fnu",
-        "F8_E4M3FNUZ": "float8_e4m3fnuz",
-        "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    }.get(code)
-    if attr is None or not hasattr(ml_dtypes, attr):
+    try:
+        dt = formats.from_safetensors(code).numpy_dtype
+    except (KeyError, AttributeError):  # unknown code, or an ml_dtypes without that float8
         return None
-    return np.dtype(getattr(ml_dtypes, attr))
+    return dt.newbyteorder("<") if dt is not None else None
 
 
 @dataclass(frozen=True)
@@ -300,7 +251,7 @@ class _RawEntry:
 def _validate_header(
     n: int, header: bytes, file_size: int, path: str
 ) -> tuple[dict[str, str], list[_RawEntry]]:
-    """Rules 4-11 of spec §3 (1-3 are the caller's, from the file length and N)."""
+    """Rules 4-11 of docs/SAFETENSORS.md (1-3 are the caller's, from the file length and N)."""
     # Rule 4: UTF-8.
     try:
         text = header.decode("utf-8")
@@ -421,46 +372,25 @@ def _validate_header(
 
 # ----------------------------------------------------------------------------- I/O
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _read_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="hf2q-pread")
-        return _pool
-
-
 def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -> None:
-    """Fill ``dest`` (a writable byte memoryview) from ``fd`` at ``offset``,
-    retrying EINTR and short reads; EOF first -> SafetensorsError."""
+    """Fill ``dest`` (a writable byte memoryview) from ``fd`` at ``offset``
+    with the native reader (parallel ``pread`` in :data:`READ_CHUNK_BYTES`
+    chunks, GIL released, EINTR and short reads retried). The native error's
+    code says why it failed: end of file first -> ``FileTruncated``, an OS
+    error -> ``Io``; either is a SafetensorsError naming the file."""
     total = len(dest)
-    pos = 0
-    while pos < total:
-        want = min(total - pos, READ_CHUNK_BYTES)
-        try:
-            if hasattr(os, "preadv"):
-                got = os.preadv(fd, [dest[pos : pos + want]], offset + pos)
-            else:  # pragma: no cover - platforms without preadv
-                data = os.pread(fd, want, offset + pos)
-                got = len(data)
-                dest[pos : pos + got] = data
-        except InterruptedError:  # pragma: no cover - PEP 475 retries already
-            continue
-        except OSError as e:
-            raise SafetensorsError(
-                f"{path}: reading {what} at offset {offset + pos}: {e}", code=IO_ERROR, path=path
-            ) from e
-        if got == 0:
-            raise SafetensorsError(
-                f"{path}: file shrank/truncated: end of file at byte {offset + pos} while reading "
-                f"{what} (bytes {offset}..{offset + total})",
-                code=FILE_TRUNCATED,
-                path=path,
-            )
-        pos += got
+    if total == 0:
+        return
+    try:
+        _core.read_file(fd, offset, np.frombuffer(dest, dtype=np.uint8), READ_CHUNK_BYTES)
+    except FileReadError as e:
+        code = FILE_TRUNCATED if getattr(e, "code", IO_ERROR) == FILE_TRUNCATED else IO_ERROR
+        if code == FILE_TRUNCATED:
+            msg = (f"{path}: file shrank/truncated while reading {what} "
+                   f"(bytes {offset}..{offset + total}): {e}")
+        else:
+            msg = f"{path}: reading {what} at offset {offset}: {e}"
+        raise SafetensorsError(msg, code=code, path=path) from None
 
 
 def _as_writable_bytes(out: Any, what: str = "out") -> memoryview:
@@ -632,6 +562,16 @@ class SafetensorsFile:
             )
         self._read_range(dest, info.offset, f"tensor '{name}'")
 
+    def read_slice_into(self, name: str, start: int, out: Any) -> None:
+        """Bytes ``[start, start + len(out))`` of tensor ``name`` into ``out``
+        (a writable C-contiguous buffer); the range must lie inside the tensor."""
+        info = self[name]
+        self._check_open()
+        dest = _as_writable_bytes(out)
+        if start < 0 or start + len(dest) > info.nbytes:
+            raise ValueError(f"bytes [{start}, {start + len(dest)}) are outside tensor '{name}' ({info.nbytes} bytes)")
+        self._read_range(dest, info.offset + start, f"tensor '{name}'")
+
     def read_bytes(self, name: str, out: _Buf | None = None) -> bytearray | _Buf:
         """Tensor ``name``'s raw bytes: into ``out`` (returned) or a new bytearray."""
         if out is None:
@@ -653,29 +593,11 @@ class SafetensorsFile:
         return arr
 
     def _read_range(self, dest: memoryview, offset: int, what: str) -> None:
-        total = len(dest)
-        spath = str(self._path)
-        if total <= 2 * READ_CHUNK_BYTES:
-            _pread_exact(self._fd, dest, offset, spath, what)
-            return
-        pool = _read_pool()
-        futures = [
-            pool.submit(_pread_exact, self._fd, dest[p : p + READ_CHUNK_BYTES], offset + p, spath, what)
-            for p in range(0, total, READ_CHUNK_BYTES)
-        ]
-        first: BaseException | None = None
-        for f in futures:  # wait for all, so no worker writes into dest after we return
-            try:
-                f.result()
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                if first is None:
-                    first = e
-        if first is not None:
-            raise first
+        _pread_exact(self._fd, dest, offset, str(self._path), what)
 
 
 def open(path: PathLike) -> SafetensorsFile:
-    """Open and fully validate one safetensors file (spec §3). Raises
+    """Open and fully validate one safetensors file (docs/SAFETENSORS.md). Raises
     :class:`~hf2q.SafetensorsError` with ``code`` set to the first rule broken."""
     return SafetensorsFile(path)
 
@@ -923,8 +845,8 @@ def _plain(v: Any) -> Any:
 def open_checkpoint(path: PathLike) -> Checkpoint:
     """Open a checkpoint: a ``.safetensors`` file, an index ``.json`` file, or a
     directory (``model.safetensors.index.json`` if present, else
-    ``model.safetensors``). Every file is validated (spec §3) and the index
-    cross-checked (spec §4); failures raise :class:`~hf2q.SafetensorsError`."""
+    ``model.safetensors``). Every file is validated (docs/SAFETENSORS.md) and the index
+    cross-checked (docs/SAFETENSORS.md); failures raise :class:`~hf2q.SafetensorsError`."""
     p = Path(os.fspath(path))
     if p.is_dir():
         index = p / INDEX_FILE_NAME

@@ -118,7 +118,7 @@ def _first_f32(pred: Callable[[np.float32], bool]) -> np.float32:
 
 
 def thresholds() -> dict[str, np.float32]:
-    """The exact float32 amax thresholds of q8_0.md section 4."""
+    """The exact float32 amax thresholds of docs/Q8_0.md."""
     one, f127 = np.float32(1.0), np.float32(127.0)
 
     def d_of(a: np.float32) -> np.float32:
@@ -220,7 +220,7 @@ def _quant_cases(w: _Writer, rng: np.random.Generator) -> None:
     f16sub[:, ::2] |= 0x8000
     w.quant("f16 subnormal blocks", f16sub.view(F16))
 
-    # -- amax sweeps across every threshold of q8_0.md section 4 (+-48 ulp)
+    # -- amax sweeps across every threshold of docs/Q8_0.md (+-48 ulp)
     for name, t in th.items():
         amax = _ulp_neighbourhood(t, 48)
         w.quant(f"f32 amax sweep around {name} = {float(t):.9g}", _blocks_with_amax(rng, amax))

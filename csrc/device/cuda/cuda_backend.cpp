@@ -260,7 +260,7 @@ class CudaBackend final : public Backend {
       check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
       check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
       CUdeviceptr to = out;
-      unsigned long long nblocks = n / 32, base = 0;
+      unsigned long long nblocks = n / kQ8BlockElems, base = 0;
       void* args[] = {&from, &to, &nblocks, &base, &status};
       CUfunction k = p.src_dtype == DType::F32 ? fn_q8_f32_ : p.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
       launch(k, grid_for(nblocks, kQ8BlocksPerCta), misc_, args);
@@ -612,8 +612,8 @@ class CudaBackend final : public Backend {
               void* args[] = {&from, &to, &n};
               launch(kernel, grid_for(elems, kBlock), s.stream, args);
             } else {
-              CUdeviceptr to = out + first / 32 * 34;
-              unsigned long long nblocks = elems / 32, base = src.base_elem + first;
+              CUdeviceptr to = out + element_byte_offset(DType::Q8_0, first);
+              unsigned long long nblocks = elems / kQ8BlockElems, base = src.base_elem + first;
               void* args[] = {&from, &to, &nblocks, &base, &status};
               launch(kernel, grid_for(nblocks, kQ8BlocksPerCta), s.stream, args);
             }

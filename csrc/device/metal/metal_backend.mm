@@ -1,4 +1,4 @@
-// Metal backend (spec: metal_residency.md): MTLBuffers in shared storage,
+// Metal backend (docs/RESIDENCY.md): MTLBuffers in shared storage,
 // MTLResidencySets, and the GPU read-back checksums (shaders/verify.metal).
 // Primitives only: set planning, budgets, commit batching and
 // remove-before-free are decided by the shared code in device.cpp.
@@ -117,7 +117,7 @@ std::uint32_t cpu_default_nan_bits() {
 // at run time before it creates a MetalBackend, and the compiler checks that
 // nothing here uses an API newer than that without its own @available guard.
 
-// Options of every weight buffer (metal_residency.md section 2).
+// Options of every weight buffer (docs/RESIDENCY.md).
 API_AVAILABLE(macos(10.15), ios(13.0))
 MTLResourceOptions weight_buffer_options() {
   return MTLResourceStorageModeShared | MTLResourceHazardTrackingModeUntracked;
@@ -276,7 +276,7 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
     }
   }
 
-  // Teardown (metal_residency.md 3.8); idempotent.
+  // Teardown (docs/RESIDENCY.md); idempotent.
   void set_destroy(int set) noexcept override {
     @autoreleasepool {
       std::lock_guard<std::mutex> lk(set_mu_);
@@ -292,7 +292,7 @@ class API_AVAILABLE(macos(10.15), ios(13.0)) MetalBackend final : public Backend
       sets_[set] = nil;  // releases the set
     }
   }
-  // A consumer's queue (spec 3.3): every existing set now, later sets at
+  // A consumer's queue (docs/RESIDENCY.md): every existing set now, later sets at
   // creation; detached again when a set is destroyed. Kept strongly.
   bool attach_queue(void* queue) override {
     @autoreleasepool {

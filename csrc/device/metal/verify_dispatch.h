@@ -17,7 +17,7 @@ namespace hf2q::device::metal_verify {
 
 constexpr std::size_t kChunkGroups = 1u << 20;  // groups per dispatch: 32-bit indices in the shader
 constexpr std::size_t kThreadsPerThreadgroup = 64;
-constexpr int kNumDTypes = 6;  // DType values 0..5
+constexpr int kNumDTypes = hf2q::kNumDTypes;  // the device rows of the format table (kernels/formats.h)
 
 // Per-dispatch arguments, bound with setBytes at index 2; the same layout is
 // declared in shaders/verify.metal.

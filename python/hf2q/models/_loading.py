@@ -14,8 +14,10 @@ from .._progress import progress_bar  # noqa: F401  (re-exported for the loaders
 
 
 def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
+    """The native read error as a SafetensorsError naming file and tensor; its
+    code (``FileTruncated`` / ``Io``) is the one the native reader set."""
     reason = getattr(e, "reason", str(e))
-    code = "FileTruncated" if "end of file" in reason else "Io"
+    code = getattr(e, "code", "Io")
     return SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code=code, path=path, tensor=tensor)
 
 

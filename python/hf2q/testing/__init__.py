@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["make_dflash_checkpoint", "make_qwen35_moe_checkpoint"]
+__all__ = ["make_dflash_checkpoint", "make_qwen35_moe_checkpoint", "make_gemma4_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:  # imported lazily: each pulls in its model module
@@ -17,4 +17,8 @@ def __getattr__(name: str) -> Any:  # imported lazily: each pulls in its model m
         from .qwen35_checkpoint import make_qwen35_moe_checkpoint
 
         return make_qwen35_moe_checkpoint
+    if name == "make_gemma4_checkpoint":
+        from .gemma4_checkpoint import make_gemma4_checkpoint
+
+        return make_gemma4_checkpoint
     raise AttributeError(name)

@@ -158,7 +158,7 @@ def make_dflash_checkpoint(
     """Write a drafter checkpoint into ``directory`` (created if needed) and
     return its path.
 
-    ``config``: None for the full gemma-4-26B-A4B drafter of spec §7
+    ``config``: None for the full gemma-4-26B-A4B drafter of docs/DFLASH.md
     (859,378,176 data bytes, streamed with a few MiB of memory), ``"tiny"`` for
     a small valid drafter, another name from
     :data:`hf2q.models.dflash.DRAFTER_CONFIGS`, or a config mapping (it must be

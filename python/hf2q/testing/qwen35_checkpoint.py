@@ -46,6 +46,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .. import formats
+
 __all__ = [
     "make_qwen35_moe_checkpoint",
     "qwen35_config_dict",
@@ -64,7 +66,7 @@ _ROPE_REAL = {
     "partial_rotary_factor": 0.25,
 }
 
-# The text fields of Qwen3.6-35B-A3B's published config.json (spec qwen35moe.md §1).
+# The text fields of Qwen3.6-35B-A3B's published config.json (docs/QWEN35MOE.md).
 QWEN36_35B_A3B_TEXT_CONFIG: dict[str, Any] = {
     "model_type": "qwen3_5_moe_text",
     "attention_bias": False,
@@ -315,18 +317,19 @@ def _chunks(t: _T, seed: int) -> Iterator[np.ndarray]:
             yield _cast(_values(seed, k, (rows, t.shape[2]), t.dist), t.dtype)
 
 
-_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
+def _itemsize(code: str) -> int:
+    return formats.from_safetensors(code).itemsize
 
 
 def _nbytes(t: _T) -> int:
-    return int(np.prod(t.shape, dtype=np.int64)) * _ITEMSIZE[t.dtype]
+    return formats.nbytes(t.shape, t.dtype)
 
 
 def _write_safetensors(path: Path, items: list[_T], chunks: Callable[[_T], Iterator[np.ndarray]]) -> None:
     """Stream a safetensors file: header first, then each tensor chunk by chunk.
     Layout as the reference writer: by descending dtype size, then name; header
     padded with spaces to a multiple of 8."""
-    order = sorted(items, key=lambda t: (-_ITEMSIZE[t.dtype], t.name))
+    order = sorted(items, key=lambda t: (-_itemsize(t.dtype), t.name))
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     off = 0
     for t in order:

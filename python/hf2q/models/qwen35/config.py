@@ -1,6 +1,6 @@
 """Qwen3.5 / Qwen3.6 MoE (``qwen35moe``) configuration, read from ``config.json``.
 
-Everything comes from the file (spec qwen35moe.md §1); nothing is inferred from
+Everything comes from the file (docs/QWEN35MOE.md); nothing is inferred from
 tensor shapes. Text fields come from ``text_config`` when the checkpoint is a
 multimodal wrapper (``Qwen3_5MoeForConditionalGeneration``), falling back to the
 root (as llama.cpp's converter, which merges ``text_config`` over the root);
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError, read_config_text
+from ...errors import ConfigError, read_config_text
 
 __all__ = [
     "Qwen35Config",
@@ -86,9 +86,7 @@ class _Reader:
 
     # -- locating -----------------------------------------------------------
     def error(self, name: str, what: str) -> ConfigError:
-        err = ConfigError(f"{self.source}: field '{name}' {what}")
-        err.field = name  # type: ignore[attr-defined]
-        return err
+        return ConfigError(f"{self.source}: field '{name}' {what}", key=name)
 
     def text_name(self, key: str) -> str:
         return f"text_config.{key}" if self.text is not None else key
@@ -162,9 +160,9 @@ class _Reader:
 
 @dataclass(frozen=True)
 class Qwen35Config:
-    """The text model's hyper-parameters (spec qwen35moe.md §1).
+    """The text model's hyper-parameters (docs/QWEN35MOE.md).
 
-    Symbols of the spec: ``H`` hidden_size, ``L`` num_hidden_layers, ``V``
+    Symbols of docs/QWEN35MOE.md: ``H`` hidden_size, ``L`` num_hidden_layers, ``V``
     vocab_size, ``nh``/``nkv``/``hd`` attention heads / KV heads / head_dim,
     ``nk``/``nv``/``dk``/``dv`` linear-attention key/value heads and head dims,
     ``K`` linear_conv_kernel_dim, ``E`` num_experts, ``I``

@@ -1,4 +1,4 @@
-"""Numpy reference transforms for Qwen3.5/3.6 MoE tensors (spec qwen35moe.md §3).
+"""Numpy reference transforms for Qwen3.5/3.6 MoE tensors (docs/QWEN35MOE.md).
 
 Each function turns source arrays into the final *logical* array of one
 planned tensor (before the device dtype is applied). They are the readable
@@ -19,11 +19,14 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from .._arrays import BF16, F16, F32, U16
+from ... import formats
+from ..._arrays import BF16, F16, F32, U16
+from .names import Transform as T  # noqa: N817
+from .plan import DEVICE_DTYPES, SOURCE_DTYPES
 
 if TYPE_CHECKING:
-    from .qwen35_config import Qwen35Config
-    from .qwen35_plan import PlannedTensor
+    from .config import Qwen35Config
+    from .plan import PlannedTensor
 
 __all__ = [
     "reorder_v_heads",
@@ -45,7 +48,6 @@ __all__ = [
     "device_nbytes",
 ]
 
-_NP_DTYPE = {"BF16": BF16, "F16": F16, "F32": F32}
 
 
 # --------------------------------------------------------------------------- V-head reorder
@@ -126,7 +128,7 @@ def a_log_to_ssm_a(x: np.ndarray) -> np.ndarray:
 
     The source is widened exactly to float32; ``exp`` is evaluated in float64
     and rounded once to float32, i.e. the correctly rounded float32 result
-    (llama.cpp uses torch's float32 ``exp``; the spec allows 1 ULP between them).
+    (llama.cpp uses torch's float32 ``exp``; docs/QWEN35MOE.md allows 1 ULP between them).
     """
     a = _widen(x).astype(np.float64)
     return np.negative(np.exp(a).astype(F32))
@@ -181,9 +183,9 @@ def stack_experts_reference(arrays: Sequence[np.ndarray]) -> np.ndarray:
 def as_source_array(arr: np.ndarray, dtype: str) -> np.ndarray:
     """View a source array as its checkpoint dtype (``"BF16"``/``"F16"``/``"F32"``):
     raw ``uint16`` bits become bfloat16/float16, typed arrays must match."""
-    want = _NP_DTYPE.get(dtype)
-    if want is None:
+    if dtype not in SOURCE_DTYPES:
         raise TypeError(f"unsupported source dtype {dtype!r}")
+    want = formats.from_safetensors(dtype).storage_dtype
     a = np.asarray(arr)
     if a.dtype == want:
         return a
@@ -199,8 +201,6 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
     The result keeps the source dtype unless a transform widens it to float32
     (``norm_plus_one``, ``neg_exp``); :func:`to_device_dtype` does the rest.
     """
-    from .qwen35_plan import Transform as T  # noqa: N817 (local import: plan imports this module)
-
     if len(arrays) != len(pt.sources):
         raise ValueError(f"{pt.gguf_name}: {len(pt.sources)} sources, got {len(arrays)} arrays")
     srcs = []
@@ -248,14 +248,14 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
 def to_device_dtype(x: np.ndarray, dtype: str, *, name: str | None = None) -> np.ndarray:
     """Logical array -> device representation: ``"f32"`` float32 (exact widening),
     ``"bf16"`` bfloat16 (exact from BF16; round-to-nearest-even from F16/F32),
-    ``"q8_0"`` ggml Q8_0 bytes (uint8, gguf-py layout ``shape[:-1] + (last/32*34,)``)."""
+    ``"q8_0"`` ggml Q8_0 bytes (uint8, gguf-py layout :func:`hf2q.formats.storage_shape`)."""
     x = np.asarray(x)
     if dtype == "f32":
         return _widen(x) if x.dtype != F32 else np.ascontiguousarray(x)
     if dtype == "bf16":
         return np.ascontiguousarray(x if x.dtype == BF16 else _widen(x).astype(BF16))
     if dtype == "q8_0":
-        from .. import ops
+        from ... import ops
 
         return ops.quantize_q8_0(np.ascontiguousarray(x), name=name)
     raise ValueError(f"unknown device dtype {dtype!r}")
@@ -267,16 +267,7 @@ def convert_reference(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen
 
 
 def device_nbytes(shape: Sequence[int], dtype: str) -> int:
-    """Bytes a tensor of logical ``shape`` takes in device ``dtype`` (Q8_0: numel/32*34)."""
-    n = 1
-    for d in shape:
-        n *= int(d)
-    if dtype == "f32":
-        return 4 * n
-    if dtype == "bf16":
-        return 2 * n
-    if dtype == "q8_0":
-        if not shape or shape[-1] % 32:
-            raise ValueError(f"Q8_0 needs a last dimension that is a multiple of 32, got shape {tuple(shape)}")
-        return n // 32 * 34
-    raise ValueError(f"unknown device dtype {dtype!r}")
+    """Bytes a tensor of logical ``shape`` takes in device ``dtype`` (:func:`hf2q.formats.nbytes`)."""
+    if dtype not in DEVICE_DTYPES:
+        raise ValueError(f"unknown device dtype {dtype!r}")
+    return formats.nbytes(shape, dtype)

@@ -1,17 +1,5 @@
-"""DFlash drafter: config, tensor manifest, weight validation and byte
-accounting (spec: dflash.md).
-
-A DFlash drafter is a small stack of dense Qwen3-style decoder layers fed by an
-``fc`` projection of hidden states tapped from the target model. hf2q validates
-its ``config.json`` (:class:`DFlashConfig`) and ``model.safetensors``
-(:meth:`DFlashWeights.load`) against the ``2 + 11*L + 1`` tensor manifest
-(:func:`expected_manifest`). All tensors are BF16 on disk; the six RMSNorm
-kinds become F32 on the device, everything else stays a raw BF16 copy.
-
-The device upload is a separate step: :class:`DFlashWeights` exposes, in
-manifest order, ``(entry, info, path)`` for each tensor so that it can ``pread``
-each tensor straight into its destination.
-"""
+"""DFlash drafter config: both ``config.json`` revisions, the eight rules,
+and the published drafters' configs (docs/DFLASH.md)."""
 
 from __future__ import annotations
 
@@ -19,28 +7,11 @@ import copy
 import json
 import math
 import os
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, NamedTuple, Union
+from typing import Any, Union
 
-import numpy as np
-
-from ..errors import read_config_text
-from ..errors import (
-    ConfigError,
-    Hf2qError,
-    DtypeMismatchError,
-    ExtraTensorError,
-    ManifestError,
-    ManifestProblem,
-    MissingTensorError,
-    ShapeMismatchError,
-)
-from ..device import Buffer, Device, FileReadError
-from ..safetensors import Checkpoint, SafetensorsFile, TensorInfo, open_checkpoint
-from ._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
+from ...errors import ConfigError, read_config_text
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -57,19 +28,6 @@ __all__ = [
     "SLIDING_ATTENTION",
     "TINY_DRAFTER_CONFIG",
     "DFlashConfig",
-    "DFlashWeights",
-    "DFlashLayerTensors",
-    "DFlashModelTensors",
-    "DTypeInvariantError",
-    "LoadedTensor",
-    "load",
-    "ManifestEntry",
-    "check_manifest",
-    "expected_manifest",
-    "expected_resident_bytes",
-    "expected_total_data_bytes",
-    "manifest_error",
-    "n_norm_elements",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -109,6 +67,8 @@ NORM_SUFFIXES: tuple[str, ...] = (
     "self_attn.q_norm.weight",
     "norm.weight",
 )
+
+
 
 
 # ============================================================================ config
@@ -171,7 +131,7 @@ def _as_object(v: Any, key: str) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class DFlashConfig:
-    """A validated DFlash drafter config (spec §2-§4).
+    """A validated DFlash drafter config (docs/DFLASH.md).
 
     Build with :meth:`from_file`, :meth:`from_json_str` or :meth:`from_dict`,
     which accept both config revisions (root ``rope_theta``/``block_size`` or
@@ -212,7 +172,7 @@ class DFlashConfig:
 
     # ------------------------------------------------------------------ rules
     def validate(self) -> None:
-        """The eight rules of spec §4, in order; the first broken raises
+        """The eight rules of docs/DFLASH.md, in order; the first broken raises
         :class:`~hf2q.ConfigError` with ``rule`` set."""
         L = self.num_hidden_layers
         lt = self.layer_types or ()
@@ -292,7 +252,8 @@ class DFlashConfig:
     @property
     def n_norm_elements(self) -> int:
         """``L * (2*Dh + 2*H) + 2*H``: elements of the six norm kinds."""
-        return n_norm_elements(self)
+        H, L, Dh = self.hidden_size, self.num_hidden_layers, self.head_dim
+        return L * (2 * Dh + 2 * H) + 2 * H
 
     @property
     def num_tensors(self) -> int:
@@ -450,288 +411,9 @@ class DFlashConfig:
         )
 
 
-# ============================================================================ manifest
-
-
-@dataclass(frozen=True)
-class ManifestEntry:
-    """One expected drafter tensor: on disk BF16; on the device ``"bf16"``
-    (raw byte copy, no transpose) or ``"f32"`` (norms, ``bits << 16``)."""
-
-    name: str
-    shape: tuple[int, ...]
-    disk_dtype: str = "BF16"
-    device_dtype: str = "bf16"
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @property
-    def disk_nbytes(self) -> int:
-        return 2 * self.numel
-
-    @property
-    def device_nbytes(self) -> int:
-        """Logical device buffer length (2 bytes/element for bf16, 4 for f32)."""
-        return (4 if self.device_dtype == "f32" else 2) * self.numel
-
-    @property
-    def is_norm(self) -> bool:
-        return self.device_dtype == "f32"
-
-
-def expected_manifest(cfg: DFlashConfig) -> list[ManifestEntry]:
-    """The ``2 + 11*L + 1`` tensors in spec order: ``fc.weight``,
-    ``hidden_norm.weight``, per layer the 11 names alphabetically, ``norm.weight``."""
-    H, Dh, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    q, kv = cfg.q_width, cfg.kv_width
-    per_layer: dict[str, tuple[tuple[int, ...], str]] = {
-        "input_layernorm.weight": ((H,), "f32"),
-        "mlp.down_proj.weight": ((H, I), "bf16"),
-        "mlp.gate_proj.weight": ((I, H), "bf16"),
-        "mlp.up_proj.weight": ((I, H), "bf16"),
-        "post_attention_layernorm.weight": ((H,), "f32"),
-        "self_attn.k_norm.weight": ((Dh,), "f32"),
-        "self_attn.k_proj.weight": ((kv, H), "bf16"),
-        "self_attn.o_proj.weight": ((H, q), "bf16"),
-        "self_attn.q_norm.weight": ((Dh,), "f32"),
-        "self_attn.q_proj.weight": ((q, H), "bf16"),
-        "self_attn.v_proj.weight": ((kv, H), "bf16"),
-    }
-    out = [
-        ManifestEntry("fc.weight", (H, cfg.fc_input_dim), "BF16", "bf16"),
-        ManifestEntry("hidden_norm.weight", (H,), "BF16", "f32"),
-    ]
-    for i in range(cfg.num_hidden_layers):
-        for suffix in LAYER_TENSOR_NAMES:
-            shape, dev = per_layer[suffix]
-            out.append(ManifestEntry(f"layers.{i}.{suffix}", shape, "BF16", dev))
-    out.append(ManifestEntry("norm.weight", (H,), "BF16", "f32"))
-    return out
-
-
-def n_norm_elements(cfg: DFlashConfig) -> int:
-    """``L * (2*Dh + 2*H) + 2*H``."""
-    H, L, Dh = cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim
-    return L * (2 * Dh + 2 * H) + 2 * H
-
-
-def expected_total_data_bytes(cfg: DFlashConfig) -> int:
-    """On-disk tensor bytes of a conforming checkpoint (2 x parameters)."""
-    return sum(e.disk_nbytes for e in expected_manifest(cfg))
-
-
-def expected_resident_bytes(cfg: DFlashConfig) -> int:
-    """``gpu_resident_bytes = total_data_bytes + 2 * n_norm`` (norms widen from
-    2 to 4 bytes): the sum of logical device buffer lengths, before any page
-    rounding. Needs no file."""
-    return expected_total_data_bytes(cfg) + 2 * n_norm_elements(cfg)
-
-
-# ============================================================================ weights
-
-_KIND_ORDER = {"extra": 0, "missing": 1, "dtype": 2, "shape": 3}
-_KIND_CLASS: dict[str, type[ManifestError]] = {
-    "extra": ExtraTensorError,
-    "missing": MissingTensorError,
-    "dtype": DtypeMismatchError,
-    "shape": ShapeMismatchError,
-}
-
-
-def _fmt_shape(shape: Sequence[int]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def check_manifest(
-    tensors: Mapping[str, TensorInfo] | Checkpoint | SafetensorsFile,
-    manifest: Sequence[ManifestEntry],
-) -> list[ManifestProblem]:
-    """Every mismatch between the checkpoint's tensors and ``manifest``,
-    sorted by kind (extra, missing, dtype, shape) then tensor name."""
-    names = list(tensors.keys())
-    wanted = {e.name: e for e in manifest}
-    problems: list[ManifestProblem] = []
-    for name in names:
-        if name not in wanted:
-            info = tensors[name]
-            problems.append(
-                ManifestProblem("extra", name, "absent (not in the DFlash manifest)", f"{info.dtype} {_fmt_shape(info.shape)}")
-            )
-    present = set(names)
-    for e in manifest:
-        if e.name not in present:
-            problems.append(ManifestProblem("missing", e.name, f"{e.disk_dtype} {_fmt_shape(e.shape)}", "absent"))
-            continue
-        info = tensors[e.name]
-        if info.dtype != e.disk_dtype:
-            problems.append(
-                ManifestProblem("dtype", e.name, f"{e.disk_dtype} (DFlash drafters are BF16-only)", info.dtype)
-            )
-        if tuple(info.shape) != tuple(e.shape):
-            problems.append(ManifestProblem("shape", e.name, _fmt_shape(e.shape), _fmt_shape(info.shape)))
-    problems.sort(key=lambda p: (_KIND_ORDER[p.kind], p.tensor))
-    return problems
-
-
-def manifest_error(problems: Sequence[ManifestProblem], where: str) -> ManifestError:
-    """The error for a non-empty problem list: class of the first kind present."""
-    cls = _KIND_CLASS[problems[0].kind]
-    lines = "\n".join(f"  {p}" for p in problems)
-    return cls(
-        f"{where}: checkpoint does not match the DFlash drafter manifest ({len(problems)} problem(s)):\n{lines}",
-        problems,
-    )
-
-
-class LoadedTensor(NamedTuple):
-    """A manifest entry bound to the checkpoint tensor that satisfies it."""
-
-    entry: ManifestEntry
-    info: TensorInfo
-    path: Path
-
-
-class DFlashWeights:
-    """A drafter checkpoint validated against its manifest.
-
-    ``tensors`` holds one :class:`LoadedTensor` ``(entry, info, path)`` per
-    manifest entry, in manifest order; ``info.offset``/``info.nbytes`` locate
-    the BF16 bytes in ``path`` for a ``pread`` straight into a device buffer.
-    """
-
-    def __init__(
-        self,
-        config: DFlashConfig,
-        checkpoint: Checkpoint,
-        tensors: list[LoadedTensor],
-        owns_checkpoint: bool,
-    ) -> None:
-        self.config = config
-        self.checkpoint = checkpoint
-        self.tensors = tensors
-        self._by_name = {t.entry.name: t for t in tensors}
-        self._owns = owns_checkpoint
-
-    @classmethod
-    def load(
-        cls,
-        source: Checkpoint | SafetensorsFile | PathLike,
-        cfg: DFlashConfig | None = None,
-    ) -> DFlashWeights:
-        """Validate ``source`` (an open :class:`Checkpoint`/:class:`SafetensorsFile`,
-        or a path to a file, index or directory) against ``expected_manifest(cfg)``.
-
-        ``cfg`` defaults to the ``config.json`` next to the checkpoint. All
-        problems are collected; the raised :class:`~hf2q.ManifestError` subclass
-        is that of the first kind present (extra, missing, dtype, shape) and its
-        message and ``problems`` list all of them. A checkpoint opened here is
-        owned (closed by :meth:`close`); one passed in is not.
-        """
-        owns = False
-        if isinstance(source, Checkpoint):
-            ckpt = source
-        elif isinstance(source, SafetensorsFile):
-            ckpt = Checkpoint([source], source.path.parent)
-        else:
-            ckpt = open_checkpoint(source)
-            owns = True
-        try:
-            if cfg is None:
-                cfg = DFlashConfig.from_file(ckpt.directory / "config.json")
-            manifest = expected_manifest(cfg)
-            problems = check_manifest(ckpt, manifest)
-            if problems:
-                where = str(ckpt.index_path or (ckpt.files[0] if len(ckpt.files) == 1 else ckpt.directory))
-                raise manifest_error(problems, where)
-            tensors = []
-            for e in manifest:
-                info = ckpt[e.name]
-                path = info.path if info.path is not None else ckpt.file_for(e.name).path
-                tensors.append(LoadedTensor(e, info, path))
-        except BaseException:
-            if owns:
-                ckpt.close()
-            raise
-        return cls(cfg, ckpt, tensors, owns)
-
-    # ------------------------------------------------------------------ access
-    def __iter__(self) -> Iterator[LoadedTensor]:
-        return iter(self.tensors)
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def __getitem__(self, name: str) -> LoadedTensor:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise KeyError(f"{name!r} is not in the DFlash manifest") from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._by_name
-
-    def names(self) -> list[str]:
-        return [t.entry.name for t in self.tensors]
-
-    @property
-    def manifest(self) -> list[ManifestEntry]:
-        return [t.entry for t in self.tensors]
-
-    def total_data_bytes(self) -> int:
-        """Sum of on-disk tensor bytes (headers excluded) = 2 x parameters."""
-        return sum(t.info.nbytes for t in self.tensors)
-
-    def gpu_resident_bytes(self) -> int:
-        """Sum of logical device buffer lengths: ``total_data_bytes + 2 * n_norm``."""
-        return sum(t.entry.device_nbytes for t in self.tensors)
-
-    def read_raw(self, name: str, out: Any = None) -> Any:
-        """The tensor's on-disk BF16 bytes, into ``out`` (any writable buffer of
-        ``nbytes`` bytes, returned) or a new bytearray."""
-        t = self[name]
-        return self.checkpoint.file_for(name).read_bytes(t.info.name, out)
-
-    def read_host(self, name: str) -> np.ndarray:
-        """The tensor as its device layout on the host: ``ml_dtypes.bfloat16``
-        for raw tensors, float32 (``bits << 16``, exact) for the norms."""
-        import ml_dtypes
-
-        from .. import ops
-
-        t = self[name]
-        raw = np.empty(t.entry.shape, dtype=ml_dtypes.bfloat16)
-        self.checkpoint.read_into(name, raw)
-        if t.entry.device_dtype == "f32":
-            return ops.bf16_to_f32(raw)
-        return raw
-
-    # ------------------------------------------------------------------ lifetime
-    def close(self) -> None:
-        """Close the checkpoint if it was opened by :meth:`load`."""
-        if self._owns:
-            self.checkpoint.close()
-
-    def __enter__(self) -> DFlashWeights:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return (
-            f"<hf2q.dflash.DFlashWeights {len(self)} tensors, {self.total_data_bytes():,} data bytes, "
-            f"{self.gpu_resident_bytes():,} resident bytes>"
-        )
-
-
 # ============================================================================ known drafters
 
-#: z-lab gemma-4-26B-A4B-it-DFlash ``config.json`` (spec §7), verbatim.
+#: z-lab gemma-4-26B-A4B-it-DFlash ``config.json`` (docs/DFLASH.md), verbatim.
 GEMMA4_26B_A4B_DRAFTER_CONFIG: dict[str, Any] = {
     "architectures": ["DFlashDraftModel"],
     "attention_bias": False,
@@ -771,7 +453,7 @@ GEMMA4_26B_A4B_DRAFTER_CONFIG: dict[str, Any] = {
     "rope_scaling": None,
 }
 
-#: Qwen3.6-27B drafter (spec §8): original revision, root block_size.
+#: Qwen3.6-27B drafter (docs/DFLASH.md): original revision, root block_size.
 QWEN36_27B_DRAFTER_CONFIG: dict[str, Any] = {
     "architectures": ["DFlashDraftModel"],
     "block_size": 16,
@@ -797,7 +479,7 @@ QWEN36_27B_DRAFTER_CONFIG: dict[str, Any] = {
     "vocab_size": 248320,
 }
 
-#: Qwen3.6-35B-A3B drafter, original revision (spec §8): 8 full-attention layers.
+#: Qwen3.6-35B-A3B drafter, original revision (docs/DFLASH.md): 8 full-attention layers.
 QWEN36_35B_A3B_DRAFTER_CONFIG: dict[str, Any] = {
     "architectures": ["DFlashDraftModel"],
     "block_size": 16,
@@ -822,7 +504,7 @@ QWEN36_35B_A3B_DRAFTER_CONFIG: dict[str, Any] = {
     "vocab_size": 248320,
 }
 
-#: Qwen3.6-35B-A3B drafter, newer revision (spec §8): rope_parameters and
+#: Qwen3.6-35B-A3B drafter, newer revision (docs/DFLASH.md): rope_parameters and
 #: dflash_config.block_size, 5 sliding (4096) + 1 full layers.
 QWEN36_35B_A3B_NEW_DRAFTER_CONFIG: dict[str, Any] = {
     "architectures": ["DFlashDraftModel"],
@@ -884,178 +566,3 @@ DRAFTER_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-# ============================================================================ device upload
-
-
-class DTypeInvariantError(Hf2qError):
-    """A drafter buffer does not hold the dtype its kernels read (the bug of
-    spec dflash.md section 9: BF16 norms read as F32)."""
-
-
-#: Python field -> per-layer checkpoint name (after ``layers.{i}.``).
-_LAYER_FIELDS: dict[str, str] = {
-    "q_proj": "self_attn.q_proj.weight",
-    "k_proj": "self_attn.k_proj.weight",
-    "v_proj": "self_attn.v_proj.weight",
-    "o_proj": "self_attn.o_proj.weight",
-    "q_norm": "self_attn.q_norm.weight",
-    "k_norm": "self_attn.k_norm.weight",
-    "input_layernorm": "input_layernorm.weight",
-    "post_attention_layernorm": "post_attention_layernorm.weight",
-    "mlp_gate": "mlp.gate_proj.weight",
-    "mlp_up": "mlp.up_proj.weight",
-    "mlp_down": "mlp.down_proj.weight",
-}
-
-
-@dataclass
-class DFlashLayerTensors:
-    """One decoder layer's device buffers: projections BF16, norms F32."""
-
-    q_proj: Buffer
-    k_proj: Buffer
-    v_proj: Buffer
-    o_proj: Buffer
-    q_norm: Buffer
-    k_norm: Buffer
-    input_layernorm: Buffer
-    post_attention_layernorm: Buffer
-    mlp_gate: Buffer
-    mlp_up: Buffer
-    mlp_down: Buffer
-
-    def buffers(self) -> dict[str, Buffer]:
-        return {f: getattr(self, f) for f in _LAYER_FIELDS}
-
-
-class DFlashModelTensors:
-    """A DFlash drafter resident on a device: ``fc`` and the projections are
-    raw BF16 copies of the file's bytes, the six RMSNorm kinds are F32."""
-
-    def __init__(self, device: Device, config: DFlashConfig, fc: Buffer, hidden_norm: Buffer,
-                 final_norm: Buffer, layers: list[DFlashLayerTensors]) -> None:
-        self.device = device
-        self.config = config
-        self.fc = fc
-        self.hidden_norm = hidden_norm
-        self.final_norm = final_norm
-        self.layers = layers
-        self.summary: LoadSummary | None = None
-        self.check_dtypes()
-
-    # ------------------------------------------------------------------ build
-    @classmethod
-    def upload(cls, device: Device, cfg: DFlashConfig, weights: DFlashWeights, *,
-               progress: bool = False) -> "DFlashModelTensors":
-        """Make ``weights`` resident on ``device``: one buffer per tensor,
-        ``pread`` straight into it (BF16) or decoded into it (norms -> F32).
-        On any failure (including KeyboardInterrupt) every buffer allocated so
-        far is freed before the exception propagates."""
-        if weights.config != cfg:
-            raise ConfigError("weights were validated against a different config")
-        bufs: dict[str, Buffer] = {}
-        bar = progress_bar(weights.total_data_bytes(), "hf2q load", progress)
-        t0 = time.perf_counter()
-        try:
-            for t in weights:
-                name, entry, info = t.entry.name, t.entry, t.info
-                shard = weights.checkpoint.file_for(name)
-                try:
-                    bufs[name] = device.upload_from_file(
-                        shard.fileno(), info.offset, info.nbytes, "bf16", entry.device_dtype, entry.shape, name=name
-                    )
-                except FileReadError as e:
-                    raise file_read_error(e, t.path, name) from None
-                bar.update(info.nbytes)
-                if name.endswith("self_attn.v_proj.weight"):  # last of a layer in manifest order: one commit per layer
-                    device.residency.commit()
-            device.residency.commit()
-            layers = [
-                DFlashLayerTensors(**{f: bufs[f"layers.{i}.{n}"] for f, n in _LAYER_FIELDS.items()})
-                for i in range(cfg.num_hidden_layers)
-            ]
-            model = cls(device, cfg, bufs["fc.weight"], bufs["hidden_norm.weight"], bufs["norm.weight"], layers)
-        except BaseException as e:
-            bufs.clear()
-            layers = []
-            bar.close()
-            raise detached(e)
-        bar.close()
-        seconds = time.perf_counter() - t0
-        model.summary = LoadSummary(
-            model="dflash", device=device.kind, tensors=len(bufs),
-            resident_bytes=model.gpu_resident_bytes(), data_bytes=weights.total_data_bytes(),
-            seconds=seconds, residency=residency_state(device, bufs.values()),
-            extra={"layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size},
-        )
-        return model
-
-    # ------------------------------------------------------------------ access
-    def named_buffers(self) -> dict[str, Buffer]:
-        """Every buffer under its checkpoint name, in manifest order."""
-        out: dict[str, Buffer] = {"fc.weight": self.fc, "hidden_norm.weight": self.hidden_norm}
-        for i, layer in enumerate(self.layers):
-            for f, n in sorted(_LAYER_FIELDS.items(), key=lambda kv: kv[1]):
-                out[f"layers.{i}.{n}"] = getattr(layer, f)
-        out["norm.weight"] = self.final_norm
-        return out
-
-    def __getitem__(self, name: str) -> Buffer:
-        return self.named_buffers()[name]
-
-    def names(self) -> list[str]:
-        return list(self.named_buffers())
-
-    def gpu_resident_bytes(self) -> int:
-        """Sum of logical buffer lengths (= total_data_bytes + 2 * n_norm)."""
-        return sum(b.byte_len for b in self.named_buffers().values())
-
-    def allocated_bytes(self) -> int:
-        """Sum of page-rounded allocation sizes."""
-        return sum(b.alloc_len for b in self.named_buffers().values())
-
-    def check_dtypes(self) -> None:
-        """Always-on invariant: BF16 for fc and the seven projections, F32 for
-        the six norm kinds. Raises :class:`DTypeInvariantError`."""
-        bad: list[str] = []
-
-        def want(name: str, buf: Buffer, dtype: str, shape: tuple[int, ...]) -> None:
-            if buf.dtype != dtype or buf.shape != shape:
-                bad.append(f"{name}: expected {dtype} {shape}, found {buf.dtype} {buf.shape}")
-
-        manifest = {e.name: e for e in expected_manifest(self.config)}
-        for name, buf in self.named_buffers().items():
-            e = manifest[name]
-            want(name, buf, e.device_dtype, e.shape)
-        if bad:
-            raise DTypeInvariantError("DFlash device buffers break the dtype invariant:\n  " + "\n  ".join(bad))
-
-    def verify(self) -> dict[str, Any]:
-        """Read every buffer back through the device and compare with a CPU
-        decode (see :meth:`hf2q.Device.verify`); raises DeviceError on a mismatch."""
-        t0 = time.perf_counter()
-        groups = 0
-        for buf in self.named_buffers().values():
-            groups += self.device.verify(buf).groups
-        return {"buffers": len(self.named_buffers()), "groups": groups, "seconds": time.perf_counter() - t0}
-
-    def __repr__(self) -> str:
-        return (f"<hf2q.dflash.DFlashModelTensors L={self.config.num_hidden_layers} H={self.config.hidden_size} "
-                f"{self.gpu_resident_bytes():,} resident bytes on {self.device.kind}>")
-
-
-def load(path: PathLike, device: Device | None = None, progress: bool = True,
-         config: DFlashConfig | None = None, *, revision: str | None = None,
-         download: bool = False) -> DFlashModelTensors:
-    """Validate a DFlash drafter checkpoint (file or directory with
-    ``config.json``, or a Hugging Face repo id in the local cache: see
-    :func:`hf2q.hub.resolve` for ``revision`` and ``download``) and make it
-    resident on ``device`` (default: :meth:`hf2q.Device.default`).
-    ``model.summary`` holds the load summary; ``progress`` draws a bar on a
-    terminal only."""
-    from ..hub import resolve
-
-    path = resolve(path, revision, download=download)
-    dev = device if device is not None else Device.default()
-    with DFlashWeights.load(path, config) as weights:
-        return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress)

@@ -1,18 +1,18 @@
 """Qwen3.5 / Qwen3.6 MoE (``qwen35moe``): config, tensor plan and reference transforms.
 
-The model-independent half of the loader (spec qwen35moe.md):
+The model-independent half of the loader (docs/QWEN35MOE.md):
 
 - :class:`Qwen35Config` — ``config.json`` (incl. the multimodal ``text_config`` nesting);
 - :func:`plan_qwen35_moe` — the ordered :class:`PlannedTensor` list from tensor
   metadata (names, dtypes, shapes; no bytes), with validation;
-- :func:`hf_name_to_gguf` / :func:`checkpoint_targets` — the §4 name table;
+- :func:`hf_name_to_gguf` / :func:`checkpoint_targets` — the name table of docs/QWEN35MOE.md;
 - numpy reference transforms (:func:`transform_tensor`, :func:`convert_reference`,
   :func:`stack_experts_reference`, the V-head reorders, ...).
 """
 
 from __future__ import annotations
 
-from .qwen35_config import (
+from .config import (
     DEFAULT_FULL_ATTENTION_INTERVAL,
     DEFAULT_MROPE_SECTION,
     DEFAULT_PARTIAL_ROTARY_FACTOR,
@@ -23,7 +23,7 @@ from .qwen35_config import (
     LayerKind,
     Qwen35Config,
 )
-from .qwen35_plan import (
+from .plan import (
     DEVICE_DTYPES,
     SOURCE_DTYPES,
     DeviceDtype,
@@ -41,7 +41,7 @@ from .qwen35_plan import (
     plan_qwen35_moe,
     select_device_dtype,
 )
-from .qwen35_transforms import (
+from .transforms import (
     a_log_to_ssm_a,
     as_source_array,
     convert_reference,
@@ -61,11 +61,15 @@ from .qwen35_transforms import (
     transform_tensor,
 )
 
-from . import qwen35_config as _config, qwen35_plan as _plan, qwen35_transforms as _transforms  # noqa: E402
+from . import config as _config, plan as _plan, transforms as _transforms  # noqa: E402
 
 __all__ = [*_config.__all__, *_plan.__all__, *_transforms.__all__]
 
 # The loader (device upload) lives in its own module.
-from .qwen35_load import Qwen35Layer, Qwen35Model, inspect, load  # noqa: E402
+from .load import Qwen35Layer, Qwen35Model, inspect, load  # noqa: E402
 
 __all__ += ["Qwen35Model", "Qwen35Layer", "load", "inspect"]
+
+# The family interface (hf2q.models.FAMILIES), not re-exported by hf2q.qwen35.
+from .load import NAME, OPTIONS, inspect_checkpoint, load_checkpoint, recognises  # noqa: E402,F401
+from .load import plan_checkpoint, target_heads  # noqa: E402,F401  (hf2q.pairs)

@@ -1,0 +1,74 @@
+// The format table: the one place that says what each storage format is.
+//
+// A format stores `block_elems` logical elements in `block_bytes` bytes
+// (plain dtypes are blocks of one element; ggml Q8_0 is 32 elements in 34
+// bytes; safetensors' sub-byte codes F4 / F6 are 2-in-1 and 4-in-3). A
+// tensor's byte length is numel / block_elems * block_bytes, and a block
+// format needs its last dimension to be a multiple of block_elems (blocks
+// never span rows). `id` is the native DType of formats a device buffer can
+// hold, -1 for formats that only appear in checkpoint files. Python reads the
+// table through hf2q._core.format_table() (hf2q/formats.py); nothing else
+// states these numbers. Facts: docs/Q8_0.md, docs/SAFETENSORS.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace hf2q {
+
+// Native ids of the formats a device buffer can hold (stable: Python and
+// the kernels' callers use them).
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5 };
+inline constexpr int kNumDTypes = 6;
+
+struct FormatRow {
+  const char* name;         // hf2q's name ("bf16", "q8_0")
+  int id;                   // DType value, or -1 (file-only)
+  std::size_t block_elems;  // logical elements per block
+  std::size_t block_bytes;  // bytes per block
+  const char* numpy;        // numpy / ml_dtypes storage dtype name of one element ("" for block formats)
+  const char* safetensors;  // safetensors dtype code, "" if the format is not a file dtype
+  int gguf_type;            // ggml type id, -1 if GGUF has none
+};
+
+// Device formats first, in DType order (kFormats[id] is the row of id).
+inline constexpr FormatRow kFormats[] = {
+    {"f32", 0, 1, 4, "float32", "F32", 0},
+    {"f16", 1, 1, 2, "float16", "F16", 1},
+    {"bf16", 2, 1, 2, "bfloat16", "BF16", 30},
+    {"u8", 3, 1, 1, "uint8", "U8", -1},
+    {"i32", 4, 1, 4, "int32", "I32", 26},
+    {"q8_0", 5, 32, 34, "", "", 8},
+    // Checkpoint-only dtypes (read and validated, never a device buffer).
+    {"bool", -1, 1, 1, "bool", "BOOL", -1},
+    {"i8", -1, 1, 1, "int8", "I8", 24},
+    {"i16", -1, 1, 2, "int16", "I16", 25},
+    {"u16", -1, 1, 2, "uint16", "U16", -1},
+    {"u32", -1, 1, 4, "uint32", "U32", -1},
+    {"i64", -1, 1, 8, "int64", "I64", 27},
+    {"u64", -1, 1, 8, "uint64", "U64", -1},
+    {"f64", -1, 1, 8, "float64", "F64", 28},
+    {"c64", -1, 1, 8, "complex64", "C64", -1},
+    {"f8_e4m3", -1, 1, 1, "float8_e4m3fn", "F8_E4M3", -1},
+    {"f8_e5m2", -1, 1, 1, "float8_e5m2", "F8_E5M2", -1},
+    {"f8_e8m0", -1, 1, 1, "float8_e8m0fnu", "F8_E8M0", -1},
+    {"f8_e4m3fnuz", -1, 1, 1, "float8_e4m3fnuz", "F8_E4M3FNUZ", -1},
+    {"f8_e5m2fnuz", -1, 1, 1, "float8_e5m2fnuz", "F8_E5M2FNUZ", -1},
+    {"f4", -1, 2, 1, "", "F4", -1},
+    {"f6_e2m3", -1, 4, 3, "", "F6_E2M3", -1},
+    {"f6_e3m2", -1, 4, 3, "", "F6_E3M2", -1},
+};
+inline constexpr std::size_t kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
+
+constexpr const FormatRow& format_of(DType t) { return kFormats[static_cast<int>(t)]; }
+
+// Block constants of Q8_0 for the kernels, read from the table.
+inline constexpr std::size_t kQ8BlockElems = format_of(DType::Q8_0).block_elems;
+inline constexpr std::size_t kQ8BlockBytes = format_of(DType::Q8_0).block_bytes;
+
+static_assert(kQ8BlockElems == 32 && kQ8BlockBytes == 34, "ggml block_q8_0: fp16 scale + 32 int8");
+static_assert(format_of(DType::Q8_0).id == static_cast<int>(DType::Q8_0), "device rows in DType order");
+static_assert(format_of(DType::I32).id == static_cast<int>(DType::I32), "device rows in DType order");
+
+}  // namespace hf2q

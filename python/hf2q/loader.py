@@ -1,0 +1,170 @@
+"""One loader for every family: executes a :class:`~hf2q.plan.LoadPlan` on
+any device, with one progress bar, one commit per group, one cleanup path and
+one load summary.
+
+Streamed entries go from the file straight into their device buffer (native
+``pread`` + decode / quantize, expert slices and fused halves at their element
+offsets); ``elementwise`` entries pass through a bounded staging buffer a
+chunk of whole rows at a time; ``transform`` entries are read whole,
+transformed in numpy and uploaded. On any failure, KeyboardInterrupt
+included, every buffer allocated so far is freed before the error leaves."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from . import formats
+from .device import Buffer, Device, FileReadError
+from .models._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
+from .plan import LoadPlan, Piece, TensorPlan
+from .safetensors import Checkpoint
+
+__all__ = ["execute", "STAGING_BYTES"]
+
+#: Bytes of source data an ``elementwise`` entry stages at a time (at most).
+STAGING_BYTES = 16 << 20
+
+M = TypeVar("M")
+
+
+def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callable[[dict[str, Buffer]], M], *,
+            progress: bool = False, extra: dict[str, Any] | None = None) -> M:
+    """Run ``plan`` against the open checkpoint ``ckpt`` on ``device``;
+    ``make_model(buffers)`` builds the family's container (and runs its
+    layout check) before the summary is attached as ``model.summary``."""
+    t0 = time.perf_counter()
+    bufs: dict[str, Buffer] = {}
+    bar = progress_bar(plan.source_nbytes, "hf2q load", progress)
+    group: object = object()
+    try:
+        for entry in plan:
+            if entry.group != group:
+                device.residency.commit()  # one commit per group (layer)
+                group = entry.group
+            bufs[entry.name] = _fill(device, ckpt, entry)
+            bar.update(entry.source_nbytes)
+        device.residency.commit()
+        model = make_model(bufs)
+    except BaseException as e:
+        bufs.clear()
+        bar.close()
+        raise detached(e)
+    bar.close()
+    model.summary = LoadSummary(  # type: ignore[attr-defined]
+        model=plan.family, device=device.kind, tensors=len(bufs),
+        resident_bytes=sum(b.byte_len for b in bufs.values()), data_bytes=plan.source_nbytes,
+        seconds=time.perf_counter() - t0, residency=residency_state(device, bufs.values()), extra=dict(extra or {}),
+    )
+    return model
+
+
+def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan) -> Buffer:
+    if entry.transform is not None:
+        arrays = [_read_array(ckpt, p) for p in entry.sources]
+        return upload_array(device, entry.transform(arrays), entry.dtype, entry.shape, entry.name)
+    buf = device.alloc(entry.shape, entry.dtype)
+    try:
+        streamed = []
+        for piece in entry.sources:
+            if entry.elementwise is not None or not formats.can_convert(piece.dtype, entry.dtype):
+                _stage(device, ckpt, entry, piece, buf)
+            else:
+                streamed.append(piece)
+        if streamed:
+            _stream(device, ckpt, entry, streamed, buf)
+    except BaseException as e:
+        del buf
+        raise detached(e)
+    return buf
+
+
+def _segments(ckpt: Checkpoint, piece: Piece) -> list[tuple[int, int, int]]:
+    """``(element offset in the destination, file offset, bytes)`` of a piece:
+    the whole tensor, or one row slice per leading index."""
+    info = ckpt[piece.tensor]
+    if piece.rows is None:
+        return [(piece.dest_offset, info.offset, info.nbytes)]
+    fmt = formats.get(piece.dtype)
+    start, stop = piece.rows
+    lead, rows = piece.shape[0], piece.shape[1]
+    row_elems = formats.numel(piece.shape[2:])
+    per_lead = (stop - start) * row_elems
+    return [(piece.dest_offset + i * per_lead, info.offset + fmt.storage_bytes((i * rows + start) * row_elems),
+             fmt.storage_bytes(per_lead)) for i in range(lead)]
+
+
+def _stream(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer) -> None:
+    """File bytes of ``pieces`` straight into ``buf`` at their element
+    offsets. The pieces that come from one file in one format go to the device
+    in one call (on a GPU one pipeline of staged copies for a whole expert
+    stack, instead of a round trip per expert)."""
+    groups: dict[tuple[int, str], list[tuple[tuple[int, int, int], Piece]]] = {}
+    for piece in pieces:
+        fd = ckpt.file_for(piece.tensor).fileno()
+        groups.setdefault((fd, piece.dtype), []).extend((seg, piece) for seg in _segments(ckpt, piece))
+    for (fd, dtype), segs in groups.items():
+        try:
+            device.write_from_file_segments(buf, fd, [seg for seg, _ in segs], dtype, name=entry.name)
+        except FileReadError as e:
+            # Name the first piece the file no longer holds (truncated), else the first.
+            size = os.fstat(fd).st_size
+            bad = next((p for (_, foff, n), p in segs if foff + n > size), segs[0][1])
+            raise file_read_error(e, ckpt[bad.tensor].path, bad.tensor) from None
+
+
+def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer) -> None:
+    """``piece`` through a bounded staging array, whole rows at a time:
+    read, convert (``entry.elementwise``, else a cast to the destination's
+    element type), write at the element offset."""
+    if piece.rows is not None:
+        raise ValueError(f"{entry.name}: a row-sliced source cannot be staged")
+    info = ckpt[piece.tensor]
+    fmt = formats.get(piece.dtype)
+    src_dt = fmt.numpy_dtype
+    if src_dt is None:
+        raise TypeError(f"tensor '{piece.tensor}' has dtype {info.dtype}, which has no numpy equivalent")
+    row = max(1, piece.shape[-1] if piece.shape else 1)
+    numel = formats.numel(piece.shape)
+    step = max(row, STAGING_BYTES // fmt.itemsize // row * row)
+    convert = entry.elementwise or _caster(entry.dtype)
+    shard = ckpt.file_for(piece.tensor)
+    stage = np.empty(min(step, numel), dtype=src_dt)
+    for e0 in range(0, numel, step):
+        n = min(step, numel - e0)
+        chunk = stage[:n]
+        shard.read_slice_into(piece.tensor, e0 * fmt.itemsize, chunk)
+        device.write(buf, np.ascontiguousarray(convert(chunk)), offset=piece.dest_offset + e0, name=entry.name)
+
+
+def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
+    # A block format (q8_0) has no element dtype: hand the device float32,
+    # which it quantizes natively.
+    target = formats.get(dtype).numpy_dtype or np.dtype(np.float32)
+
+    def cast(x: np.ndarray) -> np.ndarray:
+        if formats.can_convert(formats.from_numpy(x.dtype) or "u8", dtype):
+            return x
+        # Through float32 (exact from bf16/f16), then round to nearest even.
+        return x.astype(np.float32).astype(target)
+
+    return cast
+
+
+def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ...], name: str) -> Buffer:
+    """A new ``dtype`` buffer of logical ``shape`` holding the logical array
+    ``x``: native conversion when the device has one, else a numpy cast."""
+    src = formats.from_numpy(x.dtype)
+    if src is None or not formats.can_convert(src, dtype):
+        x = _caster(dtype)(x)
+    return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name)
+
+
+def _read_array(ckpt: Checkpoint, piece: Piece) -> np.ndarray:
+    """The whole source tensor: a transform selects its own part (``rows``
+    and ``dest_offset`` place streamed pieces only)."""
+    return ckpt.read_array(piece.tensor)

@@ -1,0 +1,116 @@
+"""The model container every family returns: named device buffers with one
+layout check, one ``verify``, one byte count and one load summary.
+
+Families subclass :class:`LoadedModel` only to add their own views
+(``model.layers[3].ffn_down_exps``, ``drafter.fc``); names, ``[]``,
+iteration, ``gpu_resident_bytes`` and ``verify`` are these."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .device import Buffer, Device
+from .errors import Hf2qError
+
+__all__ = ["DTypeInvariantError", "LoadedModel", "check_layout"]
+
+
+class DTypeInvariantError(Hf2qError):
+    """A device buffer does not hold the format or shape its plan says (the
+    kernels that read it would misread it; docs/DFLASH.md tells the story of
+    BF16 norms read as F32). ``problems`` has one line per bad buffer,
+    ``names`` the buffers' names."""
+
+    def __init__(self, message: str, problems: list[str] | None = None, names: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems or [])
+        self.names = list(names or [])
+
+    @property
+    def lines(self) -> list[str]:
+        """Alias of :attr:`problems`."""
+        return self.problems
+
+
+def check_layout(buffers: Mapping[str, Buffer], layout: Mapping[str, tuple[str, tuple[int, ...]]],
+                 what: str) -> None:
+    """Always-on invariant: every buffer has the format and shape of ``layout``
+    (name -> (format, shape)). Raises :class:`DTypeInvariantError` listing
+    every buffer that does not, ``what`` naming the model in the message."""
+    problems: list[str] = []
+    names: list[str] = []
+    for name, (dtype, shape) in layout.items():
+        buf = buffers.get(name)
+        if buf is None:
+            problems.append(f"{name}: expected {dtype} {tuple(shape)}, found no buffer")
+        elif buf.dtype != dtype or buf.shape != tuple(shape):
+            problems.append(f"{name}: expected {dtype} {tuple(shape)}, found {buf.dtype} {buf.shape}")
+        else:
+            continue
+        names.append(name)
+    if problems:
+        raise DTypeInvariantError(f"{what}:\n  " + "\n  ".join(problems), problems, names)
+
+
+class LoadedModel:
+    """Weights resident on ``device``, addressable by name (``model[name]``);
+    iteration yields the names in load order. ``config`` is the family's
+    parsed config, ``summary`` the :class:`~hf2q.models._loading.LoadSummary`
+    of the load that made it."""
+
+    family: str = "model"
+
+    def __init__(self, device: Device, config: Any, buffers: dict[str, Buffer]) -> None:
+        self.device = device
+        self.config = config
+        self._buffers = buffers
+        self.summary: Any = None
+
+    # ------------------------------------------------------------------ access
+    def named_buffers(self) -> dict[str, Buffer]:
+        """Every buffer under its name, in load order. Family views whose
+        fields can be reassigned override this to read the fields, so the
+        checks below always see what a consumer would."""
+        return self._buffers
+
+    def names(self) -> list[str]:
+        return list(self.named_buffers())
+
+    def __getitem__(self, name: str) -> Buffer:
+        try:
+            return self.named_buffers()[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is not a tensor of this model") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.named_buffers()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.named_buffers())
+
+    def __len__(self) -> int:
+        return len(self.named_buffers())
+
+    # ------------------------------------------------------------------ bytes
+    def gpu_resident_bytes(self) -> int:
+        """Sum of logical buffer lengths."""
+        return sum(b.byte_len for b in self.named_buffers().values())
+
+    def allocated_bytes(self) -> int:
+        """Sum of page-rounded allocation sizes."""
+        return sum(b.alloc_len for b in self.named_buffers().values())
+
+    # ------------------------------------------------------------------ checks
+    def verify(self) -> dict[str, Any]:
+        """Read every buffer back through the device and compare with a CPU
+        decode (see :meth:`hf2q.Device.verify`); raises DeviceError on a mismatch."""
+        t0 = time.perf_counter()
+        bufs = self.named_buffers()
+        groups = sum(self.device.verify(b).groups for b in bufs.values())
+        return {"buffers": len(bufs), "groups": groups, "seconds": time.perf_counter() - t0}
+
+    def __repr__(self) -> str:
+        return (f"<hf2q {self.family} model: {len(self)} tensors, {self.gpu_resident_bytes():,} resident bytes "
+                f"on {self.device.kind}>")

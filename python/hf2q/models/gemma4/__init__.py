@@ -1,0 +1,176 @@
+"""Gemma 4 (``gemma4``): the text model of ``Gemma4ForConditionalGeneration``
+and ``Gemma4ForCausalLM`` checkpoints — the MoE layout of gemma-4-26B-A4B and
+the dense variants — loaded into device buffers under llama.cpp's GGUF names,
+every tensor byte-identical to ``convert_hf_to_gguf.py --outtype`` q8_0 / f32 /
+bf16 (docs/GEMMA4.md). Experts are quantized to Q8_0 at load time; no GGUF
+file is written.
+
+    >>> import hf2q
+    >>> model = hf2q.gemma4.load("gemma-4-26B-A4B-it")        # doctest: +SKIP
+    >>> model["blk.0.ffn_gate_up_exps.weight"].dtype          # doctest: +SKIP
+    'q8_0'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Union
+
+from ...device import Buffer, Device
+from ...loader import execute
+from ...model import LoadedModel, check_layout
+from ...plan import LoadPlan
+from ...safetensors import Checkpoint, open_checkpoint
+from .config import ARCHITECTURES, FULL_ATTENTION, MODEL_TYPES, SLIDING_ATTENTION, Gemma4Config, Gemma4Layer
+from .plan import DEVICE_DTYPES, device_dtype, gguf_name, is_multimodal_tensor, plan_gemma4, rope_freqs, vocab_rows
+
+__all__ = ["Gemma4Config", "Gemma4Layer", "Gemma4Model", "Gemma4Block", "plan_gemma4", "load", "inspect",
+           "device_dtype", "gguf_name", "is_multimodal_tensor", "rope_freqs", "vocab_rows", "DEVICE_DTYPES",
+           "FULL_ATTENTION", "SLIDING_ATTENTION", "NAME", "OPTIONS", "recognises", "target_heads"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: Family name in the registry and in summaries.
+NAME = "gemma4"
+#: Options of :func:`load` that the CLI offers.
+OPTIONS = ("expert_dtype", "dense_dtype")
+
+
+class Gemma4Block:
+    """One decoder layer's buffers by GGUF suffix (``attn_q``, ``ffn_gate_up_exps``, ...)."""
+
+    def __init__(self, layer: Gemma4Layer, tensors: dict[str, Buffer]) -> None:
+        self.layer = layer
+        self.tensors = tensors
+
+    @property
+    def index(self) -> int:
+        return self.layer.index
+
+    @property
+    def kind(self) -> str:
+        return self.layer.kind
+
+    def __getattr__(self, name: str) -> Buffer:
+        tensors = self.__dict__.get("tensors", {})
+        for key in (f"{name}.weight", name):
+            if key in tensors:
+                return tensors[key]
+        raise AttributeError(f"block {self.index} has no tensor {name!r}; it has {sorted(tensors)}")
+
+    def __repr__(self) -> str:
+        return f"<Gemma4Block {self.index} {self.kind}: {len(self.tensors)} tensors>"
+
+
+class Gemma4Model(LoadedModel):
+    """Gemma 4 weights on a device, addressable by GGUF name
+    (``model["blk.5.attn_q.weight"]``); ``model.layers[b]`` views one block.
+    ``embed_tokens`` is ``token_embd.weight``; ``lm_head`` is ``output.weight``
+    when the checkpoint has its own LM head, else the same buffer as the
+    embedding (tied; counted once)."""
+
+    family = NAME
+
+    def __init__(self, device: Device, config: Gemma4Config, plan: LoadPlan, buffers: dict[str, Buffer]) -> None:
+        super().__init__(device, config, buffers)
+        self.plan = plan
+        check_layout(buffers, plan.layout(), "Gemma 4 device buffers break the planned layout")
+        self.layers = [
+            Gemma4Block(ly, {n[len(f"blk.{ly.index}."):]: b for n, b in buffers.items()
+                             if n.startswith(f"blk.{ly.index}.")})
+            for ly in config.layers
+        ]
+
+    @property
+    def embed_tokens(self) -> Buffer:
+        return self["token_embd.weight"]
+
+    @property
+    def lm_head(self) -> Buffer:
+        return self["output.weight"] if "output.weight" in self else self.embed_tokens
+
+    @property
+    def tied(self) -> bool:
+        return "output.weight" not in self
+
+
+# ----------------------------------------------------------------------------- family interface
+def recognises(config: Mapping[str, Any] | None) -> bool:
+    """An architecture ``Gemma4ForConditionalGeneration`` / ``Gemma4ForCausalLM``,
+    or (without ``architectures``) ``model_type`` ``gemma4`` / ``gemma4_text``."""
+    if config is None:
+        return False
+    archs = config.get("architectures")
+    archs = [archs] if isinstance(archs, str) else (archs if isinstance(archs, list) else [])
+    if archs:
+        return any(a in ARCHITECTURES for a in archs)
+    tc = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+    return config.get("model_type") in MODEL_TYPES or tc.get("model_type") in MODEL_TYPES
+
+
+def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Gemma4Config:
+    if config is None:
+        return Gemma4Config.from_file(ckpt.directory / "config.json")
+    return Gemma4Config.from_dict(config, source=str(ckpt.directory / "config.json"))
+
+
+def plan_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, expert_dtype: str = "q8_0",
+                    dense_dtype: str = "f32") -> LoadPlan:
+    """The plan of an open checkpoint and its parsed ``config.json`` (None: read it)."""
+    return plan_gemma4(ckpt, _config_of(ckpt, config), dense_dtype=dense_dtype, expert_dtype=expert_dtype,
+                       directory=ckpt.directory)
+
+
+def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
+                    expert_dtype: str = "q8_0", dense_dtype: str = "f32") -> Gemma4Model:
+    plan = plan_checkpoint(ckpt, config=config, expert_dtype=expert_dtype, dense_dtype=dense_dtype)
+    return execute(plan, ckpt, device, lambda bufs: Gemma4Model(device, plan.config, plan, bufs),
+                   progress=progress, extra=plan.extra)
+
+
+def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, expert_dtype: str = "q8_0",
+                       dense_dtype: str = "f32") -> dict[str, Any]:
+    """The plan's numbers, reading no tensor bytes."""
+    plan = plan_checkpoint(ckpt, config=config, expert_dtype=expert_dtype, dense_dtype=dense_dtype)
+    by_kind: dict[str, int] = {}
+    for e in plan:
+        by_kind[e.kind] = by_kind.get(e.kind, 0) + e.nbytes
+    return {"planned_tensors": len(plan), "gpu_resident_bytes": plan.nbytes, "resident_bytes_by_kind": by_kind,
+            # by checkpoint name (the CLI's listing); the GGUF side in gguf_tensors
+            "device_dtypes": {p.tensor: e.dtype for e in plan for p in e.sources},
+            "gguf_tensors": [{"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "kind": e.kind}
+                             for e in plan],
+            "skipped": list(plan.skipped), **plan.extra}
+
+
+def target_heads(plan: LoadPlan) -> dict[str, Any]:
+    """Where a speculative drafter finds this model's embedding and LM head
+    (the family hook of :mod:`hf2q.pairs`): GGUF names, whether they are one
+    tensor, and the numbers a drafter must match."""
+    cfg: Gemma4Config = plan.config
+    tied = plan.extra["tied_output"]
+    return {"embedding": "token_embd.weight", "lm_head": "token_embd.weight" if tied else "output.weight",
+            "tied": tied, "declared_tied": cfg.tie_word_embeddings, "hidden_size": cfg.hidden_size,
+            "vocab_size": cfg.vocab_size, "embedding_rows": plan.extra["embedding_rows"],
+            "num_layers": cfg.num_hidden_layers, "tie_key": "tie_word_embeddings"}
+
+
+def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
+         progress: bool = True) -> Gemma4Model:
+    """Load a Gemma 4 checkpoint (directory with ``config.json``, single file
+    or sharded) into device buffers. ``expert_dtype`` (default ``"q8_0"``)
+    applies to ``ffn_gate_up_exps`` / ``ffn_down_exps``, ``dense_dtype``
+    (``"f32"``, ``"bf16"`` or ``"q8_0"``) to every other tensor llama.cpp
+    would quantize; the rest stays F32. On failure every buffer is freed."""
+    dev = device if device is not None else Device.default()
+    with open_checkpoint(Path(path)) as ckpt:
+        return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
+                               dense_dtype=dense_dtype)
+
+
+def inspect(path: PathLike, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32") -> dict[str, Any]:
+    """The load plan's numbers for a checkpoint, reading no tensor bytes."""
+    with open_checkpoint(Path(path)) as ckpt:
+        return inspect_checkpoint(ckpt, config=None, expert_dtype=expert_dtype, dense_dtype=dense_dtype)

@@ -1,0 +1,100 @@
+"""The generic family's plan: every checkpoint tensor under its own name,
+kept in its dtype or converted by a simple policy.
+
+``dtype="keep"``: each tensor in its file dtype (which a device buffer must be
+able to hold: f32, f16, bf16, u8, i32; bool -> u8 and i8 / i16 / u16 -> i32 are
+widened losslessly).
+
+``"f32"`` / ``"bf16"`` / ``"q8_0"``: floating-point tensors are converted as
+llama.cpp's ``convert_hf_to_gguf.py --outtype <t>`` converts a model it has no
+special rules for: a tensor that is 1-D once its size-1 dimensions are
+dropped, whose name does not end in ``.weight``, or whose name ends in
+``_norm.weight`` stays F32; every other tensor becomes ``<t>``; for q8_0 a
+tensor whose rows (last dimension) are not a whole number of 32-element
+blocks falls back to F16, as llama.cpp does. (llama.cpp also keeps a few
+architecture-specific tensors in F32, e.g. MoE routers and conv1d; it knows
+them by their GGUF names, which the generic family does not use.) Integer
+tensors keep their dtype under every policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ... import formats
+from ...errors import DtypeMismatchError, ManifestProblem
+from ...plan import LoadPlan, Piece, TensorPlan
+from ...safetensors import Checkpoint
+from .config import DTYPE_POLICIES, GenericConfig
+
+__all__ = ["plan_generic", "device_dtype", "FLOAT_FORMATS"]
+
+#: Source formats treated as floating point (converted by the policies).
+FLOAT_FORMATS = ("f32", "f16", "bf16", "f64", "f8_e4m3", "f8_e5m2", "f8_e8m0", "f8_e4m3fnuz", "f8_e5m2fnuz")
+# Integer / bool formats a device cannot hold, and the lossless device format they widen to.
+_WIDEN = {"bool": "u8", "i8": "i32", "i16": "i32", "u16": "i32"}
+
+
+def _block_id(name: str) -> int | None:
+    """The first all-digit part of a dotted name (``model.layers.7.mlp`` -> 7):
+    the layer, used to group residency commits (as llama.cpp finds block ids)."""
+    for part in name.split("."):
+        if part.isdecimal():
+            return int(part)
+    return None
+
+
+def _keeps_f32(name: str, shape: tuple[int, ...]) -> bool:
+    squeezed = [d for d in shape if d != 1]
+    return len(squeezed) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
+
+
+def device_dtype(name: str, src: str, shape: tuple[int, ...], policy: str) -> str | None:
+    """The device format of tensor ``name`` (file format ``src``, an hf2q
+    name) under ``policy``; None when no device format can hold it."""
+    if src in FLOAT_FORMATS:
+        if policy == "keep":
+            return src if formats.get(src).is_device else None
+        if policy == "f32" or _keeps_f32(name, shape):
+            return "f32"
+        if policy == "bf16":
+            return "bf16"
+        q8 = formats.get("q8_0")
+        if shape and shape[-1] != 1 and shape[-1] % q8.block_elems == 0:
+            return "q8_0"
+        return "f16"  # llama.cpp: "falling back to F16"
+    if formats.get(src).is_device:
+        return src
+    return _WIDEN.get(src)
+
+
+def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | None = None, *,
+                 dtype: str = "keep") -> LoadPlan:
+    """The :class:`~hf2q.plan.LoadPlan` of ``ckpt``: every tensor, in the
+    checkpoint's order, under its own name. Raises ValueError for an unknown
+    policy and :class:`~hf2q.DtypeMismatchError` listing every tensor no
+    device format can hold."""
+    if dtype not in DTYPE_POLICIES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_POLICIES)}, got {dtype!r}")
+    cfg = config if isinstance(config, GenericConfig) else GenericConfig.from_dict(config)
+    entries: list[TensorPlan] = []
+    problems: list[ManifestProblem] = []
+    for name in ckpt.keys():
+        info = ckpt[name]
+        src = formats.from_safetensors(info.dtype).name
+        shape = tuple(int(d) for d in info.shape)
+        dst = device_dtype(name, src, shape, dtype)
+        if dst is None:
+            problems.append(ManifestProblem(
+                "dtype", name, f"a dtype a device buffer holds ({', '.join(formats.DEVICE_FORMATS[:-1])})"
+                + ("" if src not in FLOAT_FORMATS else " or a --dtype policy that converts it"), info.dtype))
+            continue
+        kind = "float" if src in FLOAT_FORMATS else "int"
+        entries.append(TensorPlan(name, shape, dst, (Piece(name, src, shape),), group=_block_id(name), kind=kind))
+    if problems:
+        lines = "\n".join(f"  {p}" for p in problems)
+        raise DtypeMismatchError(
+            f"{ckpt.directory}: {len(problems)} tensor(s) cannot be loaded with --dtype {dtype}:\n{lines}", problems
+        )
+    return LoadPlan("generic", entries, cfg, extra={"dtype": dtype, "architecture": cfg.label})

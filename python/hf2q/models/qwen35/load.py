@@ -1,0 +1,219 @@
+"""Qwen3.5/3.6 MoE: the in-memory loader (docs/QWEN35MOE.md).
+
+Every planned tensor goes straight into its own device buffer: expert stacks
+are streamed expert by expert from the file into their slice of the
+destination (quantized to Q8_0 on the way, no whole-stack staging copy),
+plain tensors are ``pread`` and converted in native code, and only the small
+transformed tensors (norms +1, linear-attention reorders, ``A_log``) pass
+through numpy. No GGUF file is written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Mapping
+from typing import Any, Union
+
+
+from ... import formats
+from ...device import Buffer, Device
+from ...loader import execute
+from ...model import LoadedModel, check_layout
+from ...plan import LoadPlan, Piece, TensorPlan
+from ...safetensors import Checkpoint, open_checkpoint
+from .config import FULL_ATTENTION, Qwen35Config
+from .plan import PlannedTensor, Qwen35Plan, Transform, plan_qwen35_moe
+from .transforms import transform_tensor
+
+__all__ = ["Qwen35Layer", "Qwen35Model", "load", "inspect", "to_load_plan"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+#: Transforms the loader does while streaming (pieces land at their offsets).
+_STREAMABLE = {Transform.FUSED_SPLIT, Transform.STACK_EXPERTS}
+
+
+@dataclass
+class Qwen35Layer:
+    """One block's buffers by GGUF suffix (``attn_q``, ``ffn_gate_exps``, ...)."""
+
+    index: int
+    kind: str  # "full_attention" | "linear_attention" (MTP blocks: full attention)
+    tensors: dict[str, Buffer] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Buffer:
+        tensors = self.__dict__.get("tensors", {})
+        for key in (f"{name}.weight", name, f"{name}.bias"):
+            if key in tensors:
+                return tensors[key]
+        raise AttributeError(f"block {self.index} has no tensor {name!r}; it has {sorted(tensors)}")
+
+    @property
+    def is_full_attention(self) -> bool:
+        return self.kind == FULL_ATTENTION
+
+    @property
+    def moe(self) -> dict[str, Buffer]:
+        """The MoE FFN: router, experts, shared expert and its gate."""
+        keys = {
+            "router": "ffn_gate_inp.weight",
+            "gate_exps": "ffn_gate_exps.weight",
+            "up_exps": "ffn_up_exps.weight",
+            "down_exps": "ffn_down_exps.weight",
+            "gate_shexp": "ffn_gate_shexp.weight",
+            "up_shexp": "ffn_up_shexp.weight",
+            "down_shexp": "ffn_down_shexp.weight",
+            "shexp_gate": "ffn_gate_inp_shexp.weight",
+        }
+        return {k: self.tensors[v] for k, v in keys.items() if v in self.tensors}
+
+
+class Qwen35Model(LoadedModel):
+    """Inference-ready Qwen3.5/3.6 MoE weights on a device, addressable by
+    GGUF name (``model["blk.3.ffn_down_exps.weight"]``). Shapes are logical
+    numpy shapes (the reverse of GGUF's ``ne``)."""
+
+    family = "qwen35moe"
+
+    def __init__(self, device: Device, config: Qwen35Config, plan: Qwen35Plan, buffers: dict[str, Buffer]) -> None:
+        super().__init__(device, config, buffers)
+        self.plan = plan
+        self.layers: list[Qwen35Layer] = []
+        for b in range(plan.n_blocks):
+            kind = config.layer_types[b] if b < config.num_hidden_layers else FULL_ATTENTION
+            layer = Qwen35Layer(b, kind)
+            prefix = f"blk.{b}."
+            layer.tensors.update({n[len(prefix):]: buf for n, buf in buffers.items() if n.startswith(prefix)})
+            self.layers.append(layer)
+        # Always-on invariant: every buffer has its planned dtype and shape.
+        check_layout(buffers, {pt.gguf_name: (pt.dtype, tuple(pt.shape)) for pt in plan},
+                     "Qwen3.5 device buffers break the planned layout")
+
+    def __repr__(self) -> str:
+        return (f"<hf2q.qwen35.Qwen35Model {len(self)} tensors, {self.gpu_resident_bytes():,} resident bytes "
+                f"on {self.device.kind}>")
+
+
+def _tensor_plan(pt: PlannedTensor, cfg: Qwen35Config) -> TensorPlan:
+    pieces = []
+    for sp in pt.sources:
+        fmt = formats.from_safetensors(sp.dtype).name
+        if sp.half is not None:  # fused [E, 2I, H]: rows [:I] or [I:] of every expert
+            i = sp.shape[1] // 2
+            pieces.append(Piece(sp.name, fmt, tuple(sp.shape), 0, (0, i) if sp.half == "gate" else (i, 2 * i)))
+        else:
+            off = 0 if sp.expert is None else sp.expert * formats.numel(sp.shape)
+            pieces.append(Piece(sp.name, fmt, tuple(sp.shape), off))
+    streamed = set(pt.transforms) <= _STREAMABLE and all(formats.can_convert(p.dtype, pt.dtype) for p in pieces)
+    transform = None if streamed else (lambda arrays, pt=pt: transform_tensor(pt, arrays, cfg))
+    return TensorPlan(pt.gguf_name, tuple(pt.shape), pt.dtype, tuple(pieces), transform=transform,
+                      group=pt.layer, kind=pt.kind)
+
+
+def to_load_plan(plan: Qwen35Plan, cfg: Qwen35Config) -> LoadPlan:
+    """The family's plan as the loader's :class:`~hf2q.plan.LoadPlan`: expert
+    stacks and fused halves streamed to their offsets, transformed tensors
+    through numpy."""
+    return LoadPlan("qwen35moe", [_tensor_plan(pt, cfg) for pt in plan], cfg, tuple(plan.skipped))
+
+
+def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
+         progress: bool = True, mtp: bool | None = None, *, revision: str | None = None,
+         download: bool = False) -> Qwen35Model:
+    """Load a Qwen3.5/3.6 MoE checkpoint (directory with ``config.json``,
+    single-file or sharded) into inference-ready device buffers.
+
+    ``expert_dtype`` (default ``"q8_0"``) applies to the expert stacks,
+    ``dense_dtype`` (``"f32"``, ``"bf16"`` or ``"q8_0"``; with ``"q8_0"`` the
+    same tensors are quantized as by ``convert_hf_to_gguf.py --outtype q8_0``)
+    to the other matrices; norms, ``ssm_*`` and routers stay F32. ``mtp``:
+    keep (None: when present), require (True) or drop (False) the MTP block.
+    On any failure every buffer allocated so far is freed. ``path`` may be a
+    Hugging Face repo id in the local cache (``revision``, ``download``: see
+    :func:`hf2q.hub.resolve`)."""
+    from ...hub import resolve
+
+    path = resolve(path, revision, download=download)
+    dev = device if device is not None else Device.default()
+    with open_checkpoint(Path(path)) as ckpt:
+        return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
+                               dense_dtype=dense_dtype, mtp=mtp)
+
+
+def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
+                    expert_dtype: str = "q8_0", dense_dtype: str = "f32", mtp: bool | None = None) -> Qwen35Model:
+    """:func:`load` of an open checkpoint and its parsed ``config.json`` (None: read it)."""
+    cfg = _config_of(ckpt, config)
+    plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+    cfg = plan.config  # the plan resolves what the file leaves out (mtp_num_hidden_layers)
+    return execute(to_load_plan(plan, cfg), ckpt, device, lambda bufs: Qwen35Model(device, cfg, plan, bufs),
+                   progress=progress,
+                   extra={"blocks": plan.n_blocks, "experts": cfg.num_experts, "expert_dtype": expert_dtype,
+                          "dense_dtype": dense_dtype, "skipped_tensors": len(plan.skipped)})
+
+
+def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
+            revision: str | None = None) -> dict[str, Any]:
+    """The load plan of a checkpoint (or cached Hugging Face repo id), without
+    reading tensor bytes."""
+    from ...hub import resolve
+
+    with open_checkpoint(resolve(path, revision)) as ckpt:
+        return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
+
+
+def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, dense_dtype: str = "f32",
+                       expert_dtype: str = "q8_0", mtp: bool | None = None) -> dict[str, Any]:
+    """:func:`inspect` of an open checkpoint and its parsed ``config.json``."""
+    cfg = _config_of(ckpt, config)
+    plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+    return {
+        "planned_tensors": len(plan),
+        "gpu_resident_bytes": plan.nbytes,
+        "resident_bytes_by_kind": plan.nbytes_by_kind(),
+        "skipped": list(plan.skipped),
+        "gguf_tensors": [{"name": pt.gguf_name, "shape": list(pt.shape), "dtype": pt.dtype, "kind": pt.kind}
+                         for pt in plan],
+    }
+
+
+# ----------------------------------------------------------------------------- family interface
+# (hf2q.models.FAMILIES: how the registry recognises, loads and inspects a Qwen3.5 MoE checkpoint)
+
+NAME = "qwen35moe"
+OPTIONS = ("expert_dtype", "dense_dtype", "mtp")
+
+
+def recognises(config: Mapping[str, Any] | None) -> bool:
+    """``model_type`` (root or ``text_config``) ``qwen3_5_moe[_text]``, or a ``Qwen3_5Moe*`` architecture."""
+    if config is None:
+        return False
+    archs = config.get("architectures") or []
+    archs = [archs] if isinstance(archs, str) else (archs if isinstance(archs, list) else [])
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    model_types = {m for m in (config.get("model_type"), text.get("model_type")) if isinstance(m, str)}
+    return bool(model_types & {"qwen3_5_moe", "qwen3_5_moe_text"}) or any("Qwen3_5Moe" in str(a) for a in archs)
+
+
+def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Qwen35Config:
+    if config is None:
+        return Qwen35Config.from_file(ckpt.directory / "config.json")
+    return Qwen35Config.from_dict(config, source=str(ckpt.directory / "config.json"))
+
+
+# (hf2q.pairs: where a speculative drafter finds this model's embedding and LM head)
+def plan_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, expert_dtype: str = "q8_0",
+                    dense_dtype: str = "f32", mtp: bool | None = None) -> Qwen35Plan:
+    """The plan of an open checkpoint and its parsed ``config.json``, reading no tensor bytes."""
+    return plan_qwen35_moe(ckpt, _config_of(ckpt, config), dense_dtype=dense_dtype, expert_dtype=expert_dtype,
+                           mtp=mtp)
+
+
+def target_heads(plan: Qwen35Plan) -> dict[str, Any]:
+    """``token_embd.weight``; the LM head is ``output.weight``, or the embedding when tied."""
+    cfg = plan.config
+    return {"embedding": "token_embd.weight", "lm_head": "token_embd.weight" if plan.tied_output else "output.weight",
+            "tied": plan.tied_output, "declared_tied": cfg.tie_word_embeddings, "hidden_size": cfg.hidden_size,
+            "vocab_size": cfg.vocab_size, "embedding_rows": plan["token_embd.weight"].shape[0],
+            "num_layers": cfg.num_hidden_layers}

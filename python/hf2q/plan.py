@@ -1,0 +1,129 @@
+"""Tensor plans: what a load will do, decided before any tensor byte is read.
+
+Every model family turns a checkpoint's headers and its ``config.json`` into
+a :class:`LoadPlan`: an ordered list of :class:`TensorPlan` entries, each
+naming its destination (name, logical shape, device format) and its sources
+(checkpoint tensors, or parts of them, with where they land). One loader
+(:mod:`hf2q.loader`) executes any plan on any device:
+
+- no ``transform`` and every source natively convertible to the destination
+  format: the file's bytes go straight into the device buffer (``pread`` and
+  the native decode / quantize kernels; expert slices and fused halves land at
+  their element offset);
+- an ``elementwise`` conversion (e.g. f32 -> bf16): the source passes through
+  a bounded staging buffer, a chunk of whole rows at a time;
+- a ``transform`` (the tensor needs all of its sources at once: +1 norms,
+  V-head reorders, ``-exp(A_log)``): the sources are read, transformed in
+  numpy and uploaded. Only small tensors take this path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import formats
+
+__all__ = ["Piece", "TensorPlan", "LoadPlan"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One source of a planned tensor.
+
+    ``tensor`` is the checkpoint name, ``dtype`` its format (hf2q name, e.g.
+    ``"bf16"``), ``shape`` its shape in the file. The piece lands at element
+    ``dest_offset`` of the destination. ``rows`` selects rows ``[start, stop)``
+    of axis 1 of a source shaped ``[N, R, ...]``, for each of the ``N``
+    leading entries (the gate or up half of a fused expert tensor); those
+    slices land back to back."""
+
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+    dest_offset: int = 0
+    rows: tuple[int, int] | None = None
+
+    @property
+    def numel(self) -> int:
+        """Elements this piece contributes."""
+        if self.rows is None:
+            return formats.numel(self.shape)
+        start, stop = self.rows
+        return self.shape[0] * (stop - start) * formats.numel(self.shape[2:])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes read from the file for this piece."""
+        return formats.nbytes((self.numel,), self.dtype)
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """One destination tensor: ``name``, logical ``shape``, device format
+    ``dtype``, its ``sources``, and how they become it (see the module doc).
+    ``group`` is the residency commit group (a layer); ``kind`` a family's
+    label for summaries (``"expert"``, ``"norm"``, ...)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    sources: tuple[Piece, ...]
+    transform: Callable[[list[np.ndarray]], np.ndarray] | None = field(default=None, compare=False)
+    elementwise: Callable[[np.ndarray], np.ndarray] | None = field(default=None, compare=False)
+    group: int | None = None
+    kind: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes (:func:`hf2q.formats.nbytes`)."""
+        return formats.nbytes(self.shape, self.dtype)
+
+    @property
+    def source_nbytes(self) -> int:
+        """Bytes read from the checkpoint."""
+        return sum(p.nbytes for p in self.sources)
+
+    @property
+    def streamed(self) -> bool:
+        """File bytes go straight into the device buffer (no numpy stage)."""
+        return (self.transform is None and self.elementwise is None
+                and all(formats.can_convert(p.dtype, self.dtype) for p in self.sources))
+
+
+@dataclass
+class LoadPlan(Sequence[TensorPlan]):
+    """The ordered entries of one load, the family that made them and its
+    parsed config; ``skipped`` lists checkpoint tensors left out on purpose."""
+
+    family: str
+    entries: list[TensorPlan]
+    config: Any = None
+    skipped: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.entries[i]
+
+    def __iter__(self) -> Iterator[TensorPlan]:
+        return iter(self.entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Device-resident bytes of the whole plan."""
+        return sum(e.nbytes for e in self.entries)
+
+    @property
+    def source_nbytes(self) -> int:
+        """Checkpoint bytes the plan reads."""
+        return sum(e.source_nbytes for e in self.entries)
+
+    def layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """name -> (device format, logical shape), for the layout check."""
+        return {e.name: (e.dtype, tuple(e.shape)) for e in self.entries}

@@ -1,0 +1,98 @@
+"""hf2q.formats: the one format table, checked against what others define
+(gguf-py's ggml type sizes, numpy / ml_dtypes itemsizes, the safetensors
+package's dtype codes) and used by the device layer."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hf2q
+from hf2q import _core, formats
+
+
+def test_table_comes_from_native_core() -> None:
+    rows = _core.format_table()
+    assert [r[0] for r in rows] == list(formats.FORMATS)
+    assert formats.DEVICE_FORMATS == ("f32", "f16", "bf16", "u8", "i32", "q8_0")
+    assert formats.DEVICE_FORMATS == hf2q.device.DTYPES
+    for i, name in enumerate(formats.DEVICE_FORMATS):
+        assert formats.get(name).id == i
+
+
+def test_gguf_block_sizes_match_gguf_py() -> None:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    checked = 0
+    for f in formats.FORMATS.values():
+        if f.gguf_type < 0:
+            continue
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(f.gguf_type)]
+        assert (f.block_elems, f.block_bytes) == (block, type_size), f.name
+        checked += 1
+    assert checked >= 5  # f32, f16, bf16, q8_0, i32 ...
+    assert formats.get("q8_0").gguf_type == GGMLQuantizationType.Q8_0
+
+
+def test_numpy_dtypes_have_the_table_itemsize() -> None:
+    for f in formats.FORMATS.values():
+        if f.numpy_name and f.numpy_dtype is not None:
+            assert f.numpy_dtype.itemsize * f.block_elems == f.block_bytes, f.name
+    assert formats.get("bf16").storage_dtype == np.dtype(ml_dtypes.bfloat16)
+    assert formats.get("q8_0").storage_dtype == np.dtype(np.uint8)
+    assert formats.from_numpy(np.float32).name == "f32"
+    assert formats.from_numpy(ml_dtypes.bfloat16).name == "bf16"
+
+
+def test_safetensors_codes_are_the_packages() -> None:
+    # Every code the safetensors package's numpy loader knows is in the table
+    # with the same element size.
+    from safetensors import numpy as stnp
+
+    known = getattr(stnp, "_TYPES", None)
+    if known is None:
+        pytest.skip("safetensors.numpy has no _TYPES table in this version")
+    for code, dt in known.items():
+        f = formats.from_safetensors(code)
+        assert np.dtype(dt).itemsize == f.block_bytes, code
+    assert set(hf2q.safetensors.DTYPE_BITS) == set(formats.safetensors_codes())
+    assert hf2q.safetensors.DTYPE_BITS["F4"] == 4 and hf2q.safetensors.DTYPE_BITS["F6_E3M2"] == 6
+
+
+@pytest.mark.parametrize(
+    "shape,dtype,expect",
+    [
+        ((256, 512, 2048), "q8_0", 285_212_672),  # docs/Q8_0.md
+        ((3, 5), "f32", 60),
+        ((3, 5), "BF16", 30),
+        ((7,), "u8", 7),
+        ((), "f32", 4),
+        ((0, 32), "q8_0", 0),
+        ((4,), "f4", 2),
+        ((8,), "f6_e2m3", 6),
+    ],
+)
+def test_nbytes(shape: tuple[int, ...], dtype: str, expect: int) -> None:
+    assert formats.nbytes(shape, dtype) == expect
+
+
+def test_nbytes_equals_the_device_byte_len() -> None:
+    dev = hf2q.Device("host")
+    for dtype in formats.DEVICE_FORMATS:
+        for shape in ((64,), (2, 96), (3, 1, 32)):
+            buf = dev.alloc(shape, dtype)
+            assert buf.byte_len == formats.nbytes(shape, dtype)
+            assert buf.numpy().shape == formats.storage_shape(shape, dtype)
+            assert formats.logical_shape(buf.numpy().shape, dtype) == shape
+            del buf
+
+
+def test_block_formats_need_whole_blocks_in_the_last_axis() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        formats.nbytes((64, 33), "q8_0")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        formats.nbytes((), "q8_0")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        formats.get("q4_k")
+    assert formats.storage_shape((4, 64), "q8_0") == (4, 68)
