@@ -89,10 +89,11 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["frobnicate"], ["load"], ["load", "x", "--device", "tpu"]):
-        with pytest.raises(SystemExit) as ei:
-            main(argv)
-        assert ei.value.code == 2
-    assert "usage:" in capsys.readouterr().err
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and "hf2q: error: argument COMMAND: invalid choice: 'frobnicate'" in err
+    assert "hf2q load: error: the following arguments are required: PATH_OR_REPO" in err
+    assert "Traceback" not in err
 
 
 # --------------------------------------------------------------------------- inspect
@@ -103,7 +104,7 @@ def test_inspect_text(capsys: pytest.CaptureFixture[str], tiny: Path) -> None:
     assert rc == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].startswith(f"{tiny}: dflash, 25 tensors in 1 file(s), {TOTAL:,} data bytes")
-    assert lines[1] == f"device-resident bytes: {RESIDENT:,}"
+    assert lines[1] == f"resident bytes: {RESIDENT:,} (166 kB)"
     rows = {ln.split()[0]: ln.split() for ln in lines[2:]}
     assert len(rows) == 25
     assert rows["fc.weight"][1] == "BF16" and rows["fc.weight"][-1] == "bf16" and "16,384" in rows["fc.weight"]
@@ -117,7 +118,7 @@ def test_inspect_json(capsys: pytest.CaptureFixture[str], tiny: Path) -> None:
     d = json.loads(out)
     assert d["architecture"] == "dflash" and d["path"] == str(tiny)
     assert d["files"] == [str(tiny / "model.safetensors")]
-    assert d["tensors"] == 25 and d["data_bytes"] == TOTAL and d["gpu_resident_bytes"] == RESIDENT
+    assert d["tensors"] == 25 and d["data_bytes"] == TOTAL and d["resident_bytes"] == RESIDENT
     rows = {r["name"]: r for r in d["tensor_list"]}
     assert len(rows) == 25 and sum(r["bytes"] for r in rows.values()) == TOTAL
     assert rows["fc.weight"] == {"name": "fc.weight", "dtype": "BF16", "shape": [64, 128], "bytes": 16384,
@@ -132,7 +133,7 @@ def test_inspect_sharded_and_file_path(capsys: pytest.CaptureFixture[str], tiny:
     assert rc == 0 and d["architecture"] == "dflash" and len(d["files"]) == 2 and d["tensors"] == 25
     rc, out, _ = run(capsys, "inspect", "--json", str(tiny / "model.safetensors"))
     d = json.loads(out)
-    assert rc == 0 and d["architecture"] == "dflash" and d["gpu_resident_bytes"] == RESIDENT
+    assert rc == 0 and d["architecture"] == "dflash" and d["resident_bytes"] == RESIDENT
 
 
 def test_inspect_bare_safetensors(capsys: pytest.CaptureFixture[str], bare: Path) -> None:
@@ -141,7 +142,7 @@ def test_inspect_bare_safetensors(capsys: pytest.CaptureFixture[str], bare: Path
     d = json.loads(out)
     assert d["architecture"] == "generic" and d["tensors"] == 3 and d["files"] == [str(bare)]
     # generic family, --dtype keep: I64 has no device format and is listed, not counted
-    assert d["data_bytes"] == 48 + 10 + 16 and d["gpu_resident_bytes"] == 48 + 10
+    assert d["data_bytes"] == 48 + 10 + 16 and d["resident_bytes"] == 48 + 10
     assert d["unloadable"] == ["c.idx"] and d["dtype"] == "keep"
     rows = {r["name"]: r for r in d["tensor_list"]}
     assert rows["a.weight"] == {"name": "a.weight", "dtype": "F32", "shape": [3, 4], "bytes": 48,
@@ -176,7 +177,10 @@ def test_load_json_verify(capsys: pytest.CaptureFixture[str], tiny: Path) -> Non
     assert d["model"] == "dflash" and d["device"] == "host" and d["tensors"] == 25
     assert d["resident_bytes"] == RESIDENT and d["data_bytes"] == TOTAL
     assert d["layers"] == 2 and d["hidden_size"] == 64
-    assert d["residency"]["enabled"] is True and d["residency"]["buffers"] >= 25
+    # the model's own residency, not the whole device's
+    assert d["residency"]["enabled"] is True and d["residency"]["buffers"] == 25
+    assert d["residency"]["allocated_bytes"] >= RESIDENT and d["residency"]["unwired_bytes"] == 0
+    assert d["seconds"] == round(d["seconds"], 3)
     assert d["verify"]["buffers"] == 25 and d["verify"]["groups"] > 0
 
 
@@ -194,7 +198,7 @@ def test_load_text(capsys: pytest.CaptureFixture[str], tiny: Path) -> None:
     assert f"resident bytes:   {RESIDENT:,}" in out and "tensors:          25" in out
     assert "residency:" in out and "verify:           25 buffers" in out
     rc, out, err = run(capsys, "load", "--device", "host", str(tiny))
-    assert rc == 0 and "hf2q load" in err  # progress bar on stderr
+    assert rc == 0 and err == ""  # stderr is not a terminal: no progress bar
 
 
 def _bad_checkpoint(d: Path) -> Path:
@@ -209,6 +213,12 @@ def _bad_checkpoint(d: Path) -> Path:
 def test_load_bad_checkpoint(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     d = _bad_checkpoint(tmp_path / "bad")
     rc, out, err = run(capsys, "load", "--device", "host", "--json", str(d))
+    assert rc == 2 and err == ""  # --json: the error is a JSON object on stdout
+    e = json.loads(out)["error"]
+    assert e["type"] == "MissingTensorError" and "11 problem(s)" in e["message"]
+    assert {p["tensor"] for p in e["problems"]} >= {"layers.2.self_attn.q_proj.weight"}
+    assert all(p["kind"] == "missing" for p in e["problems"]) and len(e["problems"]) == 11
+    rc, out, err = run(capsys, "load", "--device", "host", str(d))
     assert rc == 2 and out == ""
     assert err.startswith("hf2q load: error:") and "Traceback" not in err
     assert "11 problem(s)" in err and "layers.2.self_attn.q_proj.weight" in err and "missing tensor" in err
@@ -242,7 +252,9 @@ def test_load_truncated_file(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     f = d / "model.safetensors"
     os.truncate(f, f.stat().st_size - 3)
     rc, _, err = run(capsys, "load", "--device", "host", str(d))
-    assert rc == 2 and "MetadataIncompleteBuffer" in err and str(f) in err
+    assert rc == 2 and "MetadataIncompleteBuffer" not in err and str(f) in err
+    rc2, _, err2 = run(capsys, "inspect", str(d))
+    assert rc2 == 2 and err2.replace("hf2q inspect:", "hf2q load:") == err  # worded the same
 
 
 def test_load_without_config_or_path(capsys: pytest.CaptureFixture[str], bare: Path, tmp_path: Path) -> None:

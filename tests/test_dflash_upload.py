@@ -456,6 +456,7 @@ def test_keyboard_interrupt_from_real_tqdm(single: Path, dev: Device, monkeypatc
             raise KeyboardInterrupt
 
     monkeypatch.setattr(tqdm.tqdm, "update", update)
+    monkeypatch.setattr("hf2q._progress.progress_enabled", lambda requested=True, stream=None: requested)  # a terminal
     with pytest.raises(KeyboardInterrupt) as ei:
         dflash.load(single, dev, progress=True)
     assert count(dev) == 0
@@ -535,10 +536,14 @@ def test_load_end_to_end(ckpt: Path, dev: Device) -> None:
         assert m2.names() == model.names()
 
 
-def test_load_with_progress_bar(single: Path, dev: Device, capsys: pytest.CaptureFixture[str]) -> None:
+def test_load_with_progress_bar(single: Path, dev: Device, capsys: pytest.CaptureFixture[str],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    dflash.load(single, dev, progress=True)
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here: no bar
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     dflash.load(single, dev, progress=True)
     err = capsys.readouterr().err
-    assert "hf2q load" in err
+    assert "hf2q load" in err and "/165kB" in err
 
 
 def test_load_explicit_config_and_default_device(single: Path) -> None:

@@ -244,7 +244,7 @@ def test_cli_load_and_inspect(capsys: pytest.CaptureFixture[str], llama: tuple[P
     rows = {r["name"]: r for r in rep["tensor_list"]}
     assert rc == 0 and rep["architecture"] == "generic" and rep["unloadable"] == []
     assert rows["lm_head.weight"]["device_dtype"] == "q8_0" and rows["model.norm.weight"]["device_dtype"] == "f32"
-    assert rep["gpu_resident_bytes"] == out["resident_bytes"]
+    assert rep["resident_bytes"] == out["resident_bytes"]
 
 
 @pytest.mark.parametrize("cmd", ["inspect", "load"])

@@ -192,7 +192,7 @@ def test_cli_load_target_with_drafter(gemma_drafter: Path, capsys) -> None:
     assert out["verify"]["buffers"] == out["target"]["tensors"] + out["drafter"]["tensors"]
     assert main(["load", str(GEMMA_TINY), "--drafter", str(gemma_drafter), "--device", "host",
                  "--no-progress"]) == 0
-    assert "pair_resident_bytes" in capsys.readouterr().out
+    assert "pair resident bytes:" in capsys.readouterr().out
 
 
 def test_cli_mismatch_exit_code(tmp_path: Path, capsys) -> None:
@@ -200,6 +200,8 @@ def test_cli_mismatch_exit_code(tmp_path: Path, capsys) -> None:
 
     d = make_dflash_checkpoint(tmp_path / "d", _small_drafter(64, 96, 2, [0, 1], 4))
     assert main(["load", str(GEMMA_TINY), "--drafter", str(d), "--device", "host", "--json"]) == 2
+    assert "hidden_size" in json.loads(capsys.readouterr().out)["error"]["message"]  # --json: the error as JSON
+    assert main(["load", str(GEMMA_TINY), "--drafter", str(d), "--device", "host"]) == 2
     assert "hidden_size" in capsys.readouterr().err
 
 

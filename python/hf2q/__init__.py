@@ -1,14 +1,18 @@
-"""hf2q: HuggingFace safetensors checkpoints to inference-ready weights in device memory."""
+"""hf2q: HuggingFace safetensors checkpoints to inference-ready weights in device memory.
+
+``import hf2q`` is kept cheap (users run one load per process): the native
+core, the readers and the model loaders are imported on first use
+(``hf2q.Device``, ``hf2q.dflash``, ...), not at import (PEP 562).
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
-from importlib.metadata import PackageNotFoundError, version as _pkg_version
+from typing import TYPE_CHECKING, Any
 
-from . import _core, formats, ops, reference
-from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
-from .safetensors import open_checkpoint
-from . import dflash, gemma4, qwen35, safetensors  # noqa: E402  (model loaders: hf2q.dflash.load, hf2q.qwen35.load, ...)
+from ._env import EnvVarWarning, check_environment
+from ._version import __version__
 from .errors import (
     ConfigError,
     DeviceError,
@@ -23,26 +27,72 @@ from .errors import (
     ShapeMismatchError,
 )
 
-try:
-    __version__ = _pkg_version("hf2q")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+unknown"
+if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
+    from . import _core, dflash, formats, gemma4, hub, models, ops, qwen35, reference, safetensors, testing
+    from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
+    from .hub import HubError, RepoNotCachedError
+    from .safetensors import open_checkpoint
+
+check_environment()
+
+#: attribute -> (module, attribute in it or None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "_core": ("hf2q._core", None),
+    "formats": ("hf2q.formats", None),
+    "models": ("hf2q.models", None),
+    "ops": ("hf2q.ops", None),
+    "reference": ("hf2q.reference", None),
+    "dflash": ("hf2q.dflash", None),
+    "gemma4": ("hf2q.gemma4", None),
+    "qwen35": ("hf2q.qwen35", None),
+    "safetensors": ("hf2q.safetensors", None),
+    "hub": ("hf2q.hub", None),
+    "testing": ("hf2q.testing", None),
+    "Device": ("hf2q.device", "Device"),
+    "Buffer": ("hf2q.device", "Buffer"),
+    "Residency": ("hf2q.device", "Residency"),
+    "VerifyReport": ("hf2q.device", "VerifyReport"),
+    "FileReadError": ("hf2q.device", "FileReadError"),
+    "register_weight_buffer": ("hf2q.device", "register_weight_buffer"),
+    "open_checkpoint": ("hf2q.safetensors", "open_checkpoint"),
+    "HubError": ("hf2q.hub", "HubError"),
+    "RepoNotCachedError": ("hf2q.hub", "RepoNotCachedError"),
+}
 
 
-def load(path: "str | os.PathLike[str]", device: Device | None = None, *, family: str | None = None,
-         progress: bool = True, **options: object) -> object:
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'hf2q' has no attribute {name!r}")
+    module = importlib.import_module(target[0])
+    value = module if target[1] is None else getattr(module, target[1])
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, family: str | None = None,
+         progress: bool = True, revision: str | None = None, download: bool = False, **options: object) -> object:
     """Load any checkpoint with the model family its ``config.json`` names
-    (DFlash drafter, Qwen3.5/3.6 MoE, else ``generic``: its own tensor names);
+    (DFlash drafter, Qwen3.5/3.6 MoE, Gemma 4, else ``generic``: its own tensor names);
     ``family`` forces one. ``options`` go to the family's loader: ``dtype``
     (generic: ``keep``/``f32``/``bf16``/``q8_0``), ``expert_dtype`` /
-    ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). See :mod:`hf2q.models`."""
+    ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). ``path`` may be a Hugging Face
+    repo id in the local cache (``revision``, ``download``: see
+    :func:`hf2q.hub.resolve`). See :mod:`hf2q.models`."""
     from . import models
 
-    return models.load(path, device, family=family, progress=progress, **options)
+    return models.load(path, device, family=family, progress=progress, revision=revision, download=download,
+                       **options)
 
 
 def get_num_threads() -> int:
     """Threads the native kernels use (the calling thread included)."""
+    from . import _core
+
     return int(_core.get_num_threads())
 
 
@@ -53,6 +103,8 @@ def set_num_threads(n: int) -> None:
         raise TypeError(f"number of threads must be an int, got {type(n).__name__}")
     if not 1 <= n <= 1024:
         raise ValueError(f"number of threads must be in [1, 1024], got {n}")
+    from . import _core
+
     _core.set_num_threads(n)
 
 
@@ -60,6 +112,7 @@ __all__ = [
     "__version__",
     "load",
     "formats",
+    "models",
     "ops",
     "reference",
     "Device",
@@ -73,6 +126,8 @@ __all__ = [
     "gemma4",
     "qwen35",
     "safetensors",
+    "hub",
+    "testing",
     "get_num_threads",
     "set_num_threads",
     "Hf2qError",
@@ -86,4 +141,7 @@ __all__ = [
     "DtypeMismatchError",
     "ShapeMismatchError",
     "DeviceError",
+    "HubError",
+    "RepoNotCachedError",
+    "EnvVarWarning",
 ]

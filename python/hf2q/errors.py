@@ -21,7 +21,6 @@ __all__ = [
     "DtypeMismatchError",
     "ShapeMismatchError",
     "DeviceError",
-    "CacheError",
 ]
 
 
@@ -164,11 +163,6 @@ class ShapeMismatchError(ManifestError):
 
 class DeviceError(Hf2qError):
     """A device could not be opened, or memory could not be allocated or made resident."""
-
-
-class CacheError(Hf2qError, OSError):
-    """A cache folder (``hf2q demo --cache-dir``) cannot be used: not a
-    directory, not writable, full."""
 
 
 #: Deepest nesting of arrays/objects a config.json may have (real ones: 3).

@@ -66,7 +66,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     model.summary = LoadSummary(  # type: ignore[attr-defined]
         model=plan.family, device=device.kind, tensors=len(bufs),
         resident_bytes=sum(b.byte_len for b in bufs.values()), data_bytes=plan.source_nbytes,
-        seconds=time.perf_counter() - t0, residency=residency_state(device), extra=dict(extra or {}),
+        seconds=time.perf_counter() - t0, residency=residency_state(device, bufs.values()), extra=dict(extra or {}),
     )
     return model
 

@@ -130,7 +130,7 @@ class TensorInfo:
 
 def _err(code: str, path: str, reason: str, tensor: str | None = None) -> SafetensorsError:
     where = f" (tensor '{tensor}')" if tensor is not None else ""
-    return SafetensorsError(f"{path}: {code}: {reason}{where}", code=code, path=path, tensor=tensor)
+    return SafetensorsError(f"{path}: {reason}{where}", code=code, path=path, tensor=tensor)
 
 
 # ----------------------------------------------------------------------------- JSON
@@ -389,10 +389,10 @@ def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -
     except FileReadError as e:
         code = FILE_TRUNCATED if getattr(e, "code", IO_ERROR) == FILE_TRUNCATED else IO_ERROR
         if code == FILE_TRUNCATED:
-            msg = (f"{path}: {FILE_TRUNCATED}: file shrank/truncated while reading {what} "
+            msg = (f"{path}: file shrank/truncated while reading {what} "
                    f"(bytes {offset}..{offset + total}): {e}")
         else:
-            msg = f"{path}: {IO_ERROR}: reading {what} at offset {offset}: {e}"
+            msg = f"{path}: reading {what} at offset {offset}: {e}"
         raise SafetensorsError(msg, code=code, path=path) from None
 
 
@@ -428,7 +428,7 @@ class SafetensorsFile:
 
         def error(reason: str, e: OSError | None) -> SafetensorsError:
             code = IO_ERROR if e is not None else NOT_A_FILE
-            return SafetensorsError(f"{spath}: {code}: {reason}", code=code, path=spath)
+            return SafetensorsError(f"{spath}: {reason}", code=code, path=spath)
 
         fd = -1
         try:
@@ -460,10 +460,12 @@ class SafetensorsFile:
         _pread_exact(self._fd, memoryview(prefix), 0, spath, "the header length")
         n = int.from_bytes(prefix, "little")
         if n > MAX_HEADER_SIZE:
-            raise _err(HEADER_TOO_LARGE, spath, f"header length {n} exceeds the limit of {MAX_HEADER_SIZE} bytes")
+            raise _err(HEADER_TOO_LARGE, spath, f"not a safetensors file: its first 8 bytes give a header length of {n:,}, "
+                       f"over the {MAX_HEADER_SIZE:,}-byte limit")
         if 8 + n > size:
             raise _err(
-                INVALID_HEADER_LENGTH, spath, f"header length {n} runs past the end of the {size}-byte file"
+                INVALID_HEADER_LENGTH, spath, f"not a safetensors file, or a truncated one: its header length {n:,} "
+                f"runs past the end of the {size:,}-byte file"
             )
         header = bytearray(n)
         if n:
@@ -579,7 +581,7 @@ class SafetensorsFile:
         try:
             st = os.fstat(self._fd)
         except OSError as e:  # pragma: no cover - fstat of an open fd
-            raise SafetensorsError(f"{self._path}: {IO_ERROR}: fstat: {e}", code=IO_ERROR, path=str(self._path)) from None
+            raise SafetensorsError(f"{self._path}: fstat: {e}", code=IO_ERROR, path=str(self._path)) from None
         if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == self._identity_key:
             return  # the common case, kept cheap (twice per tensor in a load)
         now = FileIdentity.of(st)
@@ -588,7 +590,7 @@ class SafetensorsFile:
             code = FILE_TRUNCATED if now.size < self._identity.size else FILE_CHANGED
             where = f" (tensor '{tensor}')" if tensor is not None else ""
             raise SafetensorsError(
-                f"{self._path}: {code}: the file was modified after it was opened and validated "
+                f"{self._path}: the file was modified after it was opened and validated "
                 f"({', '.join(changed)} changed); its tensors can no longer be trusted, open it again{where}",
                 code=code,
                 path=str(self._path),
@@ -790,9 +792,9 @@ def _open_index(index_path: Path) -> Checkpoint:
 
     def error(reason: str, e: OSError | None) -> SafetensorsError:
         if e is not None:
-            return SafetensorsError(f"{spath}: {IO_ERROR}: cannot read index: {e.strerror or e}", code=IO_ERROR, path=spath)
+            return SafetensorsError(f"{spath}: cannot read index: {e.strerror or e}", code=IO_ERROR, path=spath)
         code = INVALID_INDEX if "bytes" in reason else NOT_A_FILE
-        return SafetensorsError(f"{spath}: {code}: index {reason}", code=code, path=spath)
+        return SafetensorsError(f"{spath}: index {reason}", code=code, path=spath)
 
     raw = read_capped(spath, _MAX_INDEX_BYTES, "model.safetensors.index.json", error)
     try:
@@ -866,9 +868,9 @@ def _open_index(index_path: Path) -> Checkpoint:
                     problems.append((TENSOR_NOT_IN_INDEX, str(f.path), name, f"tensor in this shard {why}"))
         if problems:
             code, ppath, tensor, reason = problems[0]
-            msg = f"{ppath}: {code}: {reason} (tensor '{tensor}')"
+            msg = f"{ppath}: {reason} (tensor '{tensor}')"
             if len(problems) > 1:
-                more = "\n".join(f"  {c}: {p}: tensor '{t}' {r}" for c, p, t, r in problems[1:50])
+                more = "\n".join(f"  {p}: tensor '{t}' {r}" for c, p, t, r in problems[1:50])
                 tail = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
                 msg += f"\n{len(problems) - 1} more problem(s) in checkpoint {spath}:\n{more}{tail}"
             raise SafetensorsError(msg, code=code, path=ppath, tensor=tensor)
@@ -905,7 +907,7 @@ def open_checkpoint(path: PathLike) -> Checkpoint:
     try:
         return _open_checkpoint(p)
     except OSError as e:  # stat of the path or of the directory's entries
-        raise SafetensorsError(f"{p}: {IO_ERROR}: {e.strerror or e}", code=IO_ERROR, path=str(p)) from None
+        raise SafetensorsError(f"{p}: {e.strerror or e}", code=IO_ERROR, path=str(p)) from None
 
 
 def _open_checkpoint(p: Path) -> Checkpoint:
@@ -918,12 +920,15 @@ def _open_checkpoint(p: Path) -> Checkpoint:
             f = open(single)
             return Checkpoint([f], p)
         raise SafetensorsError(
-            f"{p}: {NO_CHECKPOINT}: directory holds neither {INDEX_FILE_NAME} nor {SINGLE_FILE_NAME}",
+            f"{p}: directory holds neither {INDEX_FILE_NAME} nor {SINGLE_FILE_NAME}",
             code=NO_CHECKPOINT,
             path=str(p),
         )
     if not p.exists():
-        raise SafetensorsError(f"{p}: {IO_ERROR}: no such file or directory", code=IO_ERROR, path=str(p))
+        raise SafetensorsError(f"{p}: no such file or directory", code=IO_ERROR, path=str(p))
+    if p.name == "config.json":  # the usual slip: the model's config instead of its folder
+        raise SafetensorsError(f"{p}: this is the model's config; pass its folder: {p.parent}", code=NO_CHECKPOINT,
+                               path=str(p))
     if p.name.endswith(".json"):
         return _open_index(p)
     f = open(p)

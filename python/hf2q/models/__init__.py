@@ -105,14 +105,17 @@ def detect(config: Mapping[str, Any] | None) -> Family:
 
 
 def load(path: PathLike, device: Any = None, *, family: str | None = None, progress: bool = True,
-         **options: Any) -> Any:
+         revision: str | None = None, download: bool = False, **options: Any) -> Any:
     """Load the checkpoint at ``path`` (directory with ``config.json``,
     ``.safetensors`` file, or sharded index) onto ``device`` (default:
     :meth:`hf2q.Device.default`) with the family its ``config.json`` names,
     or ``family``. ``options`` go to the family's loader (``dtype`` for
     generic; ``expert_dtype`` / ``dense_dtype`` / ``mtp`` for Qwen3.5 MoE);
-    one it does not take is a TypeError."""
-    path = Path(os.fspath(path))
+    one it does not take is a TypeError. ``path`` may be a Hugging Face repo
+    id in the local cache (``revision``, ``download``: see :func:`hf2q.hub.resolve`)."""
+    from ..hub import resolve
+
+    path = resolve(path, revision, download=download)
     _, config = read_config(path)
     fam = detect(config) if family is None else globals()["family"](family)
     unknown = sorted(set(options) - set(fam.options))

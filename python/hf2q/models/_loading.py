@@ -3,37 +3,14 @@ file-read errors mapped to SafetensorsError, load summaries."""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..device import Device, FileReadError
+from ..device import Buffer, Device, FileReadError
 from ..device import _detached as detached  # noqa: F401  (re-exported for the loaders)
 from ..errors import SafetensorsError
-
-
-def progress_bar(total_bytes: int, desc: str, enabled: bool) -> Any:
-    """A tqdm byte counter on stderr, or a no-op object when disabled."""
-    if enabled:
-        try:
-            from tqdm import tqdm
-
-            return tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                        file=sys.stderr, leave=True, dynamic_ncols=True)
-        except ImportError:  # pragma: no cover - tqdm is a dependency
-            pass
-    return _NoBar()
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
+from .._progress import progress_bar  # noqa: F401  (re-exported for the loaders)
 
 
 def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
@@ -68,20 +45,31 @@ class LoadSummary:
             "tensors": self.tensors,
             "resident_bytes": self.resident_bytes,
             "data_bytes": self.data_bytes,
-            "seconds": round(self.seconds, 4),
-            "gb_per_s": round(self.gb_per_s, 3),
+            "seconds": round(self.seconds, 3),
+            "gb_per_s": round(self.gb_per_s, 2),
             "residency": self.residency,
             **self.extra,
         }
 
 
-def residency_state(device: Device) -> dict[str, Any]:
-    st = device.residency.stats()
+def residency_state(device: Device, buffers: Iterable[Buffer]) -> dict[str, Any]:
+    """Residency of one model's ``buffers`` (not of everything else on the
+    device): how many are in a residency set, their page-rounded bytes, how
+    many of those bytes are locked, and bytes left out over the wired budget."""
+    enabled = bool(device.residency_enabled)
+    count = allocated = locked = unwired = 0
+    for b in buffers:
+        if b.registered:
+            count += 1
+            allocated += b.alloc_len
+            if b.locked:
+                locked += b.alloc_len
+        elif enabled:
+            unwired += b.alloc_len
     return {
-        "enabled": bool(st["enabled"]),
-        "buffers": int(st["count"]),
-        "allocated_size": int(st["allocated_size"]),
-        "locked_bytes": int(st["locked_bytes"]),
-        "unwired_bytes": int(st["unwired_bytes"]),
-        "sets": int(st["sets"]),
+        "enabled": enabled,
+        "buffers": count,
+        "allocated_bytes": allocated,
+        "locked_bytes": locked,
+        "unwired_bytes": unwired,
     }

@@ -76,11 +76,13 @@ def write_bf16_safetensors(
     tensors: Sequence[tuple[str, tuple[int, ...]]],
     chunks: Callable[[int], Iterable[np.ndarray]],
     metadata: Mapping[str, str] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
 ) -> int:
     """Stream a BF16-only safetensors file laid out exactly as the reference
     writer does: tensors sorted by name, compact JSON header with
     ``__metadata__`` first, padded with spaces to a multiple of 8.
     ``chunks(i)`` yields the uint16 bits of ``tensors[i]`` in order.
+    ``on_bytes(n)`` is called after each chunk of ``n`` data bytes (progress).
     Returns the number of data bytes written."""
     order = sorted(range(len(tensors)), key=lambda i: tensors[i][0])
     header: dict[str, Any] = {}
@@ -106,6 +108,8 @@ def write_bf16_safetensors(
                 data = np.ascontiguousarray(chunk, dtype="<u2")
                 fh.write(data.tobytes())
                 written += data.nbytes
+                if on_bytes is not None:
+                    on_bytes(data.nbytes)
             if written != want[1] - want[0]:
                 raise ValueError(f"tensor {tensors[i][0]!r}: wrote {written} bytes, expected {want[1] - want[0]}")
     return pos
@@ -149,6 +153,7 @@ def make_dflash_checkpoint(
     sharded: bool = False,
     *,
     num_shards: int | None = None,
+    progress: bool = False,
 ) -> Path:
     """Write a drafter checkpoint into ``directory`` (created if needed) and
     return its path.
@@ -161,7 +166,8 @@ def make_dflash_checkpoint(
     ``seed`` (a tensor's values depend only on ``seed`` and its manifest index,
     not on sharding). ``sharded=True`` writes ``model.safetensors.index.json``
     and ``num_shards`` (default 2) shards ``model-0000i-of-0000n.safetensors``;
-    else one ``model.safetensors``. Stale checkpoint files of the other layout
+    else one ``model.safetensors``. ``progress=True`` draws a byte bar on a
+    terminal (see :mod:`hf2q._progress`). Stale checkpoint files of the other layout
     in ``directory`` are removed so that the directory opens unambiguously.
     """
     out = Path(os.fspath(directory))
@@ -186,8 +192,14 @@ def make_dflash_checkpoint(
         groups = [list(range(len(manifest)))]
         names = ["model.safetensors"]
 
-    for fname, group in zip(names, groups):
-        _write_file(out / fname, [(manifest[i], i) for i in group], seed)
+    from .._progress import progress_bar
+
+    bar = progress_bar(sum(e.disk_nbytes for e in manifest), "hf2q writing", progress)
+    try:
+        for fname, group in zip(names, groups):
+            _write_file(out / fname, [(manifest[i], i) for i in group], seed, bar.update)
+    finally:
+        bar.close()
 
     if sharded:
         weight_map = {}
@@ -202,16 +214,20 @@ def make_dflash_checkpoint(
     return out
 
 
-def _write_file(path: Path, items: list[tuple[ManifestEntry, int]], seed: int) -> None:
+def _write_file(path: Path, items: list[tuple[ManifestEntry, int]], seed: int,
+                on_bytes: Callable[[int], None] | None = None) -> None:
     nbytes = sum(e.disk_nbytes for e, _ in items)
     if nbytes <= PACKAGE_WRITER_LIMIT:
         from safetensors.numpy import save_file
 
         save_file({e.name: _tensor_array(e, seed, i) for e, i in items}, str(path), metadata=dict(_STREAM_METADATA))
+        if on_bytes is not None:
+            on_bytes(nbytes)
         return
     write_bf16_safetensors(
         path,
         [(e.name, e.shape) for e, _ in items],
         lambda k: tensor_bits(items[k][0], seed, items[k][1]),
         metadata=_STREAM_METADATA,
+        on_bytes=on_bytes,
     )

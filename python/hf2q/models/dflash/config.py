@@ -297,6 +297,14 @@ class DFlashConfig:
         if not isinstance(d, Mapping):
             raise ConfigError(f"config must be a JSON object, got {_type_name(d)}")
 
+        archs = d.get("architectures")
+        if "dflash_config" not in d and not (isinstance(archs, list) and "DFlashDraftModel" in archs):
+            # another model's config: say so, not which key it lacks
+            raise ConfigError(
+                f"not a DFlash drafter config (architectures {archs!r}, model_type {d.get('model_type')!r}): "
+                "it has no 'dflash_config'; hf2q.dflash loads DFlash drafters only (`hf2q load` picks the "
+                "loader from config.json)", key="dflash_config")
+
         def req(key: str) -> Any:
             if key not in d:
                 raise ConfigError(f"config is missing required key '{key}'", key=key)

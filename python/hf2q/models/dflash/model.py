@@ -126,15 +126,21 @@ class DFlashModelTensors(LoadedModel):
 
 
 def load(path: PathLike, device: Device | None = None, progress: bool = True,
-         config: DFlashConfig | None = None, *, target: LoadedModel | None = None,
-         check_finite: bool = False) -> DFlashModelTensors:
+         config: DFlashConfig | None = None, *, target: LoadedModel | None = None, revision: str | None = None,
+         download: bool = False, check_finite: bool = False) -> DFlashModelTensors:
     """Validate a DFlash drafter checkpoint (file or directory with
-    ``config.json``) and make it resident on ``device`` (default:
-    :meth:`hf2q.Device.default`). ``model.summary`` holds the load summary.
+    ``config.json``, or a Hugging Face repo id in the local cache: see
+    :func:`hf2q.hub.resolve` for ``revision`` and ``download``) and make it
+    resident on ``device`` (default: :meth:`hf2q.Device.default`).
+    ``model.summary`` holds the load summary; ``progress`` draws a bar on a
+    terminal only.
 
     ``target``: a loaded target model (Qwen3.5/3.6 MoE, Gemma 4) to bind the
     drafter to — checked first, then ``embed_tokens`` / ``lm_head`` are the
     target's own buffers (see :mod:`hf2q.pairs`)."""
+    from ...hub import resolve
+
+    path = resolve(path, revision, download=download)
     if target is not None:
         from ...pairs import bind
 

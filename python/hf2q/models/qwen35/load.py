@@ -121,7 +121,8 @@ def to_load_plan(plan: Qwen35Plan, cfg: Qwen35Config) -> LoadPlan:
 
 
 def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-         progress: bool = True, mtp: bool | None = None, check_finite: bool = False) -> Qwen35Model:
+         progress: bool = True, mtp: bool | None = None, *, revision: str | None = None,
+         download: bool = False, check_finite: bool = False) -> Qwen35Model:
     """Load a Qwen3.5/3.6 MoE checkpoint (directory with ``config.json``,
     single-file or sharded) into inference-ready device buffers.
 
@@ -133,7 +134,12 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     ``check_finite=True``: a NaN/Inf weight copied or decoded as it is raises
     :class:`~hf2q.NonFiniteError` (off by default: the bytes are the file's;
     quantized tensors always refuse them).
-    On any failure every buffer allocated so far is freed."""
+    On any failure every buffer allocated so far is freed. ``path`` may be a
+    Hugging Face repo id in the local cache (``revision``, ``download``: see
+    :func:`hf2q.hub.resolve`)."""
+    from ...hub import resolve
+
+    path = resolve(path, revision, download=download)
     dev = device if device is not None else Device.default()
     with open_checkpoint(Path(path)) as ckpt:
         return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
@@ -153,9 +159,13 @@ def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, An
                           "dense_dtype": dense_dtype, "skipped_tensors": len(plan.skipped)})
 
 
-def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0") -> dict[str, Any]:
-    """The load plan of a checkpoint, without reading tensor bytes."""
-    with open_checkpoint(Path(path)) as ckpt:
+def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
+            revision: str | None = None) -> dict[str, Any]:
+    """The load plan of a checkpoint (or cached Hugging Face repo id), without
+    reading tensor bytes."""
+    from ...hub import resolve
+
+    with open_checkpoint(resolve(path, revision)) as ckpt:
         return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
 
 

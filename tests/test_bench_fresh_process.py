@@ -1,0 +1,26 @@
+"""benchmarks/bench_dflash.py --fresh-process runs from a clone and reports
+what the README quotes (a smoke run on the tiny drafter: no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hf2q.testing import make_dflash_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_fresh_process_smoke(tmp_path: Path) -> None:
+    d = make_dflash_checkpoint(tmp_path / "tiny", "tiny")
+    (d / ".complete").write_text("ok\n")  # the bench's "already written" marker
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_dflash.py"), "--fresh-process", "--runs", "1",
+                        "--dir", str(d), "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert set(r["median_seconds"]) == {"ours", "peer", "import_hf2q", "import_numpy", "bare_python"}
+    assert all(len(v) == 1 and v[0] > 0 for v in r["all_seconds"].values())
+    assert set(r["targets"]) == {"peer_over_ours>=2", "import_hf2q<=import_numpy+40ms", "peak_rss<=resident+64MiB"}
+    assert r["resident_bytes"] == 165_632 and r["ours_peak_rss"] > 0

@@ -1,0 +1,234 @@
+"""Hugging Face repo ids (hf2q.hub, `hf2q load/inspect REPO`, the Python
+loaders): resolved offline through a local cache laid out exactly as
+huggingface_hub lays it out (models--owner--name/{blobs,refs,snapshots}, files
+in snapshots as relative symlinks into blobs/), never downloading unless asked.
+No test touches the network: HF_ENDPOINT points at a closed local port."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hf2q
+from hf2q import hub
+from hf2q.cli import main
+from hf2q.dflash import TINY_DRAFTER_CONFIG, DFlashConfig, expected_resident_bytes
+from hf2q.testing import make_dflash_checkpoint
+
+RESIDENT = expected_resident_bytes(DFlashConfig.from_dict(TINY_DRAFTER_CONFIG))
+REPO = "z-lab/tiny-DFlash"
+COMMIT_MAIN = "a" * 40
+COMMIT_DEV = "0123456789abcdef0123456789abcdef01234567"
+NO_NET = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def add_snapshot(cache: Path, repo_id: str, commit: str, files: Path, refs: tuple[str, ...] = ("main",)) -> Path:
+    """Put ``files``' contents into ``cache`` as huggingface_hub does: each
+    file's bytes once in blobs/<hash>, a relative symlink to it in
+    snapshots/<commit>/, and refs/<name> holding the commit hash."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    for f in sorted(files.iterdir()):
+        if not f.is_file() or f.name.startswith("."):
+            continue
+        data = f.read_bytes()
+        # huggingface_hub names a blob by its git oid (sha1) or, for LFS files, its sha256
+        oid = hashlib.sha256(data).hexdigest() if f.suffix == ".safetensors" else hashlib.sha1(data).hexdigest()
+        (repo / "blobs" / oid).write_bytes(data)
+        link = snap / f.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(os.path.join("..", "..", "blobs", oid), link)
+    for ref in refs:
+        (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)  # huggingface_hub writes it without a newline
+    return snap
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hf")
+    c = root / "hub"
+    single = make_dflash_checkpoint(root / "single", "tiny", seed=1)
+    sharded = make_dflash_checkpoint(root / "sharded", "tiny", seed=2, sharded=True)
+    add_snapshot(c, REPO, COMMIT_MAIN, single, refs=("main",))
+    add_snapshot(c, REPO, COMMIT_DEV, sharded, refs=("dev", "v1.0"))
+    # a repo whose snapshot holds only its config (weights never fetched)
+    cfg_only = root / "cfg_only"
+    cfg_only.mkdir()
+    shutil.copy(single / "config.json", cfg_only / "config.json")
+    add_snapshot(c, "z-lab/config-only", "c" * 40, cfg_only)
+    return c
+
+
+def env_with(**kw: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(NO_NET, HF2Q_NUM_THREADS="2")
+    env.update(kw)
+    return env
+
+
+def hf2q_cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hf2q", *argv], capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.fixture
+def hub_cache(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This process's huggingface_hub pointed at the test cache (it reads
+    HF_HUB_CACHE once, at import; subprocesses get the variable instead)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    for k, v in NO_NET.items():
+        monkeypatch.setenv(k, v)
+    return cache
+
+
+# --------------------------------------------------------------------------- which strings are repo ids
+
+
+def test_is_repo_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert hub.is_repo_id("Qwen/Qwen3.6-35B-A3B") and hub.is_repo_id("z-lab/gemma-4-26B-A4B-it-DFlash")
+    for s in ("./a/b", "/abs/path", "a/b/c", "gpt2", "a--b/c", "a/b..c", "-a/b", "a/", "", "a\\b"):
+        assert not hub.is_repo_id(s), s
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "owner" / "name").mkdir(parents=True)
+    assert not hub.is_repo_id("owner/name")  # an existing local path wins
+    assert not hub.is_repo_id("owner/other")  # a missing file in a local folder is a path, not a repo
+    assert hub.is_repo_id("elsewhere/other")
+
+
+def test_local_paths_pass_through(tmp_path: Path) -> None:
+    assert hub.resolve(tmp_path) == tmp_path
+    with pytest.raises(ValueError, match="revision applies to Hugging Face repo ids only"):
+        hub.resolve(tmp_path, "main")
+    with pytest.raises(ValueError, match="--download applies"):
+        hub.resolve(tmp_path, download=True)
+
+
+# --------------------------------------------------------------------------- resolving in the cache
+
+
+def test_resolve_refs_commit_and_tag(hub_cache: Path) -> None:
+    snaps = hub_cache / "models--z-lab--tiny-DFlash" / "snapshots"
+    assert hub.resolve(REPO) == snaps / COMMIT_MAIN  # refs/main
+    assert hub.resolve(REPO, "dev") == snaps / COMMIT_DEV  # refs/dev
+    assert hub.resolve(REPO, "v1.0") == snaps / COMMIT_DEV  # a tag is a ref too
+    assert hub.resolve(REPO, COMMIT_MAIN) == snaps / COMMIT_MAIN  # a commit hash names its snapshot
+    f = hub.resolve(REPO) / "model.safetensors"
+    assert f.is_symlink() and Path(os.readlink(f)).parts[:3] == ("..", "..", "blobs")
+
+
+def test_not_cached_one_line(hub_cache: Path) -> None:
+    with pytest.raises(hub.RepoNotCachedError) as ei:
+        hub.resolve("z-lab/never-fetched")
+    msg = str(ei.value)
+    assert "\n" not in msg and "not in the Hugging Face cache" in msg and str(hub_cache) in msg
+    assert msg.endswith("fetch it with: hf2q load z-lab/never-fetched --download")
+    assert ei.value.hint == "hf2q load z-lab/never-fetched --download" and isinstance(ei.value, hf2q.Hf2qError)
+    with pytest.raises(hub.RepoNotCachedError) as ei:
+        hub.resolve(REPO, "no-such-branch", command="inspect")
+    assert ei.value.hint == f"hf2q inspect {REPO} --revision no-such-branch --download"
+    assert str(ei.value).startswith(f"{REPO}@no-such-branch: ")
+    with pytest.raises(hub.RepoNotCachedError, match="holds no .safetensors files"):
+        hub.resolve("z-lab/config-only")
+
+
+def test_download_goes_through_huggingface_hub(hub_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    import huggingface_hub
+
+    calls: list[dict[str, Any]] = []
+
+    def fake(repo_id: str, **kw: Any) -> str:
+        calls.append({"repo_id": repo_id, **kw})
+        return str(hub_cache / "models--z-lab--tiny-DFlash" / "snapshots" / COMMIT_MAIN)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    hub.resolve("z-lab/new", "dev", download=True)
+    assert calls == [{"repo_id": "z-lab/new", "revision": "dev", "cache_dir": None,
+                      "allow_patterns": ["*.json", "*.safetensors"]}]
+    calls.clear()
+    hub.resolve("z-lab/new")
+    assert calls[0]["local_files_only"] is True  # offline unless asked
+
+
+def test_download_offline_says_so(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(hub.HubError, match="cannot download.*HF_HUB_OFFLINE"):
+        hub.resolve("z-lab/never-fetched", download=True)
+
+
+def test_python_loaders_take_repo_ids(hub_cache: Path) -> None:
+    dev = hf2q.Device("host")
+    m = hf2q.dflash.load(REPO, dev, progress=False)
+    assert m.gpu_resident_bytes() == RESIDENT
+    m2 = hf2q.dflash.load(REPO, dev, progress=False, revision="dev")
+    assert m2.gpu_resident_bytes() == RESIDENT
+    assert not (m.fc.numpy() == m2.fc.numpy()).all()  # seed 1 vs seed 2: the revision was honoured
+    with pytest.raises(hub.RepoNotCachedError):
+        hf2q.dflash.load("z-lab/never-fetched", dev)
+    with pytest.raises(hub.RepoNotCachedError):
+        hf2q.qwen35.load("Qwen/Qwen3.6-35B-A3B", dev)
+    with pytest.raises(hub.RepoNotCachedError):
+        hf2q.qwen35.inspect("Qwen/Qwen3.6-35B-A3B")
+
+
+# --------------------------------------------------------------------------- the CLI, as a user runs it
+
+
+def test_cli_hf_hub_cache(cache: Path) -> None:
+    env = env_with(HF_HUB_CACHE=str(cache))
+    p = hf2q_cli("load", REPO, "--device", "host", "--json", env=env)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["resident_bytes"] == RESIDENT and (d["repo_id"], d["revision"]) == (REPO, "main")
+    assert d["checkpoint"] == str(cache / "models--z-lab--tiny-DFlash" / "snapshots" / COMMIT_MAIN)
+    p = hf2q_cli("inspect", REPO, "--revision", "dev", "--json", env=env)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["repo_id"] == REPO and d["revision"] == "dev" and len(d["files"]) == 2
+    assert d["path"] == str(cache / "models--z-lab--tiny-DFlash" / "snapshots" / COMMIT_DEV)
+    p = hf2q_cli("inspect", REPO, env=env)
+    assert p.returncode == 0 and p.stdout.startswith(
+        f"{REPO}@main ({cache / 'models--z-lab--tiny-DFlash' / 'snapshots' / COMMIT_MAIN}): dflash, 25 tensors")
+
+
+def test_cli_hf_home(cache: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copytree(cache, home / "hub", symlinks=True)  # HF_HOME/hub is the cache when HF_HUB_CACHE is unset
+    p = hf2q_cli("inspect", REPO, "--json", env=env_with(HF_HOME=str(home)))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["path"].startswith(str(home / "hub"))
+
+
+def test_cli_not_cached(cache: Path) -> None:
+    env = env_with(HF_HUB_CACHE=str(cache))
+    for cmd in ("load", "inspect"):
+        p = hf2q_cli(cmd, "Qwen/Qwen3.6-35B-A3B", env=env)
+        assert p.returncode == 2 and p.stdout == ""
+        assert p.stderr.count("\n") == 1, p.stderr  # one line
+        assert p.stderr == (f"hf2q {cmd}: error: Qwen/Qwen3.6-35B-A3B: not a local path, and not in the Hugging "
+                            f"Face cache ({cache}); fetch it with: hf2q {cmd} Qwen/Qwen3.6-35B-A3B --download\n")
+    p = hf2q_cli("load", "Qwen/Qwen3.6-35B-A3B", "--json", env=env)
+    e = json.loads(p.stdout)["error"]
+    assert p.returncode == 2 and p.stderr == ""
+    assert e["type"] == "RepoNotCachedError" and e["hint"] == "hf2q load Qwen/Qwen3.6-35B-A3B --download"
+
+
+def test_cli_revision_with_local_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["inspect", str(tmp_path), "--revision", "main"]) == 2
+    assert "a revision applies to Hugging Face repo ids only" in capsys.readouterr().err
