@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -336,3 +338,47 @@ def test_qwen35_loads_on_cuda_with_host_bytes(gpu, host, qwen_ckpt, dense_dtype)
         assert a[n].dtype == b[n].dtype and _raw(a[n]) == _raw(b[n]), n
     a.verify()
     assert a.gpu_resident_bytes() == b.gpu_resident_bytes()
+
+
+GOLDEN_GEMMA4 = Path(__file__).parent / "data" / "gemma4"
+
+
+@pytest.mark.parametrize("variant", ["gemma4_moe_causal_lm", "gemma4_moe_conditional_generation"])
+@pytest.mark.parametrize("dense_dtype", ["f32", "bf16", "q8_0"])
+def test_gemma4_loads_on_cuda_with_host_bytes(gpu, host, variant, dense_dtype):
+    from hf2q import gemma4
+
+    path = GOLDEN_GEMMA4 / variant / "hf"
+    a = gemma4.load(path, device=gpu, dense_dtype=dense_dtype, progress=False)
+    b = gemma4.load(path, device=host, dense_dtype=dense_dtype, progress=False)
+    assert a.names() == b.names()
+    for n in a.names():
+        assert a[n].dtype == b[n].dtype and _raw(a[n]) == _raw(b[n]), n
+    a.verify()
+    assert a.gpu_resident_bytes() == b.gpu_resident_bytes()
+
+
+@pytest.mark.parametrize("dtype", ["keep", "f32", "bf16", "q8_0"])
+def test_generic_loads_on_cuda_with_host_bytes(gpu, host, tmp_path, dtype):
+    import json
+
+    from safetensors.numpy import save_file
+
+    from hf2q.models import generic
+
+    rng = np.random.default_rng(7)
+
+    def w(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.05).astype(ml_dtypes.bfloat16)
+
+    tensors = {"model.embed_tokens.weight": w(64, 64), "model.norm.weight": w(64),
+               "model.layers.0.mlp.up_proj.weight": w(96, 64), "model.layers.0.mlp.odd.weight": w(8, 40),
+               "model.layers.0.self_attn.q_proj.bias": w(64)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    a = generic.load(tmp_path, device=gpu, dtype=dtype, progress=False)
+    b = generic.load(tmp_path, device=host, dtype=dtype, progress=False)
+    assert a.names() == b.names() and len(a.names()) == len(tensors)
+    for n in a.names():
+        assert a[n].dtype == b[n].dtype and _raw(a[n]) == _raw(b[n]), n
+    a.verify()
