@@ -49,9 +49,16 @@ def _replace(path: Path, kind: str) -> None:
     elif kind == "dev-zero":
         path.symlink_to("/dev/zero")
     elif kind == "socket":
+        # Bound by its name from inside its folder: a socket address holds at
+        # most 107 bytes, and pytest's temporary paths can be longer.
         s = socket.socket(socket.AF_UNIX)
-        s.bind(str(path))
-        s.close()  # the socket file stays
+        cwd = os.getcwd()
+        try:
+            os.chdir(path.parent)
+            s.bind(path.name)
+        finally:
+            os.chdir(cwd)
+            s.close()  # the socket file stays
     else:
         raise AssertionError(kind)
 
