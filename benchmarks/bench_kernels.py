@@ -55,7 +55,7 @@ def main() -> int:
         return 2 * nbytes / best_of(lambda: np.copyto(dst, src)) / 1e9
 
     copy_f32 = memcpy_gbs(4 * n)
-    copy_q8 = memcpy_gbsQ8.storage_bytes(n)
+    copy_q8 = memcpy_gbs(Q8.storage_bytes(n))
     add("memcpy, f32-sized (numpy copyto)", 2 * 4 * n / copy_f32 / 1e9, 8 * n, "baseline")
     add("memcpy, q8_0-sized (numpy copyto)", 2 * Q8.storage_bytes(n) / copy_q8 / 1e9, 2 * Q8.storage_bytes(n), "baseline")
     out = np.empty(n, np.float32)

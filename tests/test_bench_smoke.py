@@ -1,0 +1,21 @@
+"""The kernel benchmark runs at a tiny size (no timing asserted): a benchmark
+that no longer runs is found by the suite, not by the next person measuring."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_kernels_smoke() -> None:
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--elements", "65536",
+                        "--gguf-elements", "4096", "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["elements"] == 65536 and r["gguf_bytes_equal"] is True
+    assert {row["case"] for row in r["rows"]} >= {"memcpy, q8_0-sized (numpy copyto)", "hf2q bf16->f32 into out"}
+    assert all(row["seconds"] > 0 for row in r["rows"] if row["kind"] in ("ours", "baseline"))
