@@ -114,3 +114,14 @@ def test_upload_from_file_check_finite(src: str, to: str, tmp_path: Path) -> Non
     # integers have no NaN: nothing to report
     p.write_bytes(np.full(64, -1, np.int32).tobytes())
     dev.upload_from_file(p, 0, 256, "i32", "i32", (64,), check_finite=True)
+
+
+@pytest.mark.parametrize("name", ["model.layers.0.input_layernorm.weight",
+                                  "model.layers.0.linear_attn.in_proj_qkv.weight"])
+def test_qwen35_check_finite_on_bf16_tensors_transformed_in_numpy(name: str, tmp_path: Path) -> None:
+    # bfloat16 is numpy kind 'V': the scan must recognise it through the format table.
+    ck = make_qwen35_moe_checkpoint(tmp_path / "q", "tiny", seed=6)
+    _poison(ck, name, 3, BITS["nan"])
+    with pytest.raises(NonFiniteError) as ei:
+        qwen35.load(ck, Device._isolated("host"), progress=False, check_finite=True)
+    assert ei.value.value_class == "nan"

@@ -157,7 +157,7 @@ def test_download_goes_through_huggingface_hub(hub_cache: Path, monkeypatch: pyt
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
     hub.resolve("z-lab/new", "dev", download=True)
     assert calls == [{"repo_id": "z-lab/new", "revision": "dev", "cache_dir": None,
-                      "allow_patterns": ["*.json", "*.safetensors"]}]
+                      "allow_patterns": ["*.json", "*.safetensors", "tokenizer.model"]}]
     calls.clear()
     hub.resolve("z-lab/new")
     assert calls[0]["local_files_only"] is True  # offline unless asked

@@ -273,3 +273,29 @@ def test_qwen36_35b_a3b_shaped_pair(tmp_path: Path, dev) -> None:
     assert drafter.pair.heads.num_layers == 40
     del drafter, target
     _cli_pair(t, d, "qwen35moe", tied=False)
+
+
+def test_a_failed_drafter_upload_frees_the_target(dev, tmp_path: Path, gemma_drafter: Path) -> None:
+    # The target is loaded first; a drafter that fails afterwards (here a NaN
+    # with check_finite=True) must not keep it resident through the traceback.
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from hf2q.errors import NonFiniteError
+
+    d = tmp_path / "d"
+    shutil.copytree(gemma_drafter, d)
+    f = d / "model.safetensors"
+    tensors = load_file(str(f))
+    name = "layers.0.mlp.down_proj.weight"
+    t = tensors[name].copy()
+    t.reshape(-1).view(np.uint16)[0] = 0x7FC0  # bf16 NaN
+    tensors[name] = t
+    save_file(tensors, str(f))
+    before = _state(dev)
+    with pytest.raises(NonFiniteError) as e:
+        pairs.load_pair(GEMMA_TINY, d, dev, progress=False, check_finite=True)
+    assert e.value.tensor == name
+    assert _state(dev) == before  # while the exception (and its traceback) is still held

@@ -151,7 +151,7 @@ void bind_device(nb::module_& m) {
           "offset"_a, "out"_a.noconvert());
 
   nb::class_<Device>(m, "NativeDevice")
-      .def_static("open", &Device::open, "kind"_a)
+      .def_static("open", &Device::open, "kind"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())  // CUDA: driver init + NVRTC compile
       .def_prop_ro("kind", [](const Device& d) { return d.info().kind; })
       .def_prop_ro("name", [](const Device& d) { return d.info().name; })
       .def_prop_ro("page_size", [](const Device& d) { return d.info().page_size; })

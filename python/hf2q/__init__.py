@@ -75,18 +75,20 @@ def __dir__() -> list[str]:
 
 
 def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, family: str | None = None,
-         progress: bool = True, revision: str | None = None, download: bool = False, **options: object) -> object:
+         progress: bool = True, revision: str | None = None, download: bool = False, check_finite: bool = False,
+         **options: object) -> object:
     """Load any checkpoint with the model family its ``config.json`` names
     (DFlash drafter, Qwen3.5/3.6 MoE, Gemma 4, else ``generic``: its own tensor names);
     ``family`` forces one. ``options`` go to the family's loader: ``dtype``
     (generic: ``keep``/``f32``/``bf16``/``q8_0``), ``expert_dtype`` /
     ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). ``path`` may be a Hugging Face
     repo id in the local cache (``revision``, ``download``: see
-    :func:`hf2q.hub.resolve`). See :mod:`hf2q.models`."""
+    :func:`hf2q.hub.resolve`). ``check_finite=True``: a NaN/Inf weight kept
+    as it is raises NonFiniteError. See :mod:`hf2q.models`."""
     from . import models
 
     return models.load(path, device, family=family, progress=progress, revision=revision, download=download,
-                       **options)
+                       check_finite=check_finite, **options)
 
 
 def get_num_threads() -> int:

@@ -162,8 +162,10 @@ class Buffer:
         return out
 
     def __dlpack__(self, **kwargs: Any) -> Any:
-        # Uploads complete before they return, so any consumer stream may
-        # read the memory at once (the stream argument needs no event).
+        # The native view waits for uploads still in flight (CUDA keeps raw
+        # and widening copies in flight after they return), so any consumer
+        # stream may read the memory at once. A view kept across a later
+        # write to the buffer must wait again: dev.synchronize() (docs/CUDA.md).
         return self._native.dlpack_view().__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:

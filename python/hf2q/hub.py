@@ -33,7 +33,7 @@ _PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?"
 _REPO_ID = re.compile(rf"^{_PART}/{_PART}$")
 
 #: What ``download=True`` fetches: configs, indexes and weights, nothing else.
-DOWNLOAD_PATTERNS = ["*.json", "*.safetensors"]
+DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model"]  # tokenizer files size Gemma 4's embedding
 
 
 class HubError(Hf2qError):

@@ -79,7 +79,8 @@ def _check_unchanged(ckpt: Checkpoint, pieces: list[Piece]) -> None:
 
 def _check_finite_array(a: np.ndarray, name: str) -> None:
     flat = a.reshape(-1)
-    if flat.dtype.kind not in "fc" and formats.from_numpy(flat.dtype) not in ("bf16", "f16", "f32"):
+    fmt = formats.from_numpy(flat.dtype)  # bfloat16's numpy kind is 'V': ask the table
+    if flat.dtype.kind not in "fc" and (fmt is None or fmt.name not in ("bf16", "f16", "f32")):
         return
     bad = np.flatnonzero(~np.isfinite(flat.astype(np.float32, copy=False)))
     if bad.size:
@@ -193,7 +194,7 @@ def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
         if formats.can_convert(formats.from_numpy(x.dtype) or "u8", dtype):
             return x
         # Through float32 (exact from bf16/f16), then round to nearest even.
-        return x.astype(np.float32).astype(target)
+        return x.astype(np.float32, copy=False).astype(target)
 
     return cast
 

@@ -32,6 +32,7 @@ from typing import Any, Union
 
 from .device import Buffer, Device
 from .errors import ConfigError
+from .models._loading import detached
 
 __all__ = ["PairError", "TargetHeads", "SpeculativePair", "check_pair", "target_heads", "bind", "load_pair"]
 
@@ -179,7 +180,7 @@ def _drafter_weights(drafter: PathLike, config: Any = None) -> Any:
 
 
 def bind(drafter: PathLike, target: Any, device: Device | None = None, *, progress: bool = True,
-         config: Any = None) -> Any:
+         config: Any = None, check_finite: bool = False) -> Any:
     """Load the DFlash drafter at ``drafter`` bound to the loaded ``target``
     (on the target's device unless ``device`` says otherwise — it must be the
     same device). The pair is checked from the drafter's headers and config
@@ -194,13 +195,13 @@ def bind(drafter: PathLike, target: Any, device: Device | None = None, *, progre
                         key="device")
     with _drafter_weights(drafter, config) as weights:
         check_pair(weights.config, heads)
-        model = DFlashModelTensors.upload(dev, weights.config, weights, progress=progress)
+        model = DFlashModelTensors.upload(dev, weights.config, weights, progress=progress, check_finite=check_finite)
     _attach(model, target, heads)
     return model
 
 
 def load_pair(target: PathLike, drafter: PathLike, device: Device | None = None, *, progress: bool = True,
-              **target_options: Any) -> SpeculativePair:
+              check_finite: bool = False, **target_options: Any) -> SpeculativePair:
     """Load a target checkpoint and its DFlash drafter as a bound pair. Both
     checkpoints' headers and configs are validated and the pair checked
     before either is uploaded; ``target_options`` go to the target's family
@@ -224,6 +225,14 @@ def load_pair(target: PathLike, drafter: PathLike, device: Device | None = None,
         heads = _heads_from(fam.name, impl.target_heads(impl.plan_checkpoint(ckpt, config=config,
                                                                               **target_options)))
         check_pair(weights.config, heads)
-        target_model = impl.load_checkpoint(ckpt, dev, config=config, progress=progress, **target_options)
-        drafter_model = DFlashModelTensors.upload(dev, weights.config, weights, progress=progress)
+        target_model = impl.load_checkpoint(ckpt, dev, config=config, progress=progress, check_finite=check_finite,
+                                            **target_options)
+        try:
+            drafter_model = DFlashModelTensors.upload(dev, weights.config, weights, progress=progress,
+                                                      check_finite=check_finite)
+        except BaseException as e:
+            # This frame holds the target: free it before the error leaves
+            # (a kept traceback would otherwise keep the whole target resident).
+            del target_model
+            raise detached(e)
     return _attach(drafter_model, target_model, heads)

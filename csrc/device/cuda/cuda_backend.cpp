@@ -186,9 +186,7 @@ class CudaBackend final : public Backend {
     if (ptr == nullptr) return;
     if (d_->cuCtxPushCurrent(ctx_) != CUDA_SUCCESS) return;
     // No copy into this buffer may still be in flight when it is freed.
-    if (inflight_.exchange(false)) {
-      for (Slot& s : slots_) d_->cuStreamSynchronize(s.stream);
-    }
+    wait_uploads();
     d_->cuMemFree(dptr(ptr));
     CUcontext prev = nullptr;
     d_->cuCtxPopCurrent(&prev);
@@ -224,14 +222,27 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override {
-    if (!inflight_.exchange(false)) return;
     Ctx c(*this);
+    check(wait_uploads(), "cuStreamSynchronize (uploads in flight)");
+  }
+
+  // Waits for every upload left in flight before this call (the caller has
+  // the context current). Generations, not a flag: a thread that finds
+  // another one already waiting must still wait itself, and an upload that
+  // goes in flight during the wait must not be marked done by it.
+  CUresult wait_uploads() noexcept {
+    const std::uint64_t want = issued_.load(std::memory_order_acquire);
+    if (synced_.load(std::memory_order_acquire) >= want) return CUDA_SUCCESS;
     CUresult sync = CUDA_SUCCESS;
     for (Slot& s : slots_) {
       const CUresult r = d_->cuStreamSynchronize(s.stream);
       if (sync == CUDA_SUCCESS) sync = r;
     }
-    check(sync, "cuStreamSynchronize (uploads in flight)");
+    if (sync != CUDA_SUCCESS) return sync;
+    std::uint64_t seen = synced_.load(std::memory_order_relaxed);
+    while (seen < want && !synced_.compare_exchange_weak(seen, want, std::memory_order_release)) {
+    }
+    return CUDA_SUCCESS;
   }
 
   // Both buffers on this GPU: the conversion kernel (or a device copy) alone.
@@ -630,7 +641,7 @@ class CudaBackend final : public Backend {
     // before any read of device memory and before a free) waits for them.
     // The source was staged already, so the caller may reuse it.
     if (!failure && cell < 0) {
-      inflight_.store(true);
+      issued_.fetch_add(1, std::memory_order_release);  // after every copy of it was queued
       return res;
     }
     // Otherwise nothing of this upload may still be in flight when it
@@ -671,7 +682,10 @@ class CudaBackend final : public Backend {
   CUfunction fn_bf16_ = nullptr, fn_f16_ = nullptr, fn_q8_f32_ = nullptr, fn_q8_f16_ = nullptr,
              fn_q8_bf16_ = nullptr, fn_checksums_ = nullptr;
 
-  std::atomic<bool> inflight_{false};  // uploads queued and not yet waited for
+  // Uploads left in flight (raw, widening) and how many of them a
+  // wait_uploads() has seen finish: equal when nothing is in flight.
+  std::atomic<std::uint64_t> issued_{0};
+  std::atomic<std::uint64_t> synced_{0};
 
   std::mutex ring_mu_;
   std::condition_variable ring_cv_;

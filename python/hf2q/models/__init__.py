@@ -105,14 +105,16 @@ def detect(config: Mapping[str, Any] | None) -> Family:
 
 
 def load(path: PathLike, device: Any = None, *, family: str | None = None, progress: bool = True,
-         revision: str | None = None, download: bool = False, **options: Any) -> Any:
+         revision: str | None = None, download: bool = False, check_finite: bool = False, **options: Any) -> Any:
     """Load the checkpoint at ``path`` (directory with ``config.json``,
     ``.safetensors`` file, or sharded index) onto ``device`` (default:
     :meth:`hf2q.Device.default`) with the family its ``config.json`` names,
     or ``family``. ``options`` go to the family's loader (``dtype`` for
     generic; ``expert_dtype`` / ``dense_dtype`` / ``mtp`` for Qwen3.5 MoE);
     one it does not take is a TypeError. ``path`` may be a Hugging Face repo
-    id in the local cache (``revision``, ``download``: see :func:`hf2q.hub.resolve`)."""
+    id in the local cache (``revision``, ``download``: see :func:`hf2q.hub.resolve`).
+    ``check_finite=True`` (every family): a NaN/Inf weight kept as it is
+    raises NonFiniteError (docs/RELIABILITY.md)."""
     from ..hub import resolve
 
     path = resolve(path, revision, download=download)
@@ -122,11 +124,11 @@ def load(path: PathLike, device: Any = None, *, family: str | None = None, progr
     if unknown:
         raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; "
                         f"it takes {', '.join(fam.options) or 'none'}")
-    return load_with(path, config, fam, device, progress=progress, **options)
+    return load_with(path, config, fam, device, progress=progress, check_finite=check_finite, **options)
 
 
 def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, device: Any = None, *,
-              progress: bool = True, **options: Any) -> Any:
+              progress: bool = True, check_finite: bool = False, **options: Any) -> Any:
     """:func:`load` with ``config.json`` already read (``config``) and the
     family chosen: the checkpoint is opened once and handed to the family."""
     from ..device import Device
@@ -134,7 +136,8 @@ def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, dev
 
     dev = device if device is not None else Device.default()
     with open_checkpoint(Path(os.fspath(path))) as ckpt:
-        return fam.impl().load_checkpoint(ckpt, dev, config=config, progress=progress, **options)
+        return fam.impl().load_checkpoint(ckpt, dev, config=config, progress=progress, check_finite=check_finite,
+                                          **options)
 
 
 def inspect(ckpt: Any, config: Mapping[str, Any] | None, *, family: str | None = None,

@@ -47,9 +47,9 @@ def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> DFlashConf
 
 
 def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None,
-                    progress: bool) -> DFlashModelTensors:
+                    progress: bool, check_finite: bool = False) -> DFlashModelTensors:
     weights = DFlashWeights.load(ckpt, _config_of(ckpt, config))
-    return DFlashModelTensors.upload(device, weights.config, weights, progress=progress)
+    return DFlashModelTensors.upload(device, weights.config, weights, progress=progress, check_finite=check_finite)
 
 
 def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None) -> dict[str, Any]:

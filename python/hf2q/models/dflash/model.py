@@ -144,7 +144,7 @@ def load(path: PathLike, device: Device | None = None, progress: bool = True,
     if target is not None:
         from ...pairs import bind
 
-        return bind(path, target, device, progress=progress, config=config)
+        return bind(path, target, device, progress=progress, config=config, check_finite=check_finite)
     dev = device if device is not None else Device.default()
     with DFlashWeights.load(path, config) as weights:
         return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress, check_finite=check_finite)

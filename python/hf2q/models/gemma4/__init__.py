@@ -124,10 +124,10 @@ def plan_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, exper
 
 
 def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
-                    expert_dtype: str = "q8_0", dense_dtype: str = "f32") -> Gemma4Model:
+                    expert_dtype: str = "q8_0", dense_dtype: str = "f32", check_finite: bool = False) -> Gemma4Model:
     plan = plan_checkpoint(ckpt, config=config, expert_dtype=expert_dtype, dense_dtype=dense_dtype)
     return execute(plan, ckpt, device, lambda bufs: Gemma4Model(device, plan.config, plan, bufs),
-                   progress=progress, extra=plan.extra)
+                   progress=progress, extra=plan.extra, check_finite=check_finite)
 
 
 def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, expert_dtype: str = "q8_0",
@@ -158,16 +158,18 @@ def target_heads(plan: LoadPlan) -> dict[str, Any]:
 
 
 def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-         progress: bool = True) -> Gemma4Model:
+         progress: bool = True, check_finite: bool = False) -> Gemma4Model:
     """Load a Gemma 4 checkpoint (directory with ``config.json``, single file
     or sharded) into device buffers. ``expert_dtype`` (default ``"q8_0"``)
     applies to ``ffn_gate_up_exps`` / ``ffn_down_exps``, ``dense_dtype``
     (``"f32"``, ``"bf16"`` or ``"q8_0"``) to every other tensor llama.cpp
-    would quantize; the rest stays F32. On failure every buffer is freed."""
+    would quantize; the rest stays F32. On failure every buffer is freed.
+    ``check_finite=True``: a NaN/Inf weight kept as it is raises
+    NonFiniteError (quantized tensors always refuse them; docs/RELIABILITY.md)."""
     dev = device if device is not None else Device.default()
     with open_checkpoint(Path(path)) as ckpt:
         return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype)
+                               dense_dtype=dense_dtype, check_finite=check_finite)
 
 
 def inspect(path: PathLike, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32") -> dict[str, Any]:

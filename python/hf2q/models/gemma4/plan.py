@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ... import formats
+from ..._files import read_capped
 from ...errors import (
     ConfigError,
     DtypeMismatchError,
@@ -93,6 +94,8 @@ _EXPERT_GGUF = ("ffn_gate_up_exps.weight", "ffn_down_exps.weight")
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _PER_EXPERT_RE = re.compile(r"^experts\.\d+\.")
 
+_TOKENIZER_CAP = 256 << 20  # real tokenizer.json files are tens of MB
+
 
 def is_multimodal_tensor(name: str) -> bool:
     """A tensor the converter's text model drops (vision / audio parts)."""
@@ -139,10 +142,13 @@ def vocab_rows(directory: Path, cfg: Gemma4Config) -> tuple[int | None, str]:
     tj = directory / "tokenizer.json"
     if (directory / "tokenizer.model").is_file():
         return cfg.vocab_size_per_layer_input or cfg.vocab_size, "tokenizer.model"
-    if tj.is_file():
+    if tj.exists() or tj.is_symlink():
+        # Through the package's one opener: regular files only, never blocking,
+        # size-capped (a FIFO or a 4 GiB file here is an error, not "no tokenizer").
+        data = read_capped(str(tj), _TOKENIZER_CAP, "tokenizer.json",
+                           lambda msg, e: ConfigError(f"{tj}: {msg}", key="tokenizer.json"))
         try:
-            with open(tj, encoding="utf-8") as f:
-                tok = json.load(f)
+            tok = json.loads(data)
             n = len(tok["model"]["vocab"]) + len(tok["added_tokens"])
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             raise ConfigError(f"{tj}: cannot count the tokenizer's tokens ({type(e).__name__}: {e})",

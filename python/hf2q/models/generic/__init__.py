@@ -45,10 +45,11 @@ class GenericModel(LoadedModel):
 
 
 def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
-                    dtype: str = "keep") -> GenericModel:
+                    dtype: str = "keep", check_finite: bool = False) -> GenericModel:
     plan = plan_generic(ckpt, config, dtype=dtype)
     return execute(plan, ckpt, device, lambda bufs: GenericModel(device, plan.config, plan, bufs),
-                   progress=progress, extra={"architecture": plan.config.label, "dtype": dtype})
+                   progress=progress, extra={"architecture": plan.config.label, "dtype": dtype},
+                   check_finite=check_finite)
 
 
 def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, dtype: str = "keep") -> dict[str, Any]:
@@ -65,13 +66,15 @@ def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, dt
             "unloadable": [n for n, d in out.items() if d is None]}
 
 
-def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", progress: bool = True) -> GenericModel:
+def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", progress: bool = True,
+         check_finite: bool = False) -> GenericModel:
     """Load any safetensors checkpoint (file or directory) with its own tensor
-    names; ``dtype`` as in :func:`~hf2q.models.generic.plan.plan_generic`."""
+    names; ``dtype`` as in :func:`~hf2q.models.generic.plan.plan_generic`;
+    ``check_finite=True``: a NaN/Inf weight raises NonFiniteError."""
     from .. import read_config
 
     dev = device if device is not None else Device.default()
     path = Path(path)
     _, config = read_config(path)
     with open_checkpoint(path) as ckpt:
-        return load_checkpoint(ckpt, dev, config=config, progress=progress, dtype=dtype)
+        return load_checkpoint(ckpt, dev, config=config, progress=progress, dtype=dtype, check_finite=check_finite)

@@ -40,7 +40,7 @@ def _block_id(name: str) -> int | None:
     """The first all-digit part of a dotted name (``model.layers.7.mlp`` -> 7):
     the layer, used to group residency commits (as llama.cpp finds block ids)."""
     for part in name.split("."):
-        if part.isdecimal():
+        if part.isdecimal() and len(part) < 19:  # a layer index, not a 5000-digit name part
             return int(part)
     return None
 
