@@ -51,16 +51,15 @@ import importlib.metadata as md
 import io
 import json
 import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
-PINNED = {"torch": "2.13.0+cpu", "transformers": "5.24.0"}
-LLAMA_CPP_PYTHON = "0.3.36"
-OUTTYPES = ("q8_0", "f32", "bf16")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The same pins and the same converter fetch as the Qwen / DFlash golden data.
+from make_golden import LLAMA_CPP_PYTHON, OUTTYPES, PINNED, fetch_converter  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "data" / "gemma4"
 
@@ -186,25 +185,6 @@ def check_versions(any_version: bool) -> dict[str, str]:
     found["llama-cpp-python"] = LLAMA_CPP_PYTHON
     return found
 
-
-def fetch_converter(cache: Path) -> Path:
-    """llama.cpp's converter from the pinned llama-cpp-python sdist."""
-    root = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
-    conv = root / "vendor" / "llama.cpp"
-    if (conv / "convert_hf_to_gguf.py").is_file():
-        return conv
-    cache.mkdir(parents=True, exist_ok=True)
-    sdist = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
-    if not sdist.is_file():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "--no-build-isolation", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(cache)],
-                       check=True)
-    prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
-    wanted = (prefix + "convert_hf_to_gguf.py", prefix + "conversion/", prefix + "gguf-py/")
-    with tarfile.open(sdist) as tf:
-        members = [m for m in tf.getmembers() if m.name.startswith(wanted) and (m.isfile() or m.isdir())]
-        tf.extractall(cache, members=members, filter="data")
-    return conv
 
 
 def write_tokenizer(out: Path, n_tokens: int) -> None:
