@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -46,3 +49,44 @@ def _fmt(v: Any) -> str:
 
 def dump_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2))
+
+
+def warm_page_cache(f: "Path") -> float:
+    """Read ``f`` once (16 MiB at a time) so that timed loads hit the page
+    cache; returns the seconds it took."""
+    t0 = time.perf_counter()
+    mv = memoryview(bytearray(16 << 20))
+    with open(f, "rb", buffering=0) as fh:
+        while fh.readinto(mv):
+            pass
+    return time.perf_counter() - t0
+
+
+# Python source for child processes that report their own peak RSS.
+CHILD_HWM = """
+def hwm():
+    try:
+        with open("/proc/self/status") as f:
+            return int(next(l for l in f if l.startswith("VmHWM:")).split()[1]) * 1024
+    except (OSError, StopIteration):
+        return None
+"""
+CHILD_BASELINE = CHILD_HWM + """
+import json, resource, sys
+import numpy, hf2q
+k = 1 if sys.platform == "darwin" else 1024
+print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * k, "vmhwm": hwm()}))
+"""
+
+
+def subprocess_json(code: str, *args: str) -> dict:
+    """``python -c code args`` through a small shell, last output line parsed
+    as JSON. ``sh -c '...; :'``: a child spawned straight from this process
+    starts with this process's RSS (fork) or peak RSS (vfork, kept across
+    exec) as its ru_maxrss; a grandchild forked from the small shell does not."""
+    if os.name == "posix" and Path("/bin/sh").exists():
+        argv = ["/bin/sh", "-c", 'c="$1"; shift; "$0" -c "$c" "$@"; :', sys.executable, code, *args]
+    else:  # pragma: no cover
+        argv = [sys.executable, "-c", code, *args]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import best_of, dump_json, peak_rss_bytes, print_table  # noqa: E402
+from _common import (  # noqa: E402
+    CHILD_BASELINE, CHILD_HWM, best_of, dump_json, peak_rss_bytes, print_table, subprocess_json, warm_page_cache)
 
 import hf2q  # noqa: E402
 import hf2q.gemma4  # noqa: E402
@@ -84,30 +84,7 @@ def ensure_checkpoint(d: Path) -> tuple[Path, float | None]:
     return d, time.perf_counter() - t0
 
 
-def warm_page_cache(f: Path) -> float:
-    t0 = time.perf_counter()
-    mv = memoryview(bytearray(16 << 20))
-    with open(f, "rb", buffering=0) as fh:
-        while fh.readinto(mv):
-            pass
-    return time.perf_counter() - t0
-
-
-_HWM = """
-def hwm():
-    try:
-        with open("/proc/self/status") as f:
-            return int(next(l for l in f if l.startswith("VmHWM:")).split()[1]) * 1024
-    except (OSError, StopIteration):
-        return None
-"""
-_BASELINE = _HWM + """
-import json, resource, sys
-import numpy, hf2q
-k = 1 if sys.platform == "darwin" else 1024
-print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * k, "vmhwm": hwm()}))
-"""
-_LOAD = _HWM + """
+_LOAD = CHILD_HWM + """
 import json, resource, sys, time
 import numpy, hf2q, hf2q.gemma4
 t0 = time.perf_counter()
@@ -117,17 +94,6 @@ k = 1 if sys.platform == "darwin" else 1024
 print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * k, "vmhwm": hwm(),
                   "resident": m.gpu_resident_bytes(), "seconds": t}))
 """
-
-
-def _subprocess_json(code: str, *args: str) -> dict:
-    """``python -c code args`` through a small shell (so the child's peak RSS
-    is its own, not inherited from this process), last line parsed."""
-    if os.name == "posix" and Path("/bin/sh").exists():
-        argv = ["/bin/sh", "-c", 'c="$1"; shift; "$0" -c "$c" "$@"; :', sys.executable, code, *args]
-    else:  # pragma: no cover
-        argv = [sys.executable, "-c", code, *args]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def gguf_path(st_file: Path, model: hf2q.gemma4.Gemma4Model, n_layers: int, budget_s: float) -> dict:
@@ -182,8 +148,8 @@ def main() -> int:
     t_warm2 = warm_page_cache(st_file)
     L = BENCH_TEXT_CONFIG["num_hidden_layers"]
 
-    base = _subprocess_json(_BASELINE)
-    sub = _subprocess_json(_LOAD, str(path))
+    base = subprocess_json(CHILD_BASELINE)
+    sub = subprocess_json(_LOAD, str(path))
 
     dev = hf2q.Device("host")
     holder: dict[str, object] = {}

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import best_of, dump_json, peak_rss_bytes, print_table  # noqa: E402
+from _common import (  # noqa: E402
+    CHILD_BASELINE, CHILD_HWM, best_of, dump_json, peak_rss_bytes, print_table, subprocess_json, warm_page_cache)
 
 import hf2q  # noqa: E402
 import hf2q.qwen35  # noqa: E402
@@ -79,34 +79,10 @@ def ensure_checkpoint(d: Path) -> tuple[Path, float | None]:
     return d, time.perf_counter() - t0
 
 
-def warm_page_cache(f: Path) -> float:
-    t0 = time.perf_counter()
-    buf = bytearray(16 << 20)
-    mv = memoryview(buf)
-    with open(f, "rb", buffering=0) as fh:
-        while fh.readinto(mv):
-            pass
-    return time.perf_counter() - t0
-
-
 # --------------------------------------------------------------------------- peak RSS (subprocesses)
-_HWM = """
-def hwm():
-    try:
-        with open("/proc/self/status") as f:
-            return int(next(l for l in f if l.startswith("VmHWM:")).split()[1]) * 1024
-    except (OSError, StopIteration):
-        return None
-"""
 
-_BASELINE = _HWM + """
-import json, resource, sys
-import numpy, hf2q
-k = 1 if sys.platform == "darwin" else 1024
-print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * k, "vmhwm": hwm()}))
-"""
 
-_LOAD = _HWM + """
+_LOAD = CHILD_HWM + """
 import json, resource, sys, time
 import numpy, hf2q, hf2q.qwen35
 r0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -118,19 +94,6 @@ print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss *
                   "vmhwm": hwm(), "resident": m.gpu_resident_bytes(), "seconds": t,
                   "locked": m.summary.residency.get("locked_bytes")}))
 """
-
-
-def _subprocess_json(code: str, *args: str) -> dict:
-    """Run ``python -c code args`` and parse its last line. On POSIX through
-    ``sh -c '...; :'``: a child spawned straight from this process starts with
-    this process's RSS (fork) or peak RSS (vfork, kept across exec) as its
-    ru_maxrss; a grandchild forked from the small shell does not."""
-    if os.name == "posix" and Path("/bin/sh").exists():
-        argv = ["/bin/sh", "-c", 'c="$1"; shift; "$0" -c "$c" "$@"; :', sys.executable, code, *args]
-    else:  # pragma: no cover
-        argv = [sys.executable, "-c", code, *args]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 # --------------------------------------------------------------------------- gguf-py path
@@ -206,8 +169,8 @@ def main() -> int:
 
     # peak RSS first, while nothing else of this run holds memory: a fresh
     # process that loads, against one that only imports hf2q + numpy
-    base = _subprocess_json(_BASELINE)
-    sub = _subprocess_json(_LOAD, str(path))
+    base = subprocess_json(CHILD_BASELINE)
+    sub = subprocess_json(_LOAD, str(path))
 
     # (1) ours, best of 2 in this process; the last model is kept for the byte check
     dev = hf2q.Device("host")
@@ -224,7 +187,6 @@ def main() -> int:
     model = holder["m"]
     assert isinstance(model, hf2q.qwen35.Qwen35Model)
     data_bytes = model.summary.data_bytes
-    resident = model.gpu_resident_bytes()
 
     # (2) + (3) gguf-py path, numpy phases timed separately
     g = gguf_path(st_file, model, L, E, args.gguf_budget)
