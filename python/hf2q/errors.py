@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 __all__ = [
@@ -201,6 +202,25 @@ def _config_int(text: str) -> int:
     if digits > CONFIG_MAX_INT_DIGITS:
         raise ValueError(f"integer with {digits} digits (at most {CONFIG_MAX_INT_DIGITS})")
     return int(text)
+
+
+def json_type_name(v: Any) -> str:
+    """The JSON name of a parsed config value's type (for "must be X, got Y")."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, (list, tuple)):
+        return "array"
+    if isinstance(v, Mapping):
+        return "object"
+    return type(v).__name__
 
 
 def parse_config_json(text: str | bytes, source: str = "config") -> Any:

@@ -4,14 +4,13 @@ and the published drafters' configs (docs/DFLASH.md)."""
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ...errors import ConfigError, parse_config_json, read_config_text
+from ...errors import ConfigError, json_type_name, parse_config_json, read_config_text
 from .._limits import check_bound
 
 __all__ = [
@@ -75,26 +74,8 @@ NORM_SUFFIXES: tuple[str, ...] = (
 # ============================================================================ config
 
 
-def _type_name(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, (list, tuple)):
-        return "array"
-    if isinstance(v, Mapping):
-        return "object"
-    return type(v).__name__
-
-
 def _type_error(key: str, want: str, v: Any) -> ConfigError:
-    return ConfigError(f"config key '{key}' must be {want}, got {_type_name(v)} {v!r}", key=key)
+    return ConfigError(f"config key '{key}' must be {want}, got {json_type_name(v)} {v!r}", key=key)
 
 
 def _is_int(v: Any) -> bool:
@@ -287,7 +268,7 @@ class DFlashConfig:
     def from_json_str(cls, text: str | bytes) -> DFlashConfig:
         d = parse_config_json(text)  # bounded depth and integer sizes: ConfigError otherwise
         if not isinstance(d, dict):
-            raise ConfigError(f"config must be a JSON object, got {_type_name(d)}")
+            raise ConfigError(f"config must be a JSON object, got {json_type_name(d)}")
         return cls.from_dict(d)
 
     @classmethod
@@ -295,7 +276,7 @@ class DFlashConfig:
         """Parse a config mapping: required keys and JSON types first (naming
         the key), then the two revisions' resolution, then rules 1-8."""
         if not isinstance(d, Mapping):
-            raise ConfigError(f"config must be a JSON object, got {_type_name(d)}")
+            raise ConfigError(f"config must be a JSON object, got {json_type_name(d)}")
 
         archs = d.get("architectures")
         if "dflash_config" not in d and not (isinstance(archs, list) and "DFlashDraftModel" in archs):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, json_type_name
 
 __all__ = ["Gemma4Config", "Gemma4Layer", "FULL_ATTENTION", "SLIDING_ATTENTION", "MODEL_TYPES", "ARCHITECTURES",
            "MAX_LAYERS"]
@@ -40,22 +40,13 @@ _DEFAULT_ROPE = {
 }
 
 
+_ARTICLE = {"boolean": "a", "integer": "an", "number": "a", "string": "a", "array": "an", "object": "an"}
+
+
 def _tname(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int):
-        return "an integer"
-    if isinstance(v, float):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "an array"
-    if isinstance(v, dict):
-        return "an object"
-    return type(v).__name__
+    """The JSON type with its article ("an integer"), as the messages read."""
+    n = json_type_name(v)
+    return f"{_ARTICLE[n]} {n}" if n in _ARTICLE else n
 
 
 class _Reader:
