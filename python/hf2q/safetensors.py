@@ -20,7 +20,10 @@ SIGBUS), EINTR and short reads retried, EOF before the expected end reported as
 from __future__ import annotations
 
 import json
+import math
+import operator
 import os
+import re
 import stat
 import weakref
 from collections.abc import Iterator
@@ -169,7 +172,9 @@ class _DuplicateTracker:
         self.first: str | None = None
 
     def hook(self, pairs: list[tuple[str, Any]]) -> _Obj:
-        if self.first is None and len(pairs) > 1:
+        # Called once per JSON object: dict() (C) tells whether a key repeats,
+        # the loop finds the first one only then.
+        if self.first is None and len(pairs) > 1 and len(dict(pairs)) != len(pairs):
             seen: set[str] = set()
             for k, _ in pairs:
                 if k in seen:
@@ -193,6 +198,23 @@ def _loads(text: str) -> tuple[Any, str | None]:
     return value, tracker.first
 
 
+#: A ``\uD800``-``\uDFFF`` escape in JSON text. The parsed tree can only
+#: hold a lone surrogate where the text has one: the text comes from a strict
+#: UTF-8 decode, which never yields a surrogate code point, so a surrogate in a
+#: string can only be written as such an escape (JSON's ``\u`` is lower case,
+#: its hex digits either case). A match is not proof of one (``\\uD800`` is an
+#: escaped backslash and the letters ``uD800``; a ``\uD83D\uDE00`` pair decodes
+#: to one valid character): then the tree walk decides. Scanning the text is
+#: ~30x cheaper than walking the tree.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(text: str, value: Any) -> bool:
+    """:func:`_lone_surrogate` of ``value``, the tree parsed from ``text``
+    (strictly decoded UTF-8), walking it only when ``text`` has a surrogate escape."""
+    return _SURROGATE_ESCAPE.search(text) is not None and _lone_surrogate(value)
+
+
 def _lone_surrogate(value: Any) -> bool:
     """True if any string (key or value) in a parsed JSON tree holds a lone
     surrogate (``"\\ud800"``): not a Unicode scalar value, so not valid JSON text
@@ -213,10 +235,6 @@ def _lone_surrogate(value: Any) -> bool:
         elif isinstance(v, list):
             stack.extend(v)
     return False
-
-
-def _is_u64(v: Any) -> bool:
-    return type(v) is int and 0 <= v <= U64_MAX
 
 
 def _describe(v: Any) -> str:
@@ -242,18 +260,14 @@ def _show(v: Any) -> str:
 # ----------------------------------------------------------------------------- header
 
 
-@dataclass
-class _RawEntry:
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    begin: int
-    end: int
+#: Sort key of the header's (begin, end, name, dtype, shape) tuples.
+_BEGIN_END_NAME = operator.itemgetter(0, 1, 2)
+_NAME = operator.itemgetter(2)
 
 
 def _validate_header(
     n: int, header: bytes, file_size: int, path: str
-) -> tuple[dict[str, str], list[_RawEntry]]:
+) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]]:
     """Rules 4-11 of docs/SAFETENSORS.md (1-3 are the caller's, from the file length and N)."""
     # Rule 4: UTF-8.
     try:
@@ -271,11 +285,12 @@ def _validate_header(
         raise bad(f"header is not valid JSON: {e}") from None
     if not isinstance(root, _Obj):
         raise bad(f"header must be a JSON object, got {_describe(root)}")
-    if _lone_surrogate(root):
+    if _has_lone_surrogate(text, root):
         raise bad("header holds a string with a lone UTF-16 surrogate escape")
 
     metadata: dict[str, str] = {}
-    entries: list[_RawEntry] = []
+    # (begin, end, name, dtype, shape) per tensor: plain tuples, as rules 7-10 walk them.
+    entries: list[tuple[int, int, str, str, tuple[int, ...]]] = []
     for key, value in root:
         if key == "__metadata__":
             if value is None:  # serde's Option: null is "no metadata", as the reference crate
@@ -289,77 +304,94 @@ def _validate_header(
             continue
         if not isinstance(value, _Obj):
             raise bad(f"tensor entry must be an object, got {_describe(value)}", key)
-        fields: dict[str, Any] = {}
+        # Every occurrence of a field is checked, the first one kept (a repeated
+        # field is a duplicate key, reported by rule 6). The parser yields str,
+        # int and list exactly (a JSON object is an _Obj, a list subclass), so
+        # the type tests are exact; a dimension or offset must be an int in
+        # [0, 2^64) (a bool is not an int here), tested inline: this loop runs
+        # once per tensor.
+        dtype = shape = offsets = None
         for fk, fv in value:
             if fk == "dtype":
-                if not isinstance(fv, str):
+                if type(fv) is not str:
                     raise bad(f"dtype must be a string, got {_describe(fv)}", key)
                 if fv not in DTYPE_BITS:
                     raise bad(f"unknown dtype {fv!r}", key)
+                if dtype is None:
+                    dtype = fv
             elif fk == "shape":
-                if not isinstance(fv, list) or isinstance(fv, _Obj):
+                if type(fv) is not list:
                     raise bad(f"shape must be an array of non-negative integers, got {_describe(fv)}", key)
                 for d in fv:
-                    if not _is_u64(d):
+                    if type(d) is not int or d < 0 or d > U64_MAX:
                         raise bad(f"shape holds {_show(d)}: dimensions must be integers in [0, 2^64)", key)
+                if shape is None:
+                    shape = fv
             elif fk == "data_offsets":
-                if not isinstance(fv, list) or isinstance(fv, _Obj) or len(fv) != 2:
-                    desc = f"array of length {len(fv)}" if isinstance(fv, list) and not isinstance(fv, _Obj) else _describe(fv)
+                if type(fv) is not list or len(fv) != 2:
+                    desc = f"array of length {len(fv)}" if type(fv) is list else _describe(fv)
                     raise bad(f"data_offsets must be exactly two non-negative integers, got {desc}", key)
                 for d in fv:
-                    if not _is_u64(d):
+                    if type(d) is not int or d < 0 or d > U64_MAX:
                         raise bad(f"data_offsets holds {_show(d)}: offsets must be integers in [0, 2^64)", key)
-            else:
-                continue  # unknown fields are ignored, as serde does
-            fields.setdefault(fk, fv)
-        for required in ("dtype", "shape", "data_offsets"):
-            if required not in fields:
-                raise bad(f"tensor entry has no '{required}'", key)
-        entries.append(
-            _RawEntry(key, fields["dtype"], tuple(fields["shape"]), fields["data_offsets"][0], fields["data_offsets"][1])
-        )
+                if offsets is None:
+                    offsets = fv
+            # unknown fields are ignored, as serde does
+        if dtype is None:
+            raise bad("tensor entry has no 'dtype'", key)
+        if shape is None:
+            raise bad("tensor entry has no 'shape'", key)
+        if offsets is None:
+            raise bad("tensor entry has no 'data_offsets'", key)
+        entries.append((offsets[0], offsets[1], key, dtype, tuple(shape)))
 
     # Rule 6: duplicate keys anywhere.
     if duplicate is not None:
         raise _err(DUPLICATE_KEY, path, f"duplicate JSON key {duplicate!r} in header")
 
     # Rules 7-10, tensor by tensor in (begin, end) order; ties by name for determinism.
-    entries.sort(key=lambda x: (x.begin, x.end, x.name))
+    entries.sort(key=_BEGIN_END_NAME)
     previous_end = 0
-    for ent in entries:
-        if ent.begin != previous_end:
+    for begin, end, name, dtype, shape in entries:
+        if begin != previous_end:
             raise _err(
                 INVALID_OFFSET,
                 path,
-                f"data_offsets [{ent.begin}, {ent.end}] must start at {previous_end} (the previous tensor's end): "
+                f"data_offsets [{begin}, {end}] must start at {previous_end} (the previous tensor's end): "
                 "offsets must be contiguous, without gaps or overlaps",
-                ent.name,
+                name,
             )
-        if ent.end < ent.begin:
-            raise _err(INVALID_OFFSET, path, f"data_offsets [{ent.begin}, {ent.end}] end before they begin", ent.name)
-        previous_end = ent.end
-        numel = 1
-        for d in ent.shape:
-            numel *= d
-            if numel > U64_MAX:
-                raise _err(VALIDATION_OVERFLOW, path, f"element count of shape {list(ent.shape)} overflows u64", ent.name)
-        bits = numel * DTYPE_BITS[ent.dtype]
+        if end < begin:
+            raise _err(INVALID_OFFSET, path, f"data_offsets [{begin}, {end}] end before they begin", name)
+        previous_end = end
+        numel = math.prod(shape)
+        if numel == 0 or numel > U64_MAX:
+            # The running product decides: a prefix can overflow before a
+            # zero dimension brings the total back to 0. With no zero and no
+            # overflow at the end, no prefix overflowed (dimensions >= 1).
+            numel = 1
+            for d in shape:
+                numel *= d
+                if numel > U64_MAX:
+                    raise _err(VALIDATION_OVERFLOW, path, f"element count of shape {list(shape)} overflows u64", name)
+        dtype_bits = DTYPE_BITS[dtype]
+        bits = numel * dtype_bits
         if bits > U64_MAX:
-            raise _err(VALIDATION_OVERFLOW, path, f"bit size of {numel} x {ent.dtype} overflows u64", ent.name)
+            raise _err(VALIDATION_OVERFLOW, path, f"bit size of {numel} x {dtype} overflows u64", name)
         if bits % 8:
             raise _err(
                 MISALIGNED_SLICE,
                 path,
-                f"{numel} elements of {ent.dtype} ({DTYPE_BITS[ent.dtype]} bits) is {bits} bits, not a whole number of bytes",
-                ent.name,
+                f"{numel} elements of {dtype} ({dtype_bits} bits) is {bits} bits, not a whole number of bytes",
+                name,
             )
-        if ent.end - ent.begin != bits // 8:
+        if end - begin != bits // 8:
             raise _err(
                 TENSOR_INVALID_INFO,
                 path,
-                f"data_offsets [{ent.begin}, {ent.end}] span {ent.end - ent.begin} bytes but {ent.dtype} {list(ent.shape)} "
+                f"data_offsets [{begin}, {end}] span {end - begin} bytes but {dtype} {list(shape)} "
                 f"needs {bits // 8}",
-                ent.name,
+                name,
             )
 
     # Rule 11: the tensors cover the data section exactly.
@@ -475,9 +507,10 @@ class SafetensorsFile:
         self._header_size = n
         self._file_size = size
         self._metadata = metadata
+        path = self._path
         self._tensors: dict[str, TensorInfo] = {
-            e.name: TensorInfo(e.name, e.dtype, e.shape, base + e.begin, e.end - e.begin, self._path)
-            for e in sorted(raw, key=lambda e: e.name)
+            name: TensorInfo(name, dtype, shape, base + begin, end - begin, path)
+            for begin, end, name, dtype, shape in sorted(raw, key=_NAME)
         }
 
     # -- metadata
@@ -809,7 +842,7 @@ def _open_index(index_path: Path) -> Checkpoint:
         raise _index_error(DUPLICATE_KEY, spath, f"duplicate JSON key {duplicate!r} in index")
     if not isinstance(root, _Obj):
         raise _index_error(INVALID_INDEX, spath, f"index must be a JSON object, got {_describe(root)}")
-    if _lone_surrogate(root):
+    if _has_lone_surrogate(text, root):
         raise _index_error(INVALID_INDEX, spath, "index holds a string with a lone UTF-16 surrogate escape")
     top = dict(root)
     if "weight_map" not in top:
