@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import hf2q
+import hf2q.device  # hf2q imports it lazily; the first test reads hf2q.device.DTYPES
 from hf2q import _core, formats
 
 
@@ -96,3 +97,34 @@ def test_block_formats_need_whole_blocks_in_the_last_axis() -> None:
     with pytest.raises(ValueError, match="unknown dtype"):
         formats.get("q4_k")
     assert formats.storage_shape((4, 64), "q8_0") == (4, 68)
+
+
+def test_nbytes_of_every_format() -> None:
+    """Plain dtypes take a short path in nbytes; every row keeps the one rule:
+    numel / block_elems * block_bytes, whole blocks (in the last axis for block formats)."""
+    for f in formats.FORMATS.values():
+        for shape in ((), (0,), (1,), (3, 5), (2, 64), (np.int64(4), 32), [6, 2]):
+            n = int(np.prod([int(d) for d in shape], dtype=object))
+            last = int(shape[-1]) if len(shape) else None
+            whole = n % f.block_elems == 0 and (not f.is_block or (last is not None and last % f.block_elems == 0))
+            if whole:
+                got = formats.nbytes(shape, f)
+                assert got == n // f.block_elems * f.block_bytes and type(got) is int, (f.name, shape)
+                assert formats.nbytes(shape, f.name) == got
+            else:
+                with pytest.raises(ValueError, match=f"{f.name} needs a"):
+                    formats.nbytes(shape, f)
+    assert formats.nbytes((1 << 40, 1 << 40), "f32") == 1 << 82  # exact Python ints
+    with pytest.raises(TypeError):
+        formats.nbytes(3, "f32")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown dtype"):
+        formats.nbytes((1,), "f128")
+
+
+def test_can_convert_is_the_native_table() -> None:
+    from hf2q import _core
+
+    for s in formats.FORMATS.values():
+        for d in formats.FORMATS.values():
+            want = s.is_device and d.is_device and bool(_core.can_convert(s.name, d.name))
+            assert formats.can_convert(s, d) is want and formats.can_convert(s.name, d.name) is want

@@ -19,6 +19,7 @@ type id asks this module::
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -166,8 +167,10 @@ def nbytes(shape: Sequence[int], dtype: str | Format) -> int:
     """Bytes a C-ordered tensor of logical ``shape`` takes in ``dtype``.
     Block formats need a last dimension that is a multiple of the block."""
     f = get(dtype)
+    if f.block_elems == 1:  # plain dtypes (the common case, asked per tensor and per piece)
+        return numel(shape) * f.block_bytes
     shape = tuple(int(d) for d in shape)
-    if f.block_elems > 1 and f.is_block and (not shape or shape[-1] % f.block_elems):
+    if f.is_block and (not shape or shape[-1] % f.block_elems):
         raise ValueError(
             f"{f.name} needs a last dimension that is a multiple of {f.block_elems}, got shape {shape}"
         )
@@ -197,4 +200,11 @@ def can_convert(src: str | Format, dst: str | Format) -> bool:
     """Whether a device write turns ``src`` data into a ``dst`` buffer in
     native code (raw copy, bf16/f16 -> f32 decode, f32/f16/bf16 -> q8_0)."""
     s, d = get(src), get(dst)
-    return s.is_device and d.is_device and bool(_core.can_convert(s.name, d.name))
+    return s.is_device and d.is_device and _can_convert(s.name, d.name)
+
+
+@functools.lru_cache(maxsize=None)
+def _can_convert(src: str, dst: str) -> bool:
+    # The native conversion table is fixed when the core is built: ask it
+    # once per pair (a plan asks per source piece, a load per tensor).
+    return bool(_core.can_convert(src, dst))

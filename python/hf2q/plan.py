@@ -19,6 +19,7 @@ naming its destination (name, logical shape, device format) and its sources
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,9 +56,11 @@ class Piece:
         start, stop = self.rows
         return self.shape[0] * (stop - start) * formats.numel(self.shape[2:])
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         """Bytes read from the file for this piece."""
+        # Cached (the fields are frozen): a load asks per entry for its
+        # progress bar and once more for the plan's total.
         return formats.nbytes((self.numel,), self.dtype)
 
 
@@ -77,12 +80,13 @@ class TensorPlan:
     group: int | None = None
     kind: str = ""
 
-    @property
+    # Both cached (the fields are frozen): asked per entry and for the plan's totals.
+    @functools.cached_property
     def nbytes(self) -> int:
         """Device bytes (:func:`hf2q.formats.nbytes`)."""
         return formats.nbytes(self.shape, self.dtype)
 
-    @property
+    @functools.cached_property
     def source_nbytes(self) -> int:
         """Bytes read from the checkpoint."""
         return sum(p.nbytes for p in self.sources)

@@ -1,0 +1,52 @@
+"""hf2q.plan: the byte accounting of pieces, entries and plans (computed once
+per frozen object, never part of its identity)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from hf2q import formats
+from hf2q.plan import LoadPlan, Piece, TensorPlan
+
+
+def test_piece_sizes() -> None:
+    whole = Piece("w", "bf16", (3, 5))
+    assert (whole.numel, whole.nbytes) == (15, 30)
+    half = Piece("gu", "f32", (4, 6, 8), rows=(3, 6))  # rows [3, 6) of axis 1, for each of 4
+    assert (half.numel, half.nbytes) == (4 * 3 * 8, 4 * 3 * 8 * 4)
+    assert Piece("q", "q8_0", (2, 64)).nbytes == 2 * 2 * 34
+    assert Piece("s", "f4", (3, 2)).nbytes == 3
+
+
+def test_cached_sizes_are_not_identity() -> None:
+    a, b = Piece("w", "bf16", (3, 5), 7), Piece("w", "bf16", (3, 5), 7)
+    assert a.nbytes == 30  # a has it cached, b not
+    assert a == b and hash(a) == hash(b) and repr(a) == repr(b)
+    c = pickle.loads(pickle.dumps(a))
+    assert c == a and c.nbytes == 30
+    with pytest.raises(AttributeError):
+        a.dtype = "f32"  # type: ignore[misc]  # still frozen
+
+
+def test_a_size_that_cannot_be_computed_raises_every_time() -> None:
+    p = Piece("q", "q8_0", (3, 33))  # 99 elements: not whole Q8_0 blocks
+    for _ in range(2):
+        with pytest.raises(ValueError, match="multiple of 32"):
+            p.nbytes
+
+
+def test_entry_and_plan_totals() -> None:
+    experts = tuple(Piece(f"e{i}", "bf16", (8, 32), i * 256) for i in range(4))
+    stack = TensorPlan("blk.0.ffn_up_exps.weight", (4, 8, 32), "q8_0", experts, group=0, kind="expert")
+    norm = TensorPlan("blk.0.attn_norm.weight", (32,), "f32", (Piece("n", "bf16", (32,)),),
+                      transform=lambda arrays: arrays[0], group=0, kind="norm")
+    assert stack.source_nbytes == 4 * 8 * 32 * 2 and stack.nbytes == formats.nbytes((4, 8, 32), "q8_0")
+    assert (norm.source_nbytes, norm.nbytes) == (64, 128)
+    assert stack.streamed and not norm.streamed
+    plan = LoadPlan("test", [stack, norm])
+    assert plan.source_nbytes == stack.source_nbytes + 64 and plan.nbytes == stack.nbytes + 128
+    plan.entries.pop()  # a LoadPlan is mutable: its totals follow its entries
+    assert plan.source_nbytes == stack.source_nbytes and plan.nbytes == stack.nbytes
+    assert stack == TensorPlan("blk.0.ffn_up_exps.weight", (4, 8, 32), "q8_0", experts, group=0, kind="expert")
