@@ -615,3 +615,56 @@ def test_plan_container() -> None:
     assert p[0] is p["token_embd.weight"] and "blk.4.nextn.eh_proj.weight" in p
     assert list(p) == list(p.tensors) and p.n_blocks == 5
     assert p.nbytes == sum(t.nbytes for t in p) == sum(p.nbytes_by_kind().values())
+
+
+def test_checkpoint_input_matches_the_general_forms(tmp_path) -> None:
+    """An open Checkpoint / SafetensorsFile takes a fast path through the
+    plan's input normalisation: the plan is the one the general forms give."""
+    from hf2q.safetensors import open as open_file
+    from hf2q.safetensors import open_checkpoint
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = make_qwen35_moe_checkpoint(tmp_path / "ck", multimodal=True)
+    cfg = tiny(multimodal=True)
+    with open_checkpoint(d) as ck, open_file(d / "model.safetensors") as sf:
+        want = plan_qwen35_moe({t.name: (t.dtype, list(t.shape)) for t in ck.tensors()}, cfg)
+        for src in (ck, sf):
+            got = plan_qwen35_moe(src, cfg)
+            assert got.tensors == want.tensors and got.skipped == want.skipped and got.dropped == want.dropped
+            assert [(p.name, type(p.shape), [type(x) for x in p.shape]) for t in got for p in t.sources] == \
+                [(p.name, tuple, [int] * len(p.shape)) for t in want for p in t.sources]
+
+        class Wrapper:  # the same tensors behind the general path (an object with tensors())
+            def tensors(self):
+                return ck.tensors()
+        assert plan_qwen35_moe(Wrapper(), cfg).tensors == want.tensors
+
+
+@pytest.mark.parametrize("name,reason", [
+    ("model.layers.01.input_layernorm.weight", "malformed layer index '01'"),
+    ("model.layers.\u0661.input_layernorm.weight", "malformed layer index '\u0661'"),  # ARABIC-INDIC DIGIT ONE
+    ("model.layers.1234567890123456789.input_layernorm.weight", "malformed layer index"),
+    ("model.layers.0.mlp.experts.00.up_proj.weight", "expert index 00 outside 0..3"),
+    ("model.layers.0.mlp.experts.\uff11.up_proj.weight", "expert index \uff11 outside"),  # FULLWIDTH DIGIT ONE
+    ("mtp.layers.00.input_layernorm.weight", "MTP layer index 00 outside 0..0"),
+])
+def test_index_spellings(name: str, reason: str) -> None:
+    """Indices as HF writes them only: ASCII digits, no leading zeros, at most 18 digits."""
+    specs = tiny_specs()
+    specs[name] = ("BF16", (64,))
+    with pytest.raises(UnknownTensorError) as ei:
+        plan_qwen35_moe(specs, tiny())
+    assert list(ei.value.reasons) == [name] and ei.value.reasons[name].startswith(reason)
+
+
+def test_multimodal_filter_names() -> None:
+    from hf2q.models.qwen35.names import _MM_PREFIXES, _MM_SUBSTRINGS
+    from hf2q.qwen35 import is_multimodal_tensor
+
+    for p in _MM_PREFIXES:
+        assert is_multimodal_tensor(p + "x.weight")
+    for s in _MM_SUBSTRINGS:
+        assert is_multimodal_tensor("model." + s + "x.weight") and is_multimodal_tensor("a" + s)
+    for n in tiny_specs():
+        assert not is_multimodal_tensor(n)
+    assert not is_multimodal_tensor("model.mlp.x") and not is_multimodal_tensor("")

@@ -99,15 +99,26 @@ class Qwen35Model(LoadedModel):
 
 def _tensor_plan(pt: PlannedTensor, cfg: Qwen35Config) -> TensorPlan:
     pieces = []
+    # An expert stack has hundreds of sources of one dtype and shape: look
+    # each format and element count up once, not per expert.
+    fmt_of: dict[str, str] = {}
+    numel_of: dict[tuple[int, ...], int] = {}
     for sp in pt.sources:
-        fmt = formats.from_safetensors(sp.dtype).name
+        fmt = fmt_of.get(sp.dtype)
+        if fmt is None:
+            fmt = fmt_of[sp.dtype] = formats.from_safetensors(sp.dtype).name
+        shape = tuple(sp.shape)
         if sp.half is not None:  # fused [E, 2I, H]: rows [:I] or [I:] of every expert
-            i = sp.shape[1] // 2
-            pieces.append(Piece(sp.name, fmt, tuple(sp.shape), 0, (0, i) if sp.half == "gate" else (i, 2 * i)))
+            i = shape[1] // 2
+            pieces.append(Piece(sp.name, fmt, shape, 0, (0, i) if sp.half == "gate" else (i, 2 * i)))
+        elif sp.expert is None:
+            pieces.append(Piece(sp.name, fmt, shape, 0))
         else:
-            off = 0 if sp.expert is None else sp.expert * formats.numel(sp.shape)
-            pieces.append(Piece(sp.name, fmt, tuple(sp.shape), off))
-    streamed = set(pt.transforms) <= _STREAMABLE and all(formats.can_convert(p.dtype, pt.dtype) for p in pieces)
+            numel = numel_of.get(shape)
+            if numel is None:
+                numel = numel_of[shape] = formats.numel(shape)
+            pieces.append(Piece(sp.name, fmt, shape, sp.expert * numel))
+    streamed = set(pt.transforms) <= _STREAMABLE and all(formats.can_convert(f, pt.dtype) for f in fmt_of.values())
     transform = None if streamed else (lambda arrays, pt=pt: transform_tensor(pt, arrays, cfg))
     return TensorPlan(pt.gguf_name, tuple(pt.shape), pt.dtype, tuple(pieces), transform=transform,
                       group=pt.layer, kind=pt.kind)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from ...errors import ExtraTensorError
 from .config import Qwen35Config
@@ -177,17 +177,22 @@ _MM_SUBSTRINGS = ("visual.", "vision.", "audio.", "talker.", "vision_", "audio_"
 
 def is_multimodal_tensor(name: str) -> bool:
     """True for vision/audio/projector tensors (llama.cpp's text-model filter)."""
-    return name.startswith(_MM_PREFIXES) or any(s in name for s in _MM_SUBSTRINGS)
+    if name.startswith(_MM_PREFIXES):
+        return True
+    for s in _MM_SUBSTRINGS:  # a plain loop: asked once per checkpoint tensor, cheaper than any() over a generator
+        if s in name:
+            return True
+    return False
 
 
 def _canon_int(s: str) -> int | None:
     """A decimal index as written by HF (no sign, no leading zeros); None
     otherwise, and for more digits than any index can have (int() of
-    thousands of digits raises ValueError)."""
-    if len(s) > 18:
+    thousands of digits raises ValueError). ``s`` is a ``\\d+`` match:
+    digits, possibly non-ASCII ones (int() reads them, but HF never writes them)."""
+    if len(s) > 18 or not s.isascii() or (s[0] == "0" and len(s) > 1):
         return None
-    n = int(s)
-    return n if str(n) == s else None
+    return int(s)
 
 
 def _strip_lm(name: str) -> str:
@@ -211,8 +216,9 @@ def _rename_mtp(name: str, cfg: Qwen35Config) -> list[str] | str:
     return "unknown MTP tensor"
 
 
-@dataclass(frozen=True)
-class _Target:
+class _Target(NamedTuple):
+    """What a checkpoint name feeds (a tuple: one is made per checkpoint tensor)."""
+
     form: str  # "simple" | "expert" | "fused_gate_up" | "fused_down"
     canonical: str
     layer: int | None

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ... import formats
+from ...safetensors import Checkpoint, SafetensorsFile
 from ...errors import (
     ConfigError,
     DtypeMismatchError,
@@ -317,6 +318,11 @@ def _entries(tensors: Any) -> list[tuple[str, str, tuple[int, ...]]]:
     TensorInfo-like objects or (name, info) pairs (duplicates are kept, so
     they can be reported).
     """
+    if type(tensors) in (Checkpoint, SafetensorsFile):
+        # Validated headers: names are str, dtypes safetensors codes (upper
+        # case, so _dtype_str keeps them) and shapes tuples of int, already
+        # normalised; one tuple per tensor, with no per-field conversion.
+        return [(t.name, t.dtype, t.shape) for t in tensors.tensors()]
     if not isinstance(tensors, Mapping):
         inner = getattr(tensors, "tensors", None)
         if callable(inner):
@@ -391,7 +397,15 @@ def plan_qwen35_moe(
     L = cfg.num_hidden_layers
     entries = _entries(tensors)
 
-    has_mtp = any(_strip_lm(n).startswith("mtp.") for n, _, _ in entries if not is_multimodal_tensor(n))
+    # The multimodal filter and the language_model. strip, once per tensor.
+    skipped: list[str] = []
+    text: list[tuple[str, str, tuple[int, ...], str]] = []  # (raw name, dtype, shape, stripped name)
+    for n, dt, sh in entries:
+        if is_multimodal_tensor(n):
+            skipped.append(n)
+        else:
+            text.append((n, dt, sh, _strip_lm(n)))
+    has_mtp = any(c.startswith("mtp.") for _, _, _, c in text)
     if has_mtp and not cfg.mtp_num_hidden_layers_stated:
         # config.json does not say: llama.cpp's converter counts mtp.layers.{i}
         # (a default, so it is taken from the names rather than refused).
@@ -409,7 +423,6 @@ def plan_qwen35_moe(
     n_mtp = cfg.mtp_num_hidden_layers if use_mtp else 0
     n_blocks = L + n_mtp
 
-    skipped: list[str] = []
     dropped: list[str] = []
     unknown: dict[str, str] = {}
     # destination key -> [(raw name, dtype, shape)]
@@ -418,11 +431,7 @@ def plan_qwen35_moe(
     fused: dict[tuple[int, str], list[tuple[str, str, tuple[int, ...]]]] = {}
     forms: dict[int, tuple[set[str], set[str]]] = {}
 
-    for name, dtype, shape in entries:
-        if is_multimodal_tensor(name):
-            skipped.append(name)
-            continue
-        cname = _strip_lm(name)
+    for name, dtype, shape, cname in text:
         if cname.startswith("mtp."):
             if not use_mtp:
                 dropped.append(name)
@@ -440,19 +449,32 @@ def plan_qwen35_moe(
                 unknown[name] = t
                 break
             rec = (name, dtype, shape)
+            # (get-or-insert by hand: setdefault would build its default, a
+            # dict or two sets, for every expert tensor)
             if t.form == "simple":
                 assert t.spec is not None
                 simple.setdefault(_gguf_name(t.spec, t.layer), []).append((*rec, t))
-            elif t.form == "expert":
-                assert t.layer is not None and t.proj is not None and t.expert is not None
-                per_expert.setdefault((t.layer, t.proj), {}).setdefault(t.expert, []).append(rec)
-                forms.setdefault(t.layer, (set(), set()))[1].add(name)
+                continue
+            assert t.layer is not None
+            layer_forms = forms.get(t.layer)
+            if layer_forms is None:
+                layer_forms = forms[t.layer] = (set(), set())
+            if t.form == "expert":
+                assert t.proj is not None and t.expert is not None
+                by_e = per_expert.get((t.layer, t.proj))
+                if by_e is None:
+                    by_e = per_expert[(t.layer, t.proj)] = {}
+                recs = by_e.get(t.expert)
+                if recs is None:
+                    by_e[t.expert] = [rec]
+                else:
+                    recs.append(rec)
+                layer_forms[1].add(name)
             else:
-                assert t.layer is not None
                 projs = ("gate", "up") if t.form == "fused_gate_up" else ("down",)
                 for p in projs:
                     fused.setdefault((t.layer, p), []).append(rec)
-                forms.setdefault(t.layer, (set(), set()))[0].add(name)
+                layer_forms[0].add(name)
 
     if unknown:
         raise UnknownTensorError(unknown)
