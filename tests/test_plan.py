@@ -21,13 +21,15 @@ def test_piece_sizes() -> None:
 
 
 def test_cached_sizes_are_not_identity() -> None:
-    a, b = Piece("w", "bf16", (3, 5), 7), Piece("w", "bf16", (3, 5), 7)
-    assert a.nbytes == 30  # a has it cached, b not
+    pieces = (Piece("w", "bf16", (3, 5), 7),)
+    a, b = TensorPlan("t", (3, 5), "f32", pieces), TensorPlan("t", (3, 5), "f32", pieces)
+    assert (a.nbytes, a.source_nbytes) == (60, 30)  # a has them cached, b not
     assert a == b and hash(a) == hash(b) and repr(a) == repr(b)
     c = pickle.loads(pickle.dumps(a))
-    assert c == a and c.nbytes == 30
+    assert c == a and (c.nbytes, c.source_nbytes) == (60, 30)
     with pytest.raises(AttributeError):
-        a.dtype = "f32"  # type: ignore[misc]  # still frozen
+        a.dtype = "bf16"  # type: ignore[misc]  # still frozen
+    assert a.nbytes == 60
 
 
 def test_a_size_that_cannot_be_computed_raises_every_time() -> None:

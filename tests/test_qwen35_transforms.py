@@ -103,6 +103,49 @@ def test_reorders_vs_loops(nk: int, nv: int, dk: int, dv: int) -> None:
         assert np.array_equal(got.view(np.uint16), out.view(np.uint16))
 
 
+@pytest.mark.parametrize("nk,nv,dk,dv", [(2, 6, 32, 64), (3, 6, 8, 4), (16, 32, 128, 128), (4, 4, 8, 8), (1, 5, 2, 3),
+                                         (5, 15, 1, 1), (4, 12, 2, 1)])
+def test_reorders_in_place_match_the_copies(nk: int, nv: int, dk: int, dv: int) -> None:
+    """``in_place=True`` moves the blocks of the given array (every cycle of
+    the permutation, fixed points included) and returns it: the same bytes
+    as the copying reorder, which leaves its input alone."""
+    H, K = 5, 4
+    C = 2 * nk * dk + nv * dv
+    cases = [
+        (reorder_in_proj_qkv, (C, H), (nk, nv, dk, dv)),
+        (reorder_conv1d, (C, K), (nk, nv, dk, dv)),
+        (reorder_in_proj_z, (nv * dv, H), (nk, nv, dv)),
+        (reorder_in_proj_ab, (nv, H), (nk, nv)),
+        (reorder_per_head, (nv,), (nk, nv)),
+        (reorder_out_proj, (H, nv * dv), (nk, nv, dv)),
+    ]
+    for fn, shape, args in cases:
+        x = bf16(shape)
+        keep = x.copy()
+        want = fn(x, *args)
+        assert np.array_equal(x.view(np.uint16), keep.view(np.uint16)), fn.__name__  # the copy leaves x alone
+        got = fn(x, *args, in_place=True)
+        assert got is x, fn.__name__
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), fn.__name__
+    with pytest.raises(ValueError, match="read-only"):
+        ro = bf16((nv * dv, H))
+        ro.flags.writeable = False
+        reorder_in_proj_z(ro, nk, nv, dv, in_place=True)
+    with pytest.raises(ValueError, match="must hold"):  # the same checks as the copy
+        reorder_in_proj_z(bf16((nv * dv + 1, H)), nk, nv, dv, in_place=True)
+
+
+def test_reorder_v_heads_in_place_on_any_axis_and_layout() -> None:
+    for nk, r, hd in ((2, 3, 4), (3, 2, 1), (1, 4, 2), (4, 1, 3), (6, 5, 1)):
+        n = nk * r * hd
+        for shape, axis in (((n,), 0), ((n, 3), 0), ((3, n), 1), ((2, n, 3), 1), ((2, 3, n), -1)):
+            x = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+            for view in (x.copy(), np.asfortranarray(x), x.copy()[..., ::-1] if shape[-1] == n and axis != -1 else x.copy()):
+                want = reorder_v_heads(view, axis, nk, r, hd)
+                got = reorder_v_heads(view, axis, nk, r, hd, in_place=True)
+                assert got is view and np.array_equal(got, want), (nk, r, hd, shape, axis)
+
+
 def test_reorder_v_heads_is_a_permutation_and_checks_shape() -> None:
     x = np.arange(2 * 3 * 4).reshape(24)
     y = reorder_v_heads(x, 0, 2, 3, 4)
@@ -336,3 +379,34 @@ def test_transform_tensor_keeps_bf16_and_checks_inputs(tiny_dirs) -> None:
         transform_tensor(t, [arr["model.layers.0.linear_attn.in_proj_z.weight"]], c)
     with pytest.raises(TypeError):
         transform_tensor(t, [arr[t.sources[0].name].astype(np.float32)], c)
+
+
+def test_transform_tensor_consume(tiny_dirs) -> None:
+    """``consume=True`` (the loader's own reads) may reorder in place: every
+    planned tensor comes out byte for byte as without it; without it the
+    sources are never written."""
+    for v, d, arr in tiny_dirs:
+        c = Qwen35Config.from_file(d)
+        plan = plan_qwen35_moe({k: (a.dtype, a.shape) for k, a in arr.items()}, c)
+        moved = 0
+        for t in plan:
+            if t.transforms and set(t.transforms) <= {"fused_split", "stack_experts"}:
+                continue  # streamed by the loader
+            srcs = [arr[s.name] for s in t.sources]
+            keep = [a.copy() for a in srcs]
+            want = transform_tensor(t, srcs, c)
+            assert all(np.array_equal(a.view(np.uint8), k.view(np.uint8)) for a, k in zip(srcs, keep)), t.gguf_name
+            mine = [a.copy() for a in srcs]
+            got = transform_tensor(t, mine, c, consume=True)
+            assert got.dtype == want.dtype and got.shape == want.shape and got.flags.c_contiguous, t.gguf_name
+            assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), t.gguf_name
+            moved += any(np.shares_memory(got, m) for m in mine)
+            # read-only or raw-bit sources: still the same result
+            ro = [a.copy() for a in srcs]
+            for a in ro:
+                a.flags.writeable = False
+            assert np.array_equal(transform_tensor(t, ro, c, consume=True).view(np.uint8), want.view(np.uint8))
+            if all(a.dtype == BF16 for a in srcs):
+                raw = transform_tensor(t, [a.copy().view(np.uint16) for a in srcs], c, consume=True)
+                assert np.array_equal(raw.view(np.uint8), want.view(np.uint8)), t.gguf_name
+        assert moved >= 3 * 4  # qkv, z, a, b (and conv1d, A_log, dt_bias) of the 3 linear layers, in place

@@ -56,11 +56,9 @@ class Piece:
         start, stop = self.rows
         return self.shape[0] * (stop - start) * formats.numel(self.shape[2:])
 
-    @functools.cached_property
+    @property
     def nbytes(self) -> int:
         """Bytes read from the file for this piece."""
-        # Cached (the fields are frozen): a load asks per entry for its
-        # progress bar and once more for the plan's total.
         return formats.nbytes((self.numel,), self.dtype)
 
 
@@ -80,7 +78,8 @@ class TensorPlan:
     group: int | None = None
     kind: str = ""
 
-    # Both cached (the fields are frozen): asked per entry and for the plan's totals.
+    # Both cached (the fields are frozen): a load asks per entry (its progress
+    # bar) and for the plan's totals, and an expert stack has hundreds of pieces.
     @functools.cached_property
     def nbytes(self) -> int:
         """Device bytes (:func:`hf2q.formats.nbytes`)."""

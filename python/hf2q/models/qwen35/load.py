@@ -119,7 +119,9 @@ def _tensor_plan(pt: PlannedTensor, cfg: Qwen35Config) -> TensorPlan:
                 numel = numel_of[shape] = formats.numel(shape)
             pieces.append(Piece(sp.name, fmt, shape, sp.expert * numel))
     streamed = set(pt.transforms) <= _STREAMABLE and all(formats.can_convert(f, pt.dtype) for f in fmt_of.values())
-    transform = None if streamed else (lambda arrays, pt=pt: transform_tensor(pt, arrays, cfg))
+    # The loader reads each source into a fresh array and drops it after the
+    # transform: hand it over (reorders in place, no second copy).
+    transform = None if streamed else (lambda arrays, pt=pt: transform_tensor(pt, arrays, cfg, consume=True))
     return TensorPlan(pt.gguf_name, tuple(pt.shape), pt.dtype, tuple(pieces), transform=transform,
                       group=pt.layer, kind=pt.kind)
 

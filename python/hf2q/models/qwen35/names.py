@@ -5,6 +5,7 @@ plan with it."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -185,6 +186,7 @@ def is_multimodal_tensor(name: str) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of a short string; a checkpoint repeats its layer and expert indices
 def _canon_int(s: str) -> int | None:
     """A decimal index as written by HF (no sign, no leading zeros); None
     otherwise, and for more digits than any index can have (int() of
@@ -236,20 +238,21 @@ def _classify(name: str, cfg: Qwen35Config, n_blocks: int, *, stacked: bool = Fa
     m = _LAYER_RE.match(name)
     if not m:
         return "no qwen35moe tensor has this name"
-    b = _canon_int(m.group(1))
+    index, rest = m.groups()
+    b = _canon_int(index)
     if b is None:
-        return f"malformed layer index {m.group(1)!r}"
+        return f"malformed layer index {index!r}"
     L = cfg.num_hidden_layers
     if b >= n_blocks:
         extra = f" + {n_blocks - L} MTP" if n_blocks > L else ""
         return f"layer {b} beyond the {L}{extra} block(s) of the config"
-    rest = m.group(2)
     kind = "full" if b >= L else cfg.layer_kinds[b]
     if (em := _PER_EXPERT_RE.match(rest)) is not None:
-        e = _canon_int(em.group(1))
+        e_index, proj = em.groups()
+        e = _canon_int(e_index)
         if e is None or e >= cfg.num_experts:
-            return f"expert index {em.group(1)} outside 0..{cfg.num_experts - 1} (num_experts = {cfg.num_experts})"
-        return _Target("expert", name, b, _EXPERT_SPEC[em.group(2)], em.group(2), e)
+            return f"expert index {e_index} outside 0..{cfg.num_experts - 1} (num_experts = {cfg.num_experts})"
+        return _Target("expert", name, b, _EXPERT_SPEC[proj], proj, e)
     if _FUSED_GATE_UP_RE.match(rest):
         return _Target("fused_gate_up", name, b)
     if _FUSED_DOWN_RE.match(rest):

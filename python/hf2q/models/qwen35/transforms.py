@@ -51,12 +51,15 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- V-head reorder
-def reorder_v_heads(x: np.ndarray, axis: int, num_k_heads: int, num_v_per_k: int, head_dim: int) -> np.ndarray:
+def reorder_v_heads(x: np.ndarray, axis: int, num_k_heads: int, num_v_per_k: int, head_dim: int, *,
+                    in_place: bool = False) -> np.ndarray:
     """Grouped -> tiled V-head order along ``axis`` (llama.cpp ``_reorder_v_heads``).
 
     The axis holds ``num_k_heads * num_v_per_k`` blocks of ``head_dim``; block
     ``k * r + j`` (grouped by key head) moves to ``j * nk + k`` (tiled). A pure
-    permutation: the dtype is kept. Returns a new C-contiguous array.
+    permutation: the dtype is kept. Returns a new C-contiguous array; with
+    ``in_place=True`` the blocks of ``x`` (a writeable array) are moved where
+    they are, with one block of scratch, and ``x`` is returned.
     """
     x = np.asarray(x)
     if axis < 0:
@@ -67,9 +70,41 @@ def reorder_v_heads(x: np.ndarray, axis: int, num_k_heads: int, num_v_per_k: int
             f"V-head reorder: axis {axis} of shape {x.shape} must hold {num_k_heads} x {num_v_per_k} "
             f"heads of {head_dim} = {n}"
         )
+    if in_place:
+        if not x.flags.writeable:
+            raise ValueError("V-head reorder in place: the array is read-only")
+        _permute_blocks(x, axis, num_k_heads, num_v_per_k, head_dim)
+        return x
     shape = x.shape
     y = x.reshape(shape[:axis] + (num_k_heads, num_v_per_k, head_dim) + shape[axis + 1:])
     return np.ascontiguousarray(np.swapaxes(y, axis, axis + 1)).reshape(shape)
+
+
+def _permute_blocks(x: np.ndarray, axis: int, nk: int, r: int, hd: int) -> None:
+    """:func:`reorder_v_heads` in place: position ``j * nk + k`` receives block
+    ``k * r + j``. The permutation is followed cycle by cycle, so each block
+    is copied once and only a cycle's first block needs scratch."""
+    lead = (slice(None),) * axis
+
+    def block(p: int) -> tuple[slice, ...]:
+        return lead + (slice(p * hd, (p + 1) * hd),)
+
+    n = nk * r
+    source = [(p % nk) * r + p // nk for p in range(n)]  # p = j * nk + k  <-  k * r + j
+    done = [False] * n
+    for start in range(n):
+        if done[start]:
+            continue
+        done[start] = True
+        if source[start] == start:
+            continue
+        first = x[block(start)].copy()
+        p = start
+        while source[p] != start:
+            x[block(p)] = x[block(source[p])]
+            p = source[p]
+            done[p] = True
+        x[block(p)] = first
 
 
 def _r(nk: int, nv: int) -> int:
@@ -78,40 +113,65 @@ def _r(nk: int, nv: int) -> int:
     return nv // nk
 
 
-def reorder_in_proj_qkv(x: np.ndarray, nk: int, nv: int, dk: int, dv: int) -> np.ndarray:
-    """``in_proj_qkv`` [C, H]: only the V rows (after ``2*nk*dk``) are reordered, dv rows per head."""
+def _reorder_rows_after(x: np.ndarray, qk: int, nk: int, r: int, dv: int) -> np.ndarray:
+    """``x`` [qk + nk*r*dv, ...] with its rows after ``qk`` in tiled V-head order
+    (:func:`reorder_v_heads` on axis 0 of ``x[qk:]``), written once into one
+    new array: the Q and K rows copied, the V rows permuted on the way (not a
+    reordered copy of the V rows concatenated after the Q and K rows, which
+    moves the V rows twice; ``in_proj_qkv`` is 32 MiB at the real shapes)."""
+    # The dtype np.concatenate of the two parts had: x's, in native byte order.
+    out = np.empty(x.shape, np.result_type(x.dtype))
+    out[:qk] = x[:qk]
+    rest = x.shape[1:]
+    # out's V rows as [r, nk, dv, ...]: block j * nk + k; x's as [nk, r, dv, ...]: block k * r + j.
+    np.copyto(out[qk:].reshape((r, nk, dv) + rest), np.swapaxes(x[qk:].reshape((nk, r, dv) + rest), 0, 1))
+    return out
+
+
+def reorder_in_proj_qkv(x: np.ndarray, nk: int, nv: int, dk: int, dv: int, *, in_place: bool = False) -> np.ndarray:
+    """``in_proj_qkv`` [C, H]: only the V rows (after ``2*nk*dk``) are reordered, dv rows per head.
+    Returns a new C-contiguous array of ``x``'s dtype (native byte order), or
+    ``x`` with its V rows moved where they are (``in_place``, a writeable array)."""
     qk = 2 * nk * dk
     if x.ndim != 2 or x.shape[0] != qk + nv * dv:
         raise ValueError(f"in_proj_qkv of shape {x.shape}: expected [{qk + nv * dv}, H]")
-    return np.concatenate([x[:qk], reorder_v_heads(x[qk:], 0, nk, _r(nk, nv), dv)], axis=0)
+    if in_place:
+        reorder_v_heads(x[qk:], 0, nk, _r(nk, nv), dv, in_place=True)
+        return x
+    return _reorder_rows_after(x, qk, nk, _r(nk, nv), dv)
 
 
-def reorder_in_proj_z(x: np.ndarray, nk: int, nv: int, dv: int) -> np.ndarray:
+def reorder_in_proj_z(x: np.ndarray, nk: int, nv: int, dv: int, *, in_place: bool = False) -> np.ndarray:
     """``in_proj_z`` [nv*dv, H]: rows, dv per head."""
-    return reorder_v_heads(x, 0, nk, _r(nk, nv), dv)
+    return reorder_v_heads(x, 0, nk, _r(nk, nv), dv, in_place=in_place)
 
 
-def reorder_in_proj_ab(x: np.ndarray, nk: int, nv: int) -> np.ndarray:
+def reorder_in_proj_ab(x: np.ndarray, nk: int, nv: int, *, in_place: bool = False) -> np.ndarray:
     """``in_proj_a`` / ``in_proj_b`` [nv, H]: rows, one per head."""
-    return reorder_v_heads(x, 0, nk, _r(nk, nv), 1)
+    return reorder_v_heads(x, 0, nk, _r(nk, nv), 1, in_place=in_place)
 
 
-def reorder_per_head(x: np.ndarray, nk: int, nv: int) -> np.ndarray:
+def reorder_per_head(x: np.ndarray, nk: int, nv: int, *, in_place: bool = False) -> np.ndarray:
     """``A_log`` / ``dt_bias`` [nv]: one element per head (along the last axis)."""
-    return reorder_v_heads(x, -1, nk, _r(nk, nv), 1)
+    return reorder_v_heads(x, -1, nk, _r(nk, nv), 1, in_place=in_place)
 
 
-def reorder_conv1d(x: np.ndarray, nk: int, nv: int, dk: int, dv: int) -> np.ndarray:
-    """Squeezed ``conv1d`` [C, K]: only the V channels (after ``2*nk*dk``), dv per head."""
+def reorder_conv1d(x: np.ndarray, nk: int, nv: int, dk: int, dv: int, *, in_place: bool = False) -> np.ndarray:
+    """Squeezed ``conv1d`` [C, K]: only the V channels (after ``2*nk*dk``), dv per head.
+    Returns a new C-contiguous array of ``x``'s dtype (native byte order), or
+    ``x`` with its V channels moved where they are (``in_place``, a writeable array)."""
     qk = 2 * nk * dk
     if x.ndim != 2 or x.shape[0] != qk + nv * dv:
         raise ValueError(f"conv1d of shape {x.shape}: expected squeezed [{qk + nv * dv}, K]")
-    return np.concatenate([x[:qk], reorder_v_heads(x[qk:], 0, nk, _r(nk, nv), dv)], axis=0)
+    if in_place:
+        reorder_v_heads(x[qk:], 0, nk, _r(nk, nv), dv, in_place=True)
+        return x
+    return _reorder_rows_after(x, qk, nk, _r(nk, nv), dv)
 
 
-def reorder_out_proj(x: np.ndarray, nk: int, nv: int, dv: int) -> np.ndarray:
+def reorder_out_proj(x: np.ndarray, nk: int, nv: int, dv: int, *, in_place: bool = False) -> np.ndarray:
     """``out_proj`` [H, nv*dv]: columns, dv per head."""
-    return reorder_v_heads(x, 1, nk, _r(nk, nv), dv)
+    return reorder_v_heads(x, 1, nk, _r(nk, nv), dv, in_place=in_place)
 
 
 # --------------------------------------------------------------------------- value transforms
@@ -194,12 +254,20 @@ def as_source_array(arr: np.ndarray, dtype: str) -> np.ndarray:
     raise TypeError(f"source array has dtype {a.dtype}, the checkpoint says {dtype}")
 
 
-def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen35Config) -> np.ndarray:
+def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen35Config, *,
+                     consume: bool = False) -> np.ndarray:
     """The final logical array of ``pt`` from its sources' arrays (in ``pt.sources`` order).
 
     Applies ``pt.transforms`` in order and checks the result has ``pt.shape``.
     The result keeps the source dtype unless a transform widens it to float32
     (``norm_plus_one``, ``neg_exp``); :func:`to_device_dtype` does the rest.
+
+    ``consume=True``: the arrays are handed over (the loader's own reads,
+    dropped after the call), so the row reorders move the rows of a writeable
+    source where they are instead of into a copy: the same result, without a
+    second array of the tensor's size (``in_proj_qkv`` and ``in_proj_z`` are
+    tens of MiB). The column reorder of ``out_proj`` still copies: in place it
+    moves strided blocks, which is slower than one copy.
     """
     if len(arrays) != len(pt.sources):
         raise ValueError(f"{pt.gguf_name}: {len(pt.sources)} sources, got {len(arrays)} arrays")
@@ -226,13 +294,14 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
         elif tag == T.SQUEEZE_CONV1D:
             x = squeeze_conv1d(x)
         elif tag == T.REORDER_V_QKV:
-            x = reorder_in_proj_qkv(x, nk, nv, dk, dv)
+            x = reorder_in_proj_qkv(x, nk, nv, dk, dv, in_place=_own(x, consume))
         elif tag == T.REORDER_V_ROWS:
-            x = reorder_in_proj_z(x, nk, nv, dv)
+            x = reorder_in_proj_z(x, nk, nv, dv, in_place=_own(x, consume))
         elif tag == T.REORDER_V_HEADS:
-            x = reorder_per_head(x, nk, nv) if x.ndim == 1 else reorder_in_proj_ab(x, nk, nv)
+            here = _own(x, consume)
+            x = reorder_per_head(x, nk, nv, in_place=here) if x.ndim == 1 else reorder_in_proj_ab(x, nk, nv, in_place=here)
         elif tag == T.REORDER_V_CONV1D:
-            x = reorder_conv1d(x, nk, nv, dk, dv)
+            x = reorder_conv1d(x, nk, nv, dk, dv, in_place=_own(x, consume))
         elif tag == T.REORDER_V_COLS:
             x = reorder_out_proj(x, nk, nv, dv)
         elif tag == T.NEG_EXP:
@@ -243,6 +312,13 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
     if tuple(x.shape) != tuple(pt.shape):
         raise ValueError(f"{pt.gguf_name}: transforms produced shape {x.shape}, planned {pt.shape}")
     return np.ascontiguousarray(x)
+
+
+def _own(x: np.ndarray | None, consume: bool) -> bool:
+    """Whether a reorder may move ``x``'s blocks in place: only when the caller
+    handed its arrays over (``x`` may be one of them, or a view of one, as a
+    squeezed conv1d is) and ``x`` is writeable."""
+    return consume and x is not None and x.flags.writeable
 
 
 def to_device_dtype(x: np.ndarray, dtype: str, *, name: str | None = None) -> np.ndarray:
