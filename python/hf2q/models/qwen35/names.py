@@ -5,7 +5,6 @@ plan with it."""
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -186,7 +185,6 @@ def is_multimodal_tensor(name: str) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=4096)  # a pure function of a short string; a checkpoint repeats its layer and expert indices
 def _canon_int(s: str) -> int | None:
     """A decimal index as written by HF (no sign, no leading zeros); None
     otherwise, and for more digits than any index can have (int() of
