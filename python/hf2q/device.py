@@ -402,6 +402,15 @@ class Device:
         native = self._native.alloc(list(_shape(shape)), _dtype_name(dtype))
         return Buffer(native, self)
 
+    def alloc_many(self, specs: Sequence[tuple[Sequence[int] | int, str]]) -> list[Buffer]:
+        """Zero-filled buffers of ``(shape, dtype)`` each, as :meth:`alloc`
+        makes them, all or none. On CUDA they share one device allocation
+        (one ``cuMemAlloc`` instead of one per tensor; each buffer starts at a
+        page-aligned offset), whose memory returns to the device when the last
+        of them is freed. On host and Metal each is its own allocation."""
+        natives = self._native.alloc_many([(list(_shape(shape)), _dtype_name(dtype)) for shape, dtype in specs])
+        return [Buffer(n, self) for n in natives]
+
     def _own(self, buf: Buffer) -> None:
         if not isinstance(buf, Buffer):
             raise TypeError(f"expected an hf2q.Buffer, got {type(buf).__name__}")
@@ -570,6 +579,67 @@ class Device:
                         cls = _file_value_class(fd, foff, result[0] - off, src_dtype)
                         break
         self._check_result(result, buf.shape, name, value_class=cls)
+
+    def write_from_file_batch(self, jobs: Sequence[tuple[Buffer, PathOrFd, Sequence[tuple[int, int, int]], str, str | None]],
+                              *, check_finite: bool = False) -> None:
+        """Many buffers' file ranges in one call: each job is ``(buf, file,
+        segments, src_dtype, name)``, its ``segments`` as for
+        :meth:`write_from_file_segments`. On a GPU all jobs share one pipeline
+        of staged copies, so the staging ring and the copy engine stay busy
+        from one tensor to the next (a loader's run of tensors); elsewhere the
+        jobs run one after another. Every job is checked before any byte is
+        read. Errors as for :meth:`write_from_file_segments`: a read that
+        fails names the first job whose ranges the file no longer holds (else
+        the first job); non-finite input names the first job, in order, that
+        holds it."""
+        planned = []
+        for buf, file, segments, src_dtype, name in jobs:
+            self._own(buf)
+            _dtype_name(src_dtype)
+            segs = []
+            for off, foff, n in segments:
+                if foff < 0 or n < 0:
+                    raise ValueError("file_offset and nbytes must be >= 0")
+                segs.append((_offset(off), int(foff), int(n)))
+            planned.append((buf, file, segs, src_dtype, name))
+        if not planned:
+            return
+        from contextlib import ExitStack
+
+        with ExitStack() as stack:
+            fds: dict[Any, int] = {}
+            for _, file, _, _, _ in planned:
+                key = file if isinstance(file, int) and not isinstance(file, bool) else os.fspath(file)
+                if key not in fds:
+                    fds[key] = stack.enter_context(_opened(file))
+            fd_of = [fds[f if isinstance(f, int) and not isinstance(f, bool) else os.fspath(f)]
+                     for _, f, _, _, _ in planned]
+            before = {fd: _fd_identity(fd, fd) for fd in set(fd_of)}
+            try:
+                results = self._native.read_file_batch(
+                    [(buf._native, [(o, fd, f, n) for o, f, n in segs], src_dtype, bool(check_finite))
+                     for (buf, _, segs, src_dtype, _), fd in zip(planned, fd_of)])
+            except FileReadError as e:
+                bad = 0
+                for i, ((_, _, segs, _, _), fd) in enumerate(zip(planned, fd_of)):
+                    size = os.fstat(fd).st_size
+                    if any(foff + n > size for _, foff, n in segs):
+                        bad = i
+                        break
+                raise _file_read_error(planned[bad][1], planned[bad][4], e) from None
+            for i, ((_, file, _, _, name), fd) in enumerate(zip(planned, fd_of)):
+                if before[fd] is not None and before[fd] != _fd_identity(file, fd):
+                    raise _file_error(file, name, "the file was modified while it was read (device, inode, size "
+                                      "or modification time changed)")
+            for (buf, file, segs, src_dtype, name), fd, result in zip(planned, fd_of, results):
+                cls = ""
+                if result[0] >= 0:
+                    esize = formats.get(src_dtype).itemsize
+                    for off, foff, n in segs:
+                        if off <= result[0] < off + n // esize:
+                            cls = _file_value_class(fd, foff, result[0] - off, src_dtype)
+                            break
+                self._check_result(tuple(result), buf.shape, name, value_class=cls)
 
     def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
                          shape: Sequence[int], *, name: str | None = None, check_finite: bool = False) -> Buffer:
