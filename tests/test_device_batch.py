@@ -118,9 +118,9 @@ def test_alloc_many_memory_returns_with_its_last_buffer(dev: Device) -> None:
 
 
 def _mixed_jobs(tmp_path: Path) -> tuple[list[tuple[tuple[int, ...], str]], list]:
-    """Buffers and jobs covering every conversion, expert-style segments in
-    reverse order, two files, and more quantizing jobs (40) than one CUDA
-    pipeline takes (32)."""
+    """Buffers and jobs covering every conversion, expert-style segments (in
+    the file in reverse order, gathered into one staging slot on CUDA), two
+    files, and more quantizing jobs (41) than one CUDA pipeline takes (32)."""
     x_bf = RNG.standard_normal((8, 256, 64)).astype(np.float32).astype(BF16)
     x_f32 = RNG.standard_normal((4, 4096)).astype(np.float32)
     x_f16 = RNG.standard_normal((3, 1024)).astype(np.float16)
@@ -135,6 +135,11 @@ def _mixed_jobs(tmp_path: Path) -> tuple[list[tuple[tuple[int, ...], str]], list
     jobs = [(0, f1, experts, "bf16", "raw"), (1, f1, experts, "bf16", "decode"), (2, f1, experts, "bf16", "q8"),
             (3, f1, [(0, o_f32, x_f32.nbytes)], "f32", "q8_f32"), (4, f1, [(0, o_f32, x_f32.nbytes)], "f32", "f32"),
             (5, f2, [(0, o_f16, x_f16.nbytes)], "f16", "f16")]
+    # Segments listed against the buffer's order (no run of them is back to
+    # back in it), and a stack with a hole in the middle (two runs).
+    specs += [((8, 256, 64), "q8_0"), ((8, 256, 64), "f32")]
+    jobs += [(len(specs) - 2, f1, experts[::-1], "bf16", "q8.reversed"),
+             (len(specs) - 1, f1, experts[:3] + experts[4:], "bf16", "f32.holed")]
     for i, o in enumerate(o_small):
         specs.append(((2, 64), "q8_0"))
         jobs.append((len(specs) - 1, f2, [(0, o, small[i].nbytes)], "bf16", f"small.{i}"))

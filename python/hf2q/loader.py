@@ -167,10 +167,16 @@ def _read_error(ckpt: Checkpoint, e: FileReadError,
     return file_read_error(e, ckpt[p.tensor].path, p.tensor)
 
 
-def _check_unchanged(ckpt: Checkpoint, pieces: list[Piece]) -> None:
-    """Each source file still the one validated (rewritten in place?)."""
+def _check_unchanged(ckpt: Checkpoint, pieces: list[Piece] | tuple[Piece, ...]) -> None:
+    """Each source file still the one validated (rewritten in place?): one
+    check per file, naming the first of the pieces it holds (an expert stack
+    has hundreds of pieces in a handful of files)."""
+    seen: set[int] = set()
     for p in pieces:
-        ckpt.file_for(p.tensor).check_unchanged(p.tensor)
+        f = ckpt.file_for(p.tensor)
+        if id(f) not in seen:
+            seen.add(id(f))
+            f.check_unchanged(p.tensor)
 
 
 def _check_finite_array(a: np.ndarray, name: str) -> None:

@@ -23,7 +23,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -459,7 +461,8 @@ class CudaBackend final : public Backend {
   void ensure_ring() {
     std::lock_guard<std::mutex> lk(ring_mu_);
     if (!slots_.empty()) return;
-    const int n = std::min(16, std::max(4, 2 * get_num_threads()));
+    int n = std::min(16, std::max(4, 2 * get_num_threads()));
+    if (const char* e = std::getenv("HF2Q_CUDA_SLOTS")) n = std::max(2, std::min(64, std::atoi(e)));  // TEMP A/B
     std::vector<Slot> slots(static_cast<std::size_t>(n));
     try {
       for (Slot& s : slots) {
@@ -476,7 +479,7 @@ class CudaBackend final : public Backend {
       throw;
     }
     slots_ = std::move(slots);
-    for (int i = n - 1; i >= 0; --i) free_slots_.push_back(i);
+    for (int i = 0; i < n; ++i) free_slots_.push_back(i);
   }
 
   // One slot, exclusively, until the lease ends; its previous work is done.
@@ -485,8 +488,10 @@ class CudaBackend final : public Backend {
     explicit Lease(CudaBackend& b) : b_(b) {
       std::unique_lock<std::mutex> lk(b_.ring_mu_);
       b_.ring_cv_.wait(lk, [&] { return !b_.free_slots_.empty(); });
-      idx_ = b_.free_slots_.back();
-      b_.free_slots_.pop_back();
+      // The longest-free slot: its copy is the likeliest to have finished
+      // (the one just given back has its copy queued behind all the others).
+      idx_ = b_.free_slots_.front();
+      b_.free_slots_.pop_front();
       lk.unlock();
       Slot& s = slot();
       if (s.pending) {
@@ -658,11 +663,16 @@ class CudaBackend final : public Backend {
     const std::size_t threads = static_cast<std::size_t>(get_num_threads());
     std::size_t chunk = (total / (2 * threads) + kGranule - 1) / kGranule * kGranule;
     chunk = std::min(kSlotBytes, std::max<std::size_t>(1u << 20, chunk));
+    // A piece is one staging slot's worth: a part of a large source, or a
+    // run of whole small sources that lie back to back in the buffer (an
+    // expert stack gathered from per-expert tensors), read one after another
+    // into the slot and copied (and converted) as one.
     struct Piece {
       std::uint32_t job;
-      std::uint32_t src;
-      std::size_t off;
-      std::size_t len;
+      std::uint32_t src;    // first source
+      std::uint32_t count;  // sources gathered (1 for a part of one)
+      std::size_t off;      // byte offset into the first source
+      std::size_t len;      // source bytes
     };
     if (njobs > UINT32_MAX) throw std::invalid_argument("too many buffers in one upload");
     std::vector<Piece> pieces;
@@ -671,13 +681,35 @@ class CudaBackend final : public Backend {
       if (job.nsrcs > UINT32_MAX) throw std::invalid_argument("too many segments in one upload");
       if (job.nsrcs == 0) continue;
       job.kernel = kernel_for(*job.srcs[0].plan);
+      Piece run{static_cast<std::uint32_t>(j), 0, 0, 0, 0};
+      std::size_t run_end = 0;  // byte offset in the buffer where the run ends
+      auto flush = [&] {
+        if (run.count > 0) pieces.push_back(run);
+        run.count = 0;
+        run.len = 0;
+      };
       for (std::size_t i = 0; i < job.nsrcs; ++i) {
-        const std::size_t n = job.srcs[i].plan->src_bytes;
-        for (std::size_t off = 0; off < n; off += chunk) {
-          pieces.push_back(Piece{static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(i), off,
-                                 std::min(chunk, n - off)});
+        const UploadPlan& p = *job.srcs[i].plan;
+        const std::size_t n = p.src_bytes;
+        if (n == 0) continue;
+        if (n >= chunk) {
+          flush();
+          for (std::size_t off = 0; off < n; off += chunk) {
+            pieces.push_back(Piece{static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(i), 1, off,
+                                   std::min(chunk, n - off)});
+          }
+          continue;
         }
+        if (run.count > 0 && (run.len + n > chunk || p.dst_off != run_end ||
+                              job.srcs[i].base_elem != job.srcs[i - 1].base_elem + job.srcs[i - 1].plan->n_elems)) {
+          flush();
+        }
+        if (run.count == 0) run.src = static_cast<std::uint32_t>(i);
+        run.count += 1;
+        run.len += n;
+        run_end = p.dst_off + p.dst_len;
       }
+      flush();
     }
 
     std::vector<int> cells = take_status_cells(quantizing);
@@ -714,10 +746,17 @@ class CudaBackend final : public Backend {
           Lease lease(*this);
           Slot& s = lease.slot();
           auto* host = static_cast<std::uint8_t*>(s.host);
-          if (src.mem != nullptr) {
-            std::memcpy(host, src.mem + pc.off, pc.len);
-          } else {
-            pread_full(src.fd, host, pc.len, src.file_offset + pc.off);
+          std::size_t at = 0;
+          for (std::uint32_t k = 0; k < pc.count; ++k) {
+            const Source& sk = job.srcs[pc.src + k];
+            const std::size_t off = k == 0 ? pc.off : 0;
+            const std::size_t len = pc.count == 1 ? pc.len : sk.plan->src_bytes;
+            if (sk.mem != nullptr) {
+              std::memcpy(host + at, sk.mem + off, len);
+            } else {
+              pread_full(sk.fd, host + at, len, sk.file_offset + off);
+            }
+            at += len;
           }
           if (p.op == UploadOp::Raw) {
             check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
@@ -803,7 +842,7 @@ class CudaBackend final : public Backend {
   std::mutex ring_mu_;
   std::condition_variable ring_cv_;
   std::vector<Slot> slots_;
-  std::vector<int> free_slots_;
+  std::deque<int> free_slots_;  // FIFO
 
   std::mutex status_mu_;
   std::condition_variable status_cv_;
