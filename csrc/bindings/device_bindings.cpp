@@ -187,6 +187,7 @@ void bind_device(nb::module_& m) {
       .def("request_residency", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.request_residency(); })
       .def("end_residency", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.end_residency(); })
       .def("stats", &stats_dict)
+      .def("take_notice", &Device::take_notice)
       .def("attach_queue", &Device::attach_queue, "queue"_a)
       .def(
           "write",

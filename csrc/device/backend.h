@@ -146,6 +146,11 @@ class Backend {
   }
   virtual void unwire(void* handle, void* ptr, std::size_t len) noexcept { (void)handle, (void)ptr, (void)len; }
 
+  // A message for the user about something that is not an error (host:
+  // mlock refused, so buffers stay unlocked), returned once and then empty.
+  // Native code prints nothing; the Python layer turns it into a warning.
+  virtual std::string take_notice() { return {}; }
+
   // Attach the device's residency sets to a consumer's command queue (an
   // id<MTLCommandQueue> on Metal), now and for sets created later, so the
   // weights are resident for that queue's command buffers. Returns false

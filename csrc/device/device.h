@@ -133,6 +133,9 @@ class Device : public std::enable_shared_from_this<Device> {
   UploadResult read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
                          std::size_t nbytes, DType src_dtype, bool check_finite = false);
 
+  // The backend's pending notice for the user, once (Backend::take_notice).
+  std::string take_notice() { return backend_->take_notice(); }
+
   // Every upload so far complete in device memory (see Backend::synchronize).
   void synchronize() { backend_->synchronize(); }
 

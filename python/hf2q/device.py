@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _core, formats, reference
 from ._arrays import BF16, F16, F32, U8, as_byte_array
-from .errors import DeviceError, Hf2qError, NonFiniteError, ScaleOverflowWarning
+from .errors import DeviceError, Hf2qError, NonFiniteError, ResidencyWarning, ScaleOverflowWarning
 
 __all__ = [
     "Device",
@@ -125,7 +125,9 @@ class Buffer:
     @property
     def locked(self) -> bool:
         """Host backend: whether the pages are mlock'ed."""
-        return bool(self._device._native.is_locked(self._native))
+        locked = bool(self._device._native.is_locked(self._native))
+        _warn_notice(self._device._native)
+        return locked
 
     def numpy(self) -> np.ndarray:
         """Zero-copy writable view: ``bf16`` as ``ml_dtypes.bfloat16`` (raw
@@ -199,7 +201,9 @@ class Residency:
         self._device = device
 
     def _stats(self) -> dict[str, Any]:
-        return dict(self._device._native.stats())
+        st = dict(self._device._native.stats())  # commits what is pending
+        _warn_notice(self._device._native)
+        return st
 
     @property
     def enabled(self) -> bool:
@@ -244,10 +248,12 @@ class Residency:
     def commit(self) -> None:
         """Apply staged additions/removals (batched; also done implicitly)."""
         self._device._native.commit()
+        _warn_notice(self._device._native)
 
     def request(self) -> None:
         """Request residency again after :meth:`end` (host: lock again)."""
         self._device._native.request_residency()
+        _warn_notice(self._device._native)
 
     def end(self) -> None:
         """End residency: the buffers stay valid but may be paged out (host: munlock)."""
@@ -263,6 +269,16 @@ class Residency:
 
 _native_devices: dict[str, Any] = {}
 _native_lock = threading.Lock()
+
+
+def _warn_notice(native: Any) -> None:
+    """The device's pending notice (host: mlock refused), as a
+    :class:`~hf2q.ResidencyWarning`: native code never prints."""
+    msg = native.take_notice()
+    if msg:
+        import warnings
+
+        warnings.warn(msg, ResidencyWarning, stacklevel=3)
 
 
 def _new_lock_in_child() -> None:
@@ -400,6 +416,7 @@ class Device:
         :data:`DTYPES`), registered in the residency set unless
         ``HF2Q_NO_RESIDENCY=1``."""
         native = self._native.alloc(list(_shape(shape)), _dtype_name(dtype))
+        _warn_notice(self._native)  # an allocation may commit (and pin) what is pending
         return Buffer(native, self)
 
     def alloc_many(self, specs: Sequence[tuple[Sequence[int] | int, str]]) -> list[Buffer]:
@@ -409,6 +426,7 @@ class Device:
         page-aligned offset), whose memory returns to the device when the last
         of them is freed. On host and Metal each is its own allocation."""
         natives = self._native.alloc_many([(list(_shape(shape)), _dtype_name(dtype)) for shape, dtype in specs])
+        _warn_notice(self._native)
         return [Buffer(n, self) for n in natives]
 
     def _own(self, buf: Buffer) -> None:
