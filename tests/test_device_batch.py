@@ -246,3 +246,22 @@ def test_concurrent_batches_on_threads(dev: Device, tmp_path: Path) -> None:
     for mine in outs:
         for a, b in zip(mine, ref):
             assert _raw(a) == _raw(b)
+
+
+def test_overlapping_segments_are_refused(dev: Device, tmp_path: Path) -> None:
+    """Two segments that write the same bytes of a buffer (a GPU would write
+    them on different streams, in no defined order): refused before any read,
+    within one job, across two jobs of one buffer, and by
+    write_from_file_segments; segments that only touch are fine."""
+    a = RNG.standard_normal(1024).astype(np.float32)
+    f, (o,) = _file(tmp_path, "x.bin", a)
+    buf, other = dev.alloc_many([((1024,), "f32"), ((1024,), "f32")])
+    with pytest.raises(ValueError, match="overlap"):
+        dev.write_from_file_segments(buf, f, [(0, o, 2048), (256, o, 2048)], "f32")
+    with pytest.raises(ValueError, match="overlap"):
+        dev.write_from_file_batch([(buf, f, [(0, o, 2048)], "f32", "a"), (other, f, [(0, o, 4096)], "f32", "b"),
+                                   (buf, f, [(511, o, 4)], "f32", "c")])
+    assert not any(_raw(buf)) and not any(_raw(other))
+    dev.write_from_file_batch([(buf, f, [(0, o, 2048)], "f32", "a"), (buf, f, [(512, o + 2048, 2048)], "f32", "b"),
+                               (other, f, [(0, o, 4096)], "f32", "c")])
+    assert _raw(buf) == a.tobytes() == _raw(other)

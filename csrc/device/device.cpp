@@ -592,12 +592,13 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   return backend_->read_file(UploadTarget{buf.handle(), buf.data()}, p, fd, file_offset);
 }
 
-UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments,
-                                        DType src_dtype, bool check_finite) {
-  require_check_finite_support(*this, check_finite);
+namespace {
+// The planned segments of one buffer (sizes, conversion and bounds checked).
+std::vector<FileSegment> plan_segments(const BufferImpl& buf, const std::vector<Device::SegmentSpec>& segments,
+                                       DType src_dtype, bool check_finite) {
   std::vector<FileSegment> segs;
   segs.reserve(segments.size());
-  for (const SegmentSpec& s : segments) {
+  for (const Device::SegmentSpec& s : segments) {
     std::uint64_t file_end = 0;
     if (__builtin_add_overflow(s.file_offset, static_cast<std::uint64_t>(s.nbytes), &file_end) ||
         file_end > static_cast<std::uint64_t>(INT64_MAX)) {
@@ -606,7 +607,46 @@ UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<Segme
     segs.push_back(FileSegment{plan_write(buf, s.elem_offset, s.nbytes, src_dtype), s.fd, s.file_offset, s.elem_offset});
     segs.back().plan.check_finite = check_finite;
   }
-  return backend_->read_file_segments(UploadTarget{buf.handle(), buf.data()}, segs);
+  return segs;
+}
+
+// Segments of one call may not write the same bytes twice: a GPU writes them
+// on different streams, in no defined order, so the result would depend on
+// timing. Buffers never overlap in memory, so comparing addresses compares
+// ranges within each buffer.
+void refuse_overlaps(const std::vector<FileBatchItem>& items) {
+  struct Range {
+    std::uintptr_t begin, end;
+    std::size_t item, off;
+  };
+  std::vector<Range> ranges;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto base = reinterpret_cast<std::uintptr_t>(items[i].dst.base);
+    for (const FileSegment& s : items[i].segments) {
+      if (s.plan.dst_len > 0) ranges.push_back(Range{base + s.plan.dst_off, base + s.plan.dst_off + s.plan.dst_len, i,
+                                                     s.plan.dst_off});
+    }
+  }
+  if (ranges.size() < 2) return;
+  std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) { return x.begin < y.begin; });
+  for (std::size_t k = 1; k < ranges.size(); ++k) {
+    if (ranges[k].begin < ranges[k - 1].end) {
+      throw std::invalid_argument("segments overlap in the destination: bytes [" + std::to_string(ranges[k - 1].off) +
+                                  ", " + std::to_string(ranges[k - 1].off + (ranges[k - 1].end - ranges[k - 1].begin)) +
+                                  ") and [" + std::to_string(ranges[k].off) + ", " +
+                                  std::to_string(ranges[k].off + (ranges[k].end - ranges[k].begin)) +
+                                  ") of a buffer are both written");
+    }
+  }
+}
+}  // namespace
+
+UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments,
+                                        DType src_dtype, bool check_finite) {
+  require_check_finite_support(*this, check_finite);
+  std::vector<FileBatchItem> one{{UploadTarget{buf.handle(), buf.data()}, plan_segments(buf, segments, src_dtype, check_finite)}};
+  refuse_overlaps(one);
+  return backend_->read_file_segments(one[0].dst, one[0].segments);
 }
 
 std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& jobs) {
@@ -619,20 +659,10 @@ std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& j
                         "), not to this " + info().kind + " device");
     }
     require_check_finite_support(*this, j.check_finite);
-    FileBatchItem item{UploadTarget{j.buf->handle(), j.buf->data()}, {}};
-    item.segments.reserve(j.segments.size());
-    for (const SegmentSpec& s : j.segments) {
-      std::uint64_t file_end = 0;
-      if (__builtin_add_overflow(s.file_offset, static_cast<std::uint64_t>(s.nbytes), &file_end) ||
-          file_end > static_cast<std::uint64_t>(INT64_MAX)) {
-        throw std::invalid_argument("file range overflows");
-      }
-      item.segments.push_back(
-          FileSegment{plan_write(*j.buf, s.elem_offset, s.nbytes, j.src_dtype), s.fd, s.file_offset, s.elem_offset});
-      item.segments.back().plan.check_finite = j.check_finite;
-    }
-    items.push_back(std::move(item));
+    items.push_back(FileBatchItem{UploadTarget{j.buf->handle(), j.buf->data()},
+                                  plan_segments(*j.buf, j.segments, j.src_dtype, j.check_finite)});
   }
+  refuse_overlaps(items);
   return backend_->read_file_batch(items);
 }
 

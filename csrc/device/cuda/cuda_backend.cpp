@@ -114,9 +114,11 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const Driver* d, CUdevice dev, CUcontext ctx, BackendInfo info, int sm_count, int cc)
       : d_(d), dev_(dev), ctx_(ctx), info_(std::move(info)), sm_count_(sm_count), cc_(cc),
-        default_nan_(cpu_default_nan_bits()) {}
+        default_nan_(cpu_default_nan_bits()), pid_(::getpid()) {}
 
   ~CudaBackend() override {
+    // A forked child owns none of this: the driver's objects are the parent's.
+    if (forked()) return;
     // Errors are ignored: at interpreter exit the driver may be shutting down.
     if (d_->cuCtxPushCurrent(ctx_) == CUDA_SUCCESS) {
       for (Slot& s : slots_) {
@@ -184,7 +186,7 @@ class CudaBackend final : public Backend {
   }
 
   void release(void*, void* ptr, std::size_t) noexcept override {
-    if (ptr == nullptr) return;
+    if (ptr == nullptr || forked()) return;  // a forked child's copy of a buffer is the parent's memory
     if (d_->cuCtxPushCurrent(ctx_) != CUDA_SUCCESS) return;
     // No copy into this buffer may still be in flight when it is freed.
     wait_uploads();
@@ -331,7 +333,10 @@ class CudaBackend final : public Backend {
   // restores whatever was current before (we live inside others' processes).
   class Ctx {
    public:
-    explicit Ctx(CudaBackend& b) : b_(b) { b_.check(b_.d_->cuCtxPushCurrent(b_.ctx_), "cuCtxPushCurrent"); }
+    explicit Ctx(CudaBackend& b) : b_(b) {
+      if (b_.forked()) throw DeviceError(std::string("cannot use ") + b_.info_.name + ": " + cuda::kForkedChild);
+      b_.check(b_.d_->cuCtxPushCurrent(b_.ctx_), "cuCtxPushCurrent");
+    }
     ~Ctx() {
       CUcontext prev = nullptr;
       b_.d_->cuCtxPopCurrent(&prev);
@@ -346,6 +351,8 @@ class CudaBackend final : public Backend {
   void check(CUresult r, const char* what) const {
     if (r != CUDA_SUCCESS) throw DeviceError("CUDA error on " + info_.name + ": " + describe(*d_, what, r));
   }
+
+  bool forked() const noexcept { return ::getpid() != pid_; }
 
   static CUdeviceptr dptr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)); }
 
@@ -829,6 +836,7 @@ class CudaBackend final : public Backend {
   int sm_count_;
   int cc_;
   std::uint32_t default_nan_;
+  pid_t pid_;  // the process that opened the device (fork: see cuda::kForkedChild)
   CUstream misc_ = nullptr;  // allocation zeroing, status words, read-back
   CUmodule module_ = nullptr;
   CUfunction fn_bf16_ = nullptr, fn_f16_ = nullptr, fn_q8_f32_ = nullptr, fn_q8_f16_ = nullptr,
