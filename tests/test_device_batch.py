@@ -99,16 +99,18 @@ def test_alloc_many_memory_returns_with_its_last_buffer(dev: Device) -> None:
         pytest.skip("sub-allocation is CUDA's")
     torch = pytest.importorskip("torch")
     torch.cuda.init()
+    gc.collect()
     free0 = torch.cuda.mem_get_info()[0]
     a, b = dev.alloc_many([((256 << 20,), "u8"), ((256 << 20,), "u8")])
-    assert torch.cuda.mem_get_info()[0] <= free0 - (512 << 20)
+    kept = free0 - (448 << 20)  # the driver counts in pages, and others may free a little meanwhile
+    assert torch.cuda.mem_get_info()[0] <= kept
     del a
     gc.collect()
-    assert torch.cuda.mem_get_info()[0] <= free0 - (512 << 20)  # b keeps the whole allocation
+    assert torch.cuda.mem_get_info()[0] <= kept  # b keeps the whole allocation
     view = torch.from_dlpack(b)
     del b
     gc.collect()
-    assert torch.cuda.mem_get_info()[0] <= free0 - (512 << 20)  # and so does a view of b
+    assert torch.cuda.mem_get_info()[0] <= kept  # and so does a view of b
     del view
     gc.collect()
     assert torch.cuda.mem_get_info()[0] >= free0 - (64 << 20)
