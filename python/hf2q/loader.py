@@ -66,6 +66,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     bar = progress_bar(plan.source_nbytes, "hf2q load", progress)
     group: object = object()
     pending: list[TensorPlan] = []  # streamed entries not yet read
+    pending_sizes: list[int] = []
     pending_bytes = 0
 
     def flush() -> None:
@@ -74,9 +75,10 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
             bufs[pending[0].name] = _fill(device, ckpt, pending[0], check_finite)
         elif pending:
             bufs.update(_fill_batch(device, ckpt, pending, check_finite))
-        for e in pending:
-            bar.update(e.source_nbytes)  # one update per tensor, batched or not
+        for n in pending_sizes:
+            bar.update(n)  # one update per tensor, batched or not
         pending.clear()
+        pending_sizes.clear()
         pending_bytes = 0
         device.residency.commit()
 
@@ -86,16 +88,18 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 if not pending:
                     device.residency.commit()  # the previous group is written
                 group = entry.group
+            size = entry.source_nbytes
             if entry.streamed:
                 pending.append(entry)
-                pending_bytes += entry.source_nbytes
+                pending_sizes.append(size)
+                pending_bytes += size
                 if pending_bytes >= BATCH_BYTES or len(pending) >= BATCH_ENTRIES:
                     flush()
             else:
                 # Read, transformed or staged now (small tensors); the batch
                 # pending around it keeps collecting.
                 bufs[entry.name] = _fill(device, ckpt, entry, check_finite)
-                bar.update(entry.source_nbytes)
+                bar.update(size)
         flush()
         bufs = {e.name: bufs[e.name] for e in plan}  # plan order, whatever order they were read in
         model = make_model(bufs)
