@@ -93,8 +93,11 @@ class TensorPlan:
     @property
     def streamed(self) -> bool:
         """File bytes go straight into the device buffer (no numpy stage)."""
+        # Each source format once, in first-seen order (an expert stack's
+        # hundreds of pieces share one): the same answer, and the same error
+        # for an unknown format, as asking piece by piece.
         return (self.transform is None and self.elementwise is None
-                and all(formats.can_convert(p.dtype, self.dtype) for p in self.sources))
+                and all(formats.can_convert(d, self.dtype) for d in dict.fromkeys(p.dtype for p in self.sources)))
 
 
 @dataclass
