@@ -747,7 +747,9 @@ class Checkpoint:
         return list(self._where)
 
     def tensors(self) -> list[TensorInfo]:
-        return [f[name] for name, f in self._where.items()]
+        # Straight from each shard's table (every name in _where is in its
+        # shard): a plan asks for all of them at once.
+        return [f._tensors[name] for name, f in self._where.items()]
 
     def __getitem__(self, name: str) -> TensorInfo:
         f = self._where.get(name)
