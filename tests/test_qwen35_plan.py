@@ -624,6 +624,10 @@ def test_checkpoint_input_matches_the_general_forms(tmp_path) -> None:
     from hf2q.safetensors import open_checkpoint
     from hf2q.testing import make_qwen35_moe_checkpoint
 
+    from hf2q.models.qwen35.plan import _dtype_str
+    from hf2q.safetensors import DTYPE_BITS
+
+    assert all(_dtype_str(code) == code for code in DTYPE_BITS)  # what lets the fast path keep the codes
     d = make_qwen35_moe_checkpoint(tmp_path / "ck", multimodal=True)
     cfg = tiny(multimodal=True)
     with open_checkpoint(d) as ck, open_file(d / "model.safetensors") as sf:
