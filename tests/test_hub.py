@@ -28,6 +28,8 @@ REPO = "z-lab/tiny-DFlash"
 COMMIT_MAIN = "a" * 40
 COMMIT_DEV = "0123456789abcdef0123456789abcdef01234567"
 NO_NET = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1"}
+GEMMA_REPO = "google/tiny-gemma-4"
+GEMMA_DATA = Path(__file__).parent / "data" / "gemma4"
 
 
 def add_snapshot(cache: Path, repo_id: str, commit: str, files: Path, refs: tuple[str, ...] = ("main",)) -> Path:
@@ -68,6 +70,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg_only.mkdir()
     shutil.copy(single / "config.json", cfg_only / "config.json")
     add_snapshot(c, "z-lab/config-only", "c" * 40, cfg_only)
+    # Gemma 4: a tied MoE model at main, an untied dense one at dev (tokenizer.json beside both)
+    add_snapshot(c, GEMMA_REPO, "e" * 40, GEMMA_DATA / "gemma4_moe_causal_lm" / "hf", refs=("main",))
+    add_snapshot(c, GEMMA_REPO, "f" * 40, GEMMA_DATA / "gemma4_dense_ple" / "hf", refs=("dev",))
     return c
 
 
@@ -232,3 +237,62 @@ def test_cli_not_cached(cache: Path) -> None:
 def test_cli_revision_with_local_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["inspect", str(tmp_path), "--revision", "main"]) == 2
     assert "a revision applies to Hugging Face repo ids only" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- every family, one resolver
+
+def test_gemma4_takes_repo_ids(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    dev = hf2q.Device("host")
+    m = hf2q.gemma4.load(GEMMA_REPO, dev, progress=False)
+    assert m.tied and m.summary.as_dict()["model"] == "gemma4"
+    m2 = hf2q.gemma4.load(GEMMA_REPO, dev, progress=False, revision="dev")
+    assert not m2.tied  # the dev snapshot is the untied dense model: the revision was honoured
+    snaps = hub_cache / "models--google--tiny-gemma-4" / "snapshots"
+    assert hf2q.gemma4.inspect(GEMMA_REPO)["planned_tensors"] == len(m)
+    assert hf2q.gemma4.inspect(GEMMA_REPO, revision="dev") == hf2q.gemma4.inspect(snaps / ("f" * 40))
+    with pytest.raises(hub.RepoNotCachedError, match="fetch it with: hf2q load google/gemma-4-26B-A4B-it --download"):
+        hf2q.gemma4.load("google/gemma-4-26B-A4B-it", dev)
+    with pytest.raises(hub.RepoNotCachedError):
+        hf2q.gemma4.inspect("google/gemma-4-26B-A4B-it", revision="main")
+    with pytest.raises(ValueError, match="a revision applies to Hugging Face repo ids only"):
+        hf2q.gemma4.load(GEMMA_DATA / "gemma4_moe_causal_lm" / "hf", dev, revision="main")
+    with pytest.raises(ValueError, match="--download applies to Hugging Face repo ids only"):
+        hf2q.gemma4.inspect(GEMMA_DATA / "gemma4_moe_causal_lm" / "hf", download=True)
+    calls: list[dict[str, Any]] = []
+
+    def fake(repo_id: str, **kw: Any) -> str:
+        calls.append({"repo_id": repo_id, **kw})
+        return str(snaps / ("e" * 40))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    hf2q.gemma4.load("google/new", dev, progress=False, revision="v1", download=True)
+    hf2q.gemma4.inspect("google/new", download=True)
+    assert [(c["repo_id"], c["revision"], c["allow_patterns"]) for c in calls] == [
+        ("google/new", "v1", hub.DOWNLOAD_PATTERNS), ("google/new", None, hub.DOWNLOAD_PATTERNS)]
+
+
+@pytest.mark.parametrize("loader", ["hf2q.load", "dflash.load", "qwen35.load", "qwen35.inspect", "gemma4.load",
+                                    "gemma4.inspect"])
+def test_every_loader_resolves_through_hub_resolve(loader: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One code path: each public loader hands path, revision and download to hf2q.hub.resolve."""
+    seen: list[tuple[Any, ...]] = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(path: Any, revision: Any = None, *, download: bool = False, **kw: Any) -> Path:
+        seen.append((path, revision, download))
+        raise Stop
+
+    monkeypatch.setattr(hub, "resolve", spy)
+    fn = {"hf2q.load": hf2q.load, "dflash.load": hf2q.dflash.load, "qwen35.load": hf2q.qwen35.load,
+          "qwen35.inspect": hf2q.qwen35.inspect, "gemma4.load": hf2q.gemma4.load,
+          "gemma4.inspect": hf2q.gemma4.inspect}[loader]
+    kwargs: dict[str, Any] = {"revision": "r1"}
+    if loader != "qwen35.inspect":  # (takes no download)
+        kwargs["download"] = True
+    with pytest.raises(Stop):
+        fn("o/n", **kwargs)
+    assert seen == [("o/n", "r1", kwargs.get("download", False))]
