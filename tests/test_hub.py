@@ -296,3 +296,198 @@ def test_every_loader_resolves_through_hub_resolve(loader: str, monkeypatch: pyt
     with pytest.raises(Stop):
         fn("o/n", **kwargs)
     assert seen == [("o/n", "r1", kwargs.get("download", False))]
+
+
+# --------------------------------------------------------------------------- a failed download, classified
+# Bad input (the repo, revision or file is not there, or not allowed) is a HubError and exit 2; the network
+# or the server failing is a HubNetworkError (also a ConnectionError) and exit 1. huggingface_hub's own
+# exception classes, raised by a mocked snapshot_download: no test reaches a network.
+
+def _response(status: int) -> Any:
+    """What huggingface_hub's HTTP errors read from a response (any version)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(status_code=status, headers={}, request=None, url="https://huggingface.co/api/x")
+
+
+def _http_error(name: str, status: int, message: str | None = None) -> BaseException:
+    from huggingface_hub import errors as hub_errors
+
+    cls = getattr(hub_errors, name)
+    return cls(message or f"{status} Client Error for url: https://huggingface.co/api/models/o/n", response=_response(status))
+
+
+def _transport_error(kind: str) -> BaseException:
+    """A connection or timeout error of the HTTP client this huggingface_hub uses."""
+    import importlib
+
+    for module, names in (("httpx2", ("ConnectError", "ReadTimeout")), ("httpx", ("ConnectError", "ReadTimeout")),
+                          ("requests", ("ConnectionError", "ReadTimeout"))):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        return getattr(mod, names[0] if kind == "connect" else names[1])("[Errno 111] Connection refused")
+    pytest.skip("no HTTP client library")
+
+
+def _local_missing_from(cause: BaseException) -> BaseException:
+    """What snapshot_download raises when the Hub did not answer and nothing is cached."""
+    from huggingface_hub import errors as hub_errors
+
+    try:
+        try:
+            raise cause
+        except BaseException as c:
+            raise hub_errors.LocalEntryNotFoundError(
+                f"Got: {type(c).__name__}: {c}\nAn error happened while trying to locate the files on the Hub, "
+                "and we cannot find the appropriate snapshot folder for the specified revision on the local "
+                "disk. Please check your internet connection and try again.") from c
+    except BaseException as e:
+        return e
+
+
+def _failing(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    import huggingface_hub
+
+    def fake(repo_id: str, **kw: Any) -> str:
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+
+
+BAD_INPUT = {
+    "repo not found": (lambda: _http_error("RepositoryNotFoundError", 401), "o/n: no such repo on the Hub"),
+    "gated": (lambda: _http_error("GatedRepoError", 403), "o/n: a gated repo: request access"),
+    "revision not found": (lambda: _http_error("RevisionNotFoundError", 404), "o/n@v9: the Hub has no revision 'v9'"),
+    "file missing": (lambda: _http_error("RemoteEntryNotFoundError" if hasattr(
+        __import__("huggingface_hub").errors, "RemoteEntryNotFoundError") else "EntryNotFoundError", 404),
+        "o/n@v9: a file the repo lists is missing on the Hub"),
+    "disabled": (lambda: _http_error("DisabledRepoError", 403), "o/n: the repo is disabled on the Hub"),
+    "forbidden": (lambda: _http_error("HfHubHTTPError", 403), "o/n@v9: the Hub refused the download (HTTP 403"),
+    "answered 4xx, then not cached": (lambda: _local_missing_from(_http_error("HfHubHTTPError", 400)),
+                                      "o/n@v9: the Hub refused the download (HTTP 400)"),
+    "invalid repo id": (lambda: __import__("huggingface_hub").errors.HFValidationError("Repo id must be ..."),
+                        "o/n@v9: Repo id must be"),
+}
+
+NETWORK = {
+    "HTTP 500": (lambda: _http_error("HfHubHTTPError", 500, "500 Server Error: Internal Server Error"), "HTTP 500"),
+    "HTTP 503": (lambda: _http_error("HfHubHTTPError", 503, "503 Server Error: Service Unavailable"), "HTTP 503"),
+    "HTTP 504 on a repo call": (lambda: _http_error("HfHubHTTPError", 504), "HTTP 504"),
+    "HTTP 429": (lambda: _http_error("HfHubHTTPError", 429, "429 Too Many Requests"), "HTTP 429"),
+    "no connection, not cached": (lambda: _local_missing_from(_transport_error("connect")), "Connect"),
+    "timeout, not cached": (lambda: _local_missing_from(_transport_error("timeout")), "ReadTimeout"),
+    "5xx, not cached": (lambda: _local_missing_from(_http_error("HfHubHTTPError", 502)), "HTTP 502"),
+    "connection lost mid-download": (lambda: _transport_error("connect"), "Connect"),
+    "timeout mid-download": (lambda: _transport_error("timeout"), "ReadTimeout"),
+    "socket timeout": (lambda: TimeoutError("timed out"), "TimeoutError: timed out"),
+    "network unreachable": (lambda: OSError(101, "Network is unreachable"), "Network is unreachable"),
+    "no answer, cause unknown": (lambda: _local_missing_from(RuntimeError("?")), "LocalEntryNotFoundError"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_is_a_hub_error(case: str, hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make, message = BAD_INPUT[case]
+    _failing(monkeypatch, make())
+    with pytest.raises(hub.HubError) as ei:
+        hub.resolve("o/n", "v9", download=True)
+    e = ei.value
+    assert not isinstance(e, hub.HubNetworkError) and not isinstance(e, OSError)
+    assert str(e).startswith(message) and "\n" not in str(e), str(e)
+    assert (e.repo_id, e.revision) == ("o/n", "v9") and e.__cause__ is None
+
+
+@pytest.mark.parametrize("case", list(NETWORK))
+def test_network_failure_is_a_hub_network_error(case: str, hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make, detail = NETWORK[case]
+    error = make()
+    _failing(monkeypatch, error)
+    with pytest.raises(hub.HubNetworkError) as ei:
+        hub.resolve("o/n", "v9", download=True)
+    e = ei.value
+    msg = str(e)
+    assert isinstance(e, hub.HubError) and isinstance(e, ConnectionError) and isinstance(e, hf2q.Hf2qError)
+    assert msg.startswith("o/n@v9: download failed on the network: the Hugging Face Hub could not be reached")
+    assert detail in msg and "\n" not in msg, msg
+    assert msg.endswith("try again: hf2q load o/n --revision v9 --download") and e.hint == "hf2q load o/n --revision v9 --download"
+    assert e.__cause__ is error  # the library's exception, kept for whoever debugs it
+
+
+def test_the_machines_own_os_errors_pass_through(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    for error in (OSError(errno.ENOSPC, "No space left on device"), PermissionError(errno.EACCES, "denied")):
+        _failing(monkeypatch, error)
+        with pytest.raises(OSError) as ei:
+            hub.resolve("o/n", download=True)
+        assert ei.value is error and not isinstance(ei.value, hub.HubError)
+
+
+def test_offline_mode_is_not_a_network_failure(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import errors as hub_errors
+
+    _failing(monkeypatch, _local_missing_from(hub_errors.OfflineModeIsEnabled("offline")))
+    with pytest.raises(hub.HubError, match="offline mode is on .HF_HUB_OFFLINE is set.") as ei:
+        hub.resolve("o/n", download=True)
+    assert not isinstance(ei.value, hub.HubNetworkError)
+
+
+def test_a_repo_without_safetensors(hub_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import huggingface_hub
+
+    only_config = tmp_path / "snap"
+    only_config.mkdir()
+    (only_config / "config.json").write_text("{}")
+    for folder in (only_config, tmp_path / "never-created"):  # (no file matched: huggingface_hub makes no folder)
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: str(folder))
+        with pytest.raises(hub.HubError, match=r"^o/n: the repo has no .safetensors files at this revision") as ei:
+            hub.resolve("o/n", download=True)
+        assert not isinstance(ei.value, (hub.HubNetworkError, hub.RepoNotCachedError))
+
+
+def test_an_incomplete_cached_snapshot(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import errors as hub_errors
+
+    if not hasattr(hub_errors, "IncompleteSnapshotError"):
+        pytest.skip("this huggingface_hub has no IncompleteSnapshotError")
+    _failing(monkeypatch, hub_errors.IncompleteSnapshotError("2 file(s) are missing", snapshot_path="/x"))
+    with pytest.raises(hub.RepoNotCachedError, match="the cached snapshot is incomplete.*fetch the rest with: "
+                                                     "hf2q load o/n --download$"):
+        hub.resolve("o/n")
+
+
+@pytest.mark.parametrize(("error", "status", "kind"), [
+    (lambda: _local_missing_from(_transport_error("connect")), 1, "HubNetworkError"),
+    (lambda: _http_error("HfHubHTTPError", 503, "503 Server Error: Service Unavailable"), 1, "HubNetworkError"),
+    (lambda: _http_error("RepositoryNotFoundError", 404), 2, "HubError"),
+    (lambda: _http_error("GatedRepoError", 403), 2, "HubError"),
+    (lambda: _http_error("RevisionNotFoundError", 404), 2, "HubError"),
+])
+@pytest.mark.parametrize("command", ["inspect", "load"])
+def test_cli_exit_status_of_a_failed_download(error: Any, status: int, kind: str, command: str, hub_cache: Path,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    _failing(monkeypatch, error())
+    assert main([command, "o/n", "--download"]) == status
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"hf2q {command}: error: o/n")
+    assert ("download failed on the network" in err) == (status == 1)
+    assert main([command, "o/n", "--download", "--json"]) == status
+    e = json.loads(capsys.readouterr().out)["error"]
+    assert e["type"] == kind and e["repo_id"] == "o/n"
+
+
+def test_cli_download_with_the_hub_unreachable(cache: Path, tmp_path: Path) -> None:
+    """The real huggingface_hub against HF_ENDPOINT on a closed local port (refused at once): not cached is
+    a network failure, exit 1; a cached repo still loads (huggingface_hub falls back to the cache)."""
+    env = env_with(HF_HUB_CACHE=str(cache))
+    p = hf2q_cli("load", "z-lab/never-fetched", "--download", "--device", "host", env=env)
+    assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("hf2q load: error: z-lab/never-fetched: download failed on the network: "), p.stderr
+    p = hf2q_cli("inspect", "z-lab/never-fetched", "--download", "--json", env=env)
+    assert p.returncode == 1 and json.loads(p.stdout)["error"]["type"] == "HubNetworkError"
+    p = hf2q_cli("load", REPO, "--download", "--device", "host", "--json", env=env)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["resident_bytes"] == RESIDENT

@@ -361,7 +361,12 @@ def error_object(e: BaseException) -> dict[str, Any]:
 
 def exit_code(e: BaseException) -> int:
     """2 for bad input or a wrong command line, 1 for anything else (the
-    system: a cache folder that cannot be written)."""
+    system: a cache folder that cannot be written, a download that failed on
+    the network or the server, :class:`hf2q.hub.HubNetworkError`)."""
+    from .hub import HubNetworkError
+
+    if isinstance(e, HubNetworkError):
+        return 1
     return 2 if isinstance(e, (Hf2qError, UsageError)) else 1
 
 
