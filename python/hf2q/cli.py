@@ -222,9 +222,10 @@ def _load_pair(path: Path, args: argparse.Namespace, device: Any) -> int:
     drafter = hub.resolve(args.drafter, command=args.command)
     if not os.path.lexists(drafter):
         raise SafetensorsError(f"{drafter}: no such file or directory", code="Io", path=str(drafter))
-    fam = models.detect(models.read_config(path)[1])
-    pair = pairs.load_pair(path, drafter, device, progress=not args.json and not args.no_progress,
-                           **_options_for(fam, path, args))
+    _, config = models.read_config(path)
+    fam = models.detect(config)
+    pair = pairs.load_pair_with(path, config, fam, drafter, device, progress=not args.json and not args.no_progress,
+                                **_options_for(fam, path, args))  # config.json read once, the target planned once
     verify = pair.verify() if args.verify else None
     target = {**pair.target.summary.as_dict(), "checkpoint": str(path)}
     drafted = {**pair.drafter.summary.as_dict(), "checkpoint": str(drafter)}

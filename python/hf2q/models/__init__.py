@@ -14,8 +14,10 @@ A family is a module (one folder under ``hf2q/models/``) that declares:
   reading no tensor bytes;
 - optionally, for a family whose models can be a speculative drafter's
   target (:mod:`hf2q.pairs`): ``plan_checkpoint(ckpt, *, config, **options)``
-  (the plan, no bytes read) and ``target_heads(plan)`` (where the embedding
-  and LM head are, and the numbers a drafter must match).
+  (the plan, no bytes read), ``target_heads(plan)`` (where the embedding
+  and LM head are, and the numbers a drafter must match) and
+  ``load_planned(plan, ckpt, device, *, progress, check_finite)`` (that plan
+  loaded, so that a pair plans its target once).
 
 :func:`detect` asks the families in :data:`FAMILIES` order; ``generic``
 recognises everything and is asked last. :func:`load` reads ``config.json``

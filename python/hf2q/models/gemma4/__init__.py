@@ -125,6 +125,13 @@ def plan_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, exper
 def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
                     expert_dtype: str = "q8_0", dense_dtype: str = "f32", check_finite: bool = False) -> Gemma4Model:
     plan = plan_checkpoint(ckpt, config=config, expert_dtype=expert_dtype, dense_dtype=dense_dtype)
+    return load_planned(plan, ckpt, device, progress=progress, check_finite=check_finite)
+
+
+def load_planned(plan: LoadPlan, ckpt: Checkpoint, device: Device, *, progress: bool,
+                 check_finite: bool = False) -> Gemma4Model:
+    """Run a plan that :func:`plan_checkpoint` made for ``ckpt`` (a pair
+    checks the plan's heads first, then loads it: planned once)."""
     return execute(plan, ckpt, device, lambda bufs: Gemma4Model(device, plan.config, plan, bufs),
                    progress=progress, extra=plan.extra, check_finite=check_finite)
 
