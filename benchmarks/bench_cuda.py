@@ -29,6 +29,12 @@ and the two hf2q rates they bound:
                   runs, into a preallocated buffer), bytes read + written; also the
                   whole Device.convert, its zero-filled allocation included
 
+Whole processes (--processes N, default 3; 0 skips): what a user who runs one
+load per process waits for, page cache warm, the median of N fresh
+interpreters: hf2q (import, Device("cuda"), load, synchronize) against
+safetensors load_file (import torch and safetensors, CUDA init, load,
+synchronize), each split into set-up and load.
+
 Targets (issue 14): raw upload >= 0.8x pinned H2D; GPU Q8_0 >= 0.5x D2D;
 drafter and Qwen loads >= 3x faster than st.load_file and faster than
 fastsafetensors. The GPU is named in the output.
@@ -47,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table  # noqa: E402
+from _common import print_table, subprocess_json  # noqa: E402
 
 import hf2q  # noqa: E402
 from hf2q import dflash, qwen35  # noqa: E402
@@ -93,6 +99,36 @@ def ensure_checkpoints(root: Path) -> dict[str, Path]:
     return out
 
 
+# One whole process each: set-up (imports and the device) and the load, the
+# checkpoint directory as argv[1]. The peer loads every shard, as bench's st.load_file.
+PROC_HF2Q = """
+import json, sys, time
+t0 = time.perf_counter()
+import hf2q
+from hf2q import {family}
+dev = hf2q.Device("cuda")
+t1 = time.perf_counter()
+model = {family}.load(sys.argv[1], device=dev, progress=False)
+dev.synchronize()
+t2 = time.perf_counter()
+print(json.dumps({{"setup": t1 - t0, "load": t2 - t1, "total": t2 - t0}}))
+"""
+PROC_ST = """
+import json, sys, time
+from pathlib import Path
+t0 = time.perf_counter()
+import torch
+from safetensors.torch import load_file
+torch.cuda.init()
+torch.empty(1, device="cuda")
+t1 = time.perf_counter()
+out = [load_file(str(p), device="cuda") for p in sorted(Path(sys.argv[1]).glob("*.safetensors"))]
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+print(json.dumps({"setup": t1 - t0, "load": t2 - t1, "total": t2 - t0}))
+"""
+
+
 def best(fn: Callable[[], Any], repeat: int, cleanup: Callable[[], None]) -> float:
     times = []
     for i in range(repeat + 1):
@@ -118,6 +154,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--profile", action="store_true", help="cProfile one hf2q load of each checkpoint (stderr)")
+    ap.add_argument("--processes", type=int, default=3, help="fresh processes per whole-process case (0: skip)")
     args = ap.parse_args()
 
     import torch
@@ -278,6 +315,21 @@ def main() -> int:
                          "hf2q speed-up": secs / ours})
             results[f"{name}_{peer}_s"] = secs
 
+    procs: list[dict[str, Any]] = []
+    if args.processes > 0:
+        for name, family in (("drafter", "dflash"), ("qwen", "qwen35")):
+            files = _files(ck[name])
+            _warm(files)
+            cases = {"hf2q": PROC_HF2Q.format(family=family), "st.load_file": PROC_ST}
+            med = {}
+            for case, code in cases.items():
+                runs = [subprocess_json(code, str(ck[name])) for _ in range(args.processes)]
+                med[case] = {k: statistics.median(r[k] for r in runs) for k in ("setup", "load", "total")}
+            for case, m in med.items():
+                procs.append({"checkpoint": name, "loader": case, "set-up s": m["setup"], "load s": m["load"],
+                              "total s": m["total"], "hf2q speed-up": m["total"] / med["hf2q"]["total"]})
+        results["processes"] = procs
+
     limits = [
         {"rate": "pinned H2D (torch, cudaMemcpyAsync)", "GB/s": h2d, "hf2q": "-", "ratio": "-"},
         {"rate": "raw upload, page cache -> GPU", "GB/s": raw_rate, "hf2q": "vs pinned H2D", "ratio": raw_rate / h2d},
@@ -290,6 +342,9 @@ def main() -> int:
     print_table("Bandwidth limits and hf2q's rates", limits, ["rate", "GB/s", "hf2q", "ratio"])
     print_table("Loads from the page cache to the GPU (best of %d)" % args.repeat, rows,
                 ["checkpoint", "loader", "s", "GB/s", "hf2q speed-up"])
+    if procs:
+        print_table(f"Whole processes, median of {args.processes} (page cache warm)", procs,
+                    ["checkpoint", "loader", "set-up s", "load s", "total s", "hf2q speed-up"])
     results["rows"] = rows
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
@@ -299,6 +354,11 @@ def main() -> int:
                   for r in rows]
         lines += ["", "| rate | GB/s | ratio |", "|---|---|---|"]
         lines += [f"| {r['rate']} | {r['GB/s']:.1f} | {_ratio(r['ratio'])} |" for r in limits]
+        if procs:
+            lines += ["", f"Whole processes, median of {args.processes}:", "",
+                      "| checkpoint | loader | set-up s | load s | total s | hf2q speed-up |", "|---|---|---|---|---|---|"]
+            lines += [f"| {r['checkpoint']} | {r['loader']} | {r['set-up s']:.3f} | {r['load s']:.3f} | "
+                      f"{r['total s']:.3f} | {r['hf2q speed-up']:.2f}x |" for r in procs]
         args.markdown.write_text("\n".join(lines) + "\n")
     return 0
 

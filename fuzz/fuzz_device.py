@@ -126,7 +126,7 @@ class Program:
 
     def step(self) -> None:
         fdp = self.fdp
-        action = fdp.ConsumeIntInRange(0, 11)
+        action = fdp.ConsumeIntInRange(0, 13)
         if action == 0:  # alloc
             shape, dtype = _shape(fdp), pick(fdp, DTYPES + ["x", None])
             if _safe_shape(shape, dtype):
@@ -204,6 +204,28 @@ class Program:
             pick(fdp, [lambda: _DEV.alloc(_shape(fdp), 7), lambda: _DEV.verify(3),
                        lambda: hf2q.register_weight_buffer(_DEV, None),
                        lambda: _DEV.write(self.buf(), b"\x00" * 4, offset=-1)])()
+        elif action == 12:  # alloc_many (all or nothing)
+            specs = [(_shape(fdp), pick(fdp, DTYPES + ["x", None])) for _ in range(fdp.ConsumeIntInRange(0, 4))]
+            if all(_safe_shape(sh, dt) for sh, dt in specs):
+                self.bufs.extend(_DEV.alloc_many(specs))
+            elif specs:
+                before = _DEV.residency.count
+                try:
+                    _DEV.alloc_many(specs)
+                finally:
+                    if _DEV.residency.count != before:
+                        raise OracleFailure("a failed alloc_many left buffers behind")
+        elif action == 13:  # write_from_file_batch: many buffers' segments in one call
+            jobs = []
+            for _ in range(fdp.ConsumeIntInRange(0, 3)):
+                segs = [(small_or_edge_int(fdp, 300), small_or_edge_int(fdp, 4200), small_or_edge_int(fdp, 4200))
+                        for _ in range(fdp.ConsumeIntInRange(0, 3))]
+                jobs.append((self.buf(), self.file_arg(), segs, pick(fdp, SRC_DTYPES), "fuzz"))
+            _DEV.write_from_file_batch(jobs)
+            for buf, _, segs, sdt, _ in jobs:  # it succeeded: no segment overlaps another
+                for eoff, off, nbytes in segs:
+                    if isinstance(sdt, str) and isinstance(buf, hf2q.Buffer) and 0 <= off and off + nbytes <= len(self.data):
+                        self.check_contents(buf, eoff, self.data[off : off + nbytes], sdt)
         else:  # replace the scratch file's contents
             self.data = raw_bytes(fdp, 4200)
             _FILE.write_bytes(self.data)

@@ -24,7 +24,7 @@ export PYTHONPATH=/tmp/hf2q-install:$PYTHONPATH
 echo "build+install: $(( $(date +%s) - t0 )) s"
 rc=0
 if [ "$what" != bench ]; then
-  $PY -m pytest -q -p no:cacheprovider -m cuda -rs tests/test_cuda.py 2>&1 | tee "$OUT/cuda_tests.log" | tail -25
+  $PY -m pytest -q -p no:cacheprovider -m cuda -rs tests/ 2>&1 | tee "$OUT/cuda_tests.log" | tail -25
   rc=${PIPESTATUS[0]}
   $PY -m pytest -q -p no:cacheprovider -n 8 >"$OUT/full_tests.log" 2>&1
   tail -3 "$OUT/full_tests.log"

@@ -307,6 +307,78 @@ def test_concurrent_uploads_on_two_threads(gpu, host, tmp_path):
         assert _raw(buf) == _raw(host.upload(xs[i], to=to)), (i, to)
 
 
+def test_a_forked_child_gets_typed_errors_not_a_hang(gpu, dflash_ckpt):
+    """CUDA cannot be used in a child forked from a process that uses it (the
+    driver's state does not survive fork): the child's calls on the parent's
+    device and a new Device("cuda") fail with a DeviceError that says so and
+    what to do, before any driver call; the host backend works; the child
+    exits (no hang, no crash, no driver call at exit). The parent's device is
+    unharmed."""
+    x = RNG.standard_normal(1 << 20).astype(np.float32)
+    buf = gpu.upload(x)
+    gpu.synchronize()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report on the pipe, never return into pytest
+        os.close(r)
+        report = []
+        try:
+            h = Device._isolated("host")
+            model = dflash.load(dflash_ckpt, device=h, progress=False)
+            report.append(f"host:{len(model.names())}")
+            for what, fn in (("read", lambda: buf.to_host()), ("upload", lambda: gpu.upload(x)),
+                             ("open", lambda: Device._isolated("cuda"))):
+                try:
+                    fn()
+                    report.append(f"{what}:ok")
+                except DeviceError as e:
+                    report.append(f"{what}:DeviceError" + (":fork" if "fork()" in str(e) else ""))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            report.append(f"error:{type(e).__name__}:{e}")
+        os.write(w, " ".join(report).encode())
+        os._exit(0)
+    os.close(w)
+    import select
+    import signal
+    import time as _time
+
+    deadline = _time.monotonic() + 120
+    status = None
+    while _time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        _time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    ready, _, _ = select.select([r], [], [], 1)
+    report = os.read(r, 4096).decode() if ready else ""
+    os.close(r)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, report)
+    words = report.split()
+    assert words and words[0].startswith("host:") and not any(w.startswith("error:") for w in words), report
+    assert words[1:] == ["read:DeviceError:fork", "upload:DeviceError:fork", "open:DeviceError:fork"], report
+    assert np.array_equal(buf.to_host(), x)  # the parent's device still works
+    assert np.array_equal(gpu.upload(x).to_host(), x)
+
+
+def test_a_gpu_index_this_machine_lacks_is_named():
+    from hf2q._core import NativeDevice
+
+    n = 0
+    while True:
+        try:
+            NativeDevice.open(f"cuda:{n}")
+        except DeviceError as e:
+            assert f"no CUDA GPU {n}" in str(e) and "cuda:0" in str(e)
+            break
+        n += 1
+        assert n < 64
+    assert n >= 1
+
+
 # ------------------------------------------------------------------ families
 
 

@@ -346,7 +346,13 @@ def test_upload_rejects_bf16_norms_and_frees_everything(
     def buggy(self: Device, shape: Any, dtype: str) -> Buffer:  # every buffer BF16, as the file
         return real(self, shape, "bf16")
 
+    real_many = Device.alloc_many
+
+    def buggy_many(self: Device, specs: Any) -> list[Buffer]:
+        return real_many(self, [(shape, "bf16") for shape, _ in specs])
+
     monkeypatch.setattr(Device, "alloc", buggy)
+    monkeypatch.setattr(Device, "alloc_many", buggy_many)
     with DFlashWeights.load(single) as w:
         with pytest.raises(DTypeInvariantError) as ei:
             DFlashModelTensors.upload(dev, w.config, w)
@@ -468,7 +474,10 @@ def test_keyboard_interrupt_from_real_tqdm(single: Path, dev: Device, monkeypatc
 def test_failure_in_write_from_file_leaves_nothing(
     sharded: Path, dev: Device, monkeypatch: pytest.MonkeyPatch, after: int, exc: type
 ) -> None:
-    real = Device.write_from_file_segments  # what the loader streams through
+    # What the loader streams through: one tensor at a time, or a run of
+    # them in one batch (a failure there comes before any of its tensors).
+    real = Device.write_from_file_segments
+    real_batch = Device.write_from_file_batch
     calls = {"n": 0}
 
     def flaky(self: Device, *a: Any, **kw: Any) -> None:
@@ -477,8 +486,17 @@ def test_failure_in_write_from_file_leaves_nothing(
         calls["n"] += 1
         return real(self, *a, **kw)
 
+    def flaky_batch(self: Device, jobs: Any, **kw: Any) -> None:
+        jobs = list(jobs)
+        if calls["n"] <= after < calls["n"] + len(jobs):
+            calls["n"] = after
+            raise exc("injected")
+        calls["n"] += len(jobs)
+        return real_batch(self, jobs, **kw)
+
     keep = dev.alloc((10,), "f32")
     monkeypatch.setattr(Device, "write_from_file_segments", flaky)
+    monkeypatch.setattr(Device, "write_from_file_batch", flaky_batch)
     with pytest.raises(exc) as ei:
         dflash.load(sharded, dev, progress=False)
     assert calls["n"] == after
@@ -514,6 +532,7 @@ def test_failed_load_closes_files(tmp_path: Path, single: Path, dev: Device, mon
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Device, "write_from_file_segments", boom)
+    monkeypatch.setattr(Device, "write_from_file_batch", boom)
     with pytest.raises(KeyboardInterrupt):
         dflash.load(single, dev, progress=False)
     assert len(os.listdir(fd_dir)) == before

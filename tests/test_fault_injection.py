@@ -151,7 +151,9 @@ def test_allocation_failure_at_every_allocation(kind: str, ckpts: dict[str, Path
 
 class _AfterAllocations:
     """Runs `action` in another thread, and waits for it, just before the
-    device's (k+1)-th allocation of a load, i.e. after k tensors are in."""
+    device allocates the load's (k+1)-th tensor, i.e. after k tensors are in
+    (the loader allocates a run of streamed tensors in one alloc_many call
+    and reads them after it: the action then comes before all of them)."""
 
     def __init__(self, k: int, action: Callable[[], None]) -> None:
         self.k = k
@@ -172,7 +174,20 @@ class _AfterAllocations:
             hook.calls += 1
             return real(dev, *a, **kw)
 
+        real_many = Device.alloc_many
+
+        def alloc_many(dev: Device, specs: Any) -> Any:
+            specs = list(specs)
+            if hook.calls <= hook.k < hook.calls + len(specs) and not hook.fired:
+                hook.fired = True
+                t = threading.Thread(target=hook.action, name="hf2q-test-rewriter")
+                t.start()
+                t.join()
+            hook.calls += len(specs)
+            return real_many(dev, specs)
+
         monkeypatch.setattr(Device, "alloc", alloc)
+        monkeypatch.setattr(Device, "alloc_many", alloc_many)
 
 
 def _data_files(path: Path) -> list[Path]:

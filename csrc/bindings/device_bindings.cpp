@@ -169,6 +169,16 @@ void bind_device(nb::module_& m) {
             return d.alloc(shape, t);
           },
           "shape"_a, "dtype"_a)
+      .def(
+          "alloc_many",
+          [](Device& d, const std::vector<std::pair<std::vector<std::int64_t>, std::string>>& specs) {
+            std::vector<Device::AllocSpec> v;
+            v.reserve(specs.size());
+            for (const auto& [shape, dtype] : specs) v.push_back(Device::AllocSpec{shape, hf2q::device::dtype_from_name(dtype)});
+            hf2q::bindings::ReleaseGil nogil;
+            return d.alloc_many(v);
+          },
+          "specs"_a)
       .def("register_buffer", [](Device& d, BufferImpl& b) { hf2q::bindings::ReleaseGil nogil; return d.register_buffer(b); }, "buf"_a)
       .def("is_registered", &Device::is_registered, "buf"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())
       .def("is_locked", &Device::is_locked, "buf"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())
@@ -177,6 +187,7 @@ void bind_device(nb::module_& m) {
       .def("request_residency", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.request_residency(); })
       .def("end_residency", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.end_residency(); })
       .def("stats", &stats_dict)
+      .def("take_notice", &Device::take_notice)
       .def("attach_queue", &Device::attach_queue, "queue"_a)
       .def(
           "write",
@@ -221,6 +232,32 @@ void bind_device(nb::module_& m) {
             return result_pair(r);
           },
           "buf"_a, "segments"_a, "src_dtype"_a, "check_finite"_a = false)
+      .def(
+          "read_file_batch",
+          [](Device& d,
+             const std::vector<std::tuple<BufferImpl*, std::vector<std::tuple<std::size_t, int, std::uint64_t, std::size_t>>,
+                                          std::string, bool>>& jobs) {
+            std::vector<Device::BatchJob> v;
+            v.reserve(jobs.size());
+            for (const auto& [buf, segs, src_dtype, check_finite] : jobs) {
+              Device::BatchJob j{buf, {}, hf2q::device::dtype_from_name(src_dtype), check_finite};
+              j.segments.reserve(segs.size());
+              for (const auto& [elem_offset, fd, file_offset, nbytes] : segs) {
+                j.segments.push_back(Device::SegmentSpec{elem_offset, fd, file_offset, nbytes});
+              }
+              v.push_back(std::move(j));
+            }
+            std::vector<hf2q::device::UploadResult> r;
+            {
+              hf2q::bindings::ReleaseGil nogil;
+              r = d.read_file_batch(v);
+            }
+            std::vector<std::pair<long long, unsigned long long>> out;
+            out.reserve(r.size());
+            for (const auto& x : r) out.push_back(result_pair(x));
+            return out;
+          },
+          "jobs"_a)
       .def(
           "convert",
           [](Device& d, BufferImpl& dst, BufferImpl& src) {

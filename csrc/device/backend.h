@@ -56,6 +56,12 @@ struct BackendInfo {
   // What __dlpack_device__ reports: (dlpack_device_type, device_index).
   int dlpack_device_type = kDLCPU;
   int device_index = 0;
+  // Whether buffers allocated together (Device::alloc_many) may share one
+  // backend allocation. True where an allocation has a large fixed cost and
+  // buffers are addressed by pointer alone (CUDA); false where each buffer
+  // is its own object to consumers (Metal's MTLBuffer) or is pinned one by
+  // one (host mlock).
+  bool suballocate = false;
 };
 
 // How an upload turns source elements into buffer bytes (planned and checked
@@ -93,6 +99,13 @@ struct FileSegment {
 struct UploadResult {
   std::size_t first_nonfinite = static_cast<std::size_t>(-1);  // element index relative to the source
   std::size_t inf_scales = 0;
+};
+
+// One buffer's part of a batched file upload (Backend::read_file_batch):
+// its segments, which share one conversion.
+struct FileBatchItem {
+  UploadTarget dst;
+  std::vector<FileSegment> segments;
 };
 
 // Number of elements summarised by one verification checksum.
@@ -133,6 +146,11 @@ class Backend {
   }
   virtual void unwire(void* handle, void* ptr, std::size_t len) noexcept { (void)handle, (void)ptr, (void)len; }
 
+  // A message for the user about something that is not an error (host:
+  // mlock refused, so buffers stay unlocked), returned once and then empty.
+  // Native code prints nothing; the Python layer turns it into a warning.
+  virtual std::string take_notice() { return {}; }
+
   // Attach the device's residency sets to a consumer's command queue (an
   // id<MTLCommandQueue> on Metal), now and for sets created later, so the
   // weights are resident for that queue's command buffers. Returns false
@@ -155,6 +173,12 @@ class Backend {
   // first_nonfinite is a buffer element index here. Default: read_file for
   // each segment in turn.
   virtual UploadResult read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments);
+  // Many buffers' segments in one call (a loader's run of tensors): a GPU
+  // runs one pipeline over all of them, so that neither the staging ring
+  // nor the copy engine drains between tensors. One result per item, as
+  // read_file_segments gives it; on a throw, nothing of the batch is in
+  // flight any more. Default: read_file_segments for each item in turn.
+  virtual std::vector<UploadResult> read_file_batch(const std::vector<FileBatchItem>& items);
 
   // Convert a whole buffer of the same device (`src`, CPU pointer or device
   // address) into `dst` as planned. Default: the memory upload from `src`.

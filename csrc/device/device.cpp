@@ -212,7 +212,8 @@ void unregister_device(Device* d) noexcept {
 // ---------------------------------------------------------------- BufferImpl
 
 BufferImpl::BufferImpl(std::shared_ptr<Device> dev, DType dtype, std::vector<std::int64_t> shape,
-                       std::size_t byte_len, std::size_t alloc_len, void* ptr, void* handle)
+                       std::size_t byte_len, std::size_t alloc_len, void* ptr, void* handle,
+                       std::shared_ptr<MemoryBlock> block)
     : dev_(std::move(dev)),
       dtype_(dtype),
       shape_(std::move(shape)),
@@ -220,9 +221,12 @@ BufferImpl::BufferImpl(std::shared_ptr<Device> dev, DType dtype, std::vector<std
       byte_len_(byte_len),
       alloc_len_(alloc_len),
       ptr_(ptr),
-      handle_(handle) {}
+      handle_(handle),
+      block_(std::move(block)) {}
 
 BufferImpl::~BufferImpl() { dev_->release(*this); }
+
+MemoryBlock::~MemoryBlock() { dev_->release_block(handle_, ptr_, len_); }
 
 // -------------------------------------------------------------------- Device
 
@@ -281,21 +285,31 @@ Device::~Device() {
   }
 }
 
-std::shared_ptr<BufferImpl> Device::alloc(const std::vector<std::int64_t>& shape, DType dtype) {
-  const std::size_t byte_len = tensor_byte_len(dtype, shape);
-  if (byte_len == 0) throw std::invalid_argument("cannot allocate a zero-size buffer (shape has a 0 dimension)");
+std::size_t Device::alloc_len_for(const std::vector<std::int64_t>& shape, DType dtype, std::size_t* byte_len) const {
+  *byte_len = tensor_byte_len(dtype, shape);
+  if (*byte_len == 0) throw std::invalid_argument("cannot allocate a zero-size buffer (shape has a 0 dimension)");
   const std::size_t page = info().page_size;
   std::size_t padded = 0;
-  if (!ops::checked_add(byte_len, page - 1, &padded)) throw std::overflow_error("buffer size overflows");
+  if (!ops::checked_add(*byte_len, page - 1, &padded)) throw std::overflow_error("buffer size overflows");
   const std::size_t alloc_len = padded / page * page;
   if (info().max_buffer_len != 0 && alloc_len > info().max_buffer_len) {
     throw DeviceError("buffer of " + mib(alloc_len) + " exceeds the device's maximum buffer length of " +
                       mib(info().max_buffer_len));
   }
+  return alloc_len;
+}
+
+void Device::count_injected_failure(std::size_t alloc_len) {
   long countdown = g_alloc_fail_countdown.load();
   while (countdown > 0 && !g_alloc_fail_countdown.compare_exchange_weak(countdown, countdown - 1)) {
   }
   if (countdown == 1) throw DeviceError("injected allocation failure (test hook) for " + mib(alloc_len));
+}
+
+std::shared_ptr<BufferImpl> Device::alloc(const std::vector<std::int64_t>& shape, DType dtype) {
+  std::size_t byte_len = 0;
+  const std::size_t alloc_len = alloc_len_for(shape, dtype, &byte_len);
+  count_injected_failure(alloc_len);
 
   void* handle = nullptr;
   void* ptr = backend_->allocate(alloc_len, &handle);
@@ -308,6 +322,47 @@ std::shared_ptr<BufferImpl> Device::alloc(const std::vector<std::int64_t>& shape
   }
   if (residency_enabled_) register_buffer(*buf);  // on failure ~BufferImpl releases
   return buf;
+}
+
+std::vector<std::shared_ptr<BufferImpl>> Device::alloc_many(const std::vector<AllocSpec>& specs) {
+  std::vector<std::shared_ptr<BufferImpl>> out;
+  out.reserve(specs.size());
+  if (!info().suballocate || specs.size() < 2) {
+    for (const AllocSpec& s : specs) out.push_back(alloc(s.shape, s.dtype));  // a throw frees those made
+    return out;
+  }
+  // Every size is checked (and every injected failure counted) before the
+  // one allocation; offsets are page multiples, so each buffer starts where
+  // a buffer of its own would (alignment, DLPack consumers).
+  std::vector<std::size_t> byte_lens(specs.size()), offsets(specs.size());
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const std::size_t alloc_len = alloc_len_for(specs[i].shape, specs[i].dtype, &byte_lens[i]);
+    count_injected_failure(alloc_len);
+    offsets[i] = total;
+    if (!ops::checked_add(total, alloc_len, &total)) throw std::overflow_error("total buffer size overflows");
+  }
+  if (info().max_buffer_len != 0 && total > info().max_buffer_len) {
+    for (const AllocSpec& s : specs) out.push_back(alloc(s.shape, s.dtype));
+    return out;
+  }
+  void* handle = nullptr;
+  void* ptr = backend_->allocate(total, &handle);
+  std::shared_ptr<MemoryBlock> block;
+  try {
+    block = std::make_shared<MemoryBlock>(shared_from_this(), ptr, handle, total);
+  } catch (...) {
+    backend_->release(handle, ptr, total);
+    throw;
+  }
+  auto* base = static_cast<std::uint8_t*>(ptr);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const std::size_t next = i + 1 < specs.size() ? offsets[i + 1] : total;
+    out.push_back(std::make_shared<BufferImpl>(shared_from_this(), specs[i].dtype, specs[i].shape, byte_lens[i],
+                                               next - offsets[i], base + offsets[i], handle, block));
+    if (residency_enabled_) register_buffer(*out.back());
+  }
+  return out;
 }
 
 int Device::choose_set_locked(std::size_t len) {
@@ -502,8 +557,10 @@ void Device::release(BufferImpl& buf) noexcept {
       }
     }
   }
-  backend_->release(buf.handle(), buf.data(), buf.alloc_len());
+  if (!buf.block()) backend_->release(buf.handle(), buf.data(), buf.alloc_len());
 }
+
+void Device::release_block(void* handle, void* ptr, std::size_t len) noexcept { backend_->release(handle, ptr, len); }
 
 UploadResult Device::write(BufferImpl& buf, std::size_t elem_offset, const void* src, std::size_t src_bytes,
                            DType src_dtype) {
@@ -535,12 +592,13 @@ UploadResult Device::read_file(BufferImpl& buf, std::size_t elem_offset, int fd,
   return backend_->read_file(UploadTarget{buf.handle(), buf.data()}, p, fd, file_offset);
 }
 
-UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments,
-                                        DType src_dtype, bool check_finite) {
-  require_check_finite_support(*this, check_finite);
+namespace {
+// The planned segments of one buffer (sizes, conversion and bounds checked).
+std::vector<FileSegment> plan_segments(const BufferImpl& buf, const std::vector<Device::SegmentSpec>& segments,
+                                       DType src_dtype, bool check_finite) {
   std::vector<FileSegment> segs;
   segs.reserve(segments.size());
-  for (const SegmentSpec& s : segments) {
+  for (const Device::SegmentSpec& s : segments) {
     std::uint64_t file_end = 0;
     if (__builtin_add_overflow(s.file_offset, static_cast<std::uint64_t>(s.nbytes), &file_end) ||
         file_end > static_cast<std::uint64_t>(INT64_MAX)) {
@@ -549,7 +607,70 @@ UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<Segme
     segs.push_back(FileSegment{plan_write(buf, s.elem_offset, s.nbytes, src_dtype), s.fd, s.file_offset, s.elem_offset});
     segs.back().plan.check_finite = check_finite;
   }
-  return backend_->read_file_segments(UploadTarget{buf.handle(), buf.data()}, segs);
+  return segs;
+}
+
+// Segments of one call may not write the same bytes twice: a GPU writes them
+// on different streams, in no defined order, so the result would depend on
+// timing. Buffers never overlap in memory, so comparing addresses compares
+// ranges within each buffer.
+void refuse_overlaps(const std::vector<FileBatchItem>& items) {
+  struct Range {
+    std::uintptr_t begin, end;
+    std::size_t item, off;
+  };
+  std::vector<Range> ranges;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto base = reinterpret_cast<std::uintptr_t>(items[i].dst.base);
+    for (const FileSegment& s : items[i].segments) {
+      if (s.plan.dst_len > 0) ranges.push_back(Range{base + s.plan.dst_off, base + s.plan.dst_off + s.plan.dst_len, i,
+                                                     s.plan.dst_off});
+    }
+  }
+  if (ranges.size() < 2) return;
+  std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) { return x.begin < y.begin; });
+  for (std::size_t k = 1; k < ranges.size(); ++k) {
+    if (ranges[k].begin < ranges[k - 1].end) {
+      throw std::invalid_argument("segments overlap in the destination: bytes [" + std::to_string(ranges[k - 1].off) +
+                                  ", " + std::to_string(ranges[k - 1].off + (ranges[k - 1].end - ranges[k - 1].begin)) +
+                                  ") and [" + std::to_string(ranges[k].off) + ", " +
+                                  std::to_string(ranges[k].off + (ranges[k].end - ranges[k].begin)) +
+                                  ") of a buffer are both written");
+    }
+  }
+}
+}  // namespace
+
+UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments,
+                                        DType src_dtype, bool check_finite) {
+  require_check_finite_support(*this, check_finite);
+  std::vector<FileBatchItem> one{{UploadTarget{buf.handle(), buf.data()}, plan_segments(buf, segments, src_dtype, check_finite)}};
+  refuse_overlaps(one);
+  return backend_->read_file_segments(one[0].dst, one[0].segments);
+}
+
+std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& jobs) {
+  std::vector<FileBatchItem> items;
+  items.reserve(jobs.size());
+  for (const BatchJob& j : jobs) {
+    if (j.buf == nullptr) throw std::invalid_argument("read_file_batch: a job has no buffer");
+    if (j.buf->device().get() != this) {
+      throw DeviceError("read_file_batch: a buffer belongs to another device (" + j.buf->device()->info().kind +
+                        "), not to this " + info().kind + " device");
+    }
+    require_check_finite_support(*this, j.check_finite);
+    items.push_back(FileBatchItem{UploadTarget{j.buf->handle(), j.buf->data()},
+                                  plan_segments(*j.buf, j.segments, j.src_dtype, j.check_finite)});
+  }
+  refuse_overlaps(items);
+  return backend_->read_file_batch(items);
+}
+
+std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchItem>& items) {
+  std::vector<UploadResult> out;
+  out.reserve(items.size());
+  for (const FileBatchItem& it : items) out.push_back(read_file_segments(it.dst, it.segments));
+  return out;
 }
 
 UploadResult Backend::read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments) {

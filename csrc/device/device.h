@@ -17,13 +17,31 @@ namespace hf2q::device {
 
 class Device;
 
-// One allocation holding a tensor. Owned through shared_ptr: Python Buffer
+// One backend allocation shared by several buffers (Device::alloc_many on a
+// backend that sub-allocates): released once its last buffer is gone.
+class MemoryBlock {
+ public:
+  MemoryBlock(std::shared_ptr<Device> dev, void* ptr, void* handle, std::size_t len)
+      : dev_(std::move(dev)), ptr_(ptr), handle_(handle), len_(len) {}
+  ~MemoryBlock();
+  MemoryBlock(const MemoryBlock&) = delete;
+  MemoryBlock& operator=(const MemoryBlock&) = delete;
+
+ private:
+  std::shared_ptr<Device> dev_;
+  void* ptr_;
+  void* handle_;
+  std::size_t len_;
+};
+
+// One allocation holding a tensor (or a part of a shared MemoryBlock). Owned through shared_ptr: Python Buffer
 // objects and every numpy/DLPack view hold a reference, so the memory lives
 // until the last of them is gone. Removed from its residency set before free.
 class BufferImpl {
  public:
   BufferImpl(std::shared_ptr<Device> dev, DType dtype, std::vector<std::int64_t> shape,
-             std::size_t byte_len, std::size_t alloc_len, void* ptr, void* handle);
+             std::size_t byte_len, std::size_t alloc_len, void* ptr, void* handle,
+             std::shared_ptr<MemoryBlock> block = nullptr);
   ~BufferImpl();
   BufferImpl(const BufferImpl&) = delete;
   BufferImpl& operator=(const BufferImpl&) = delete;
@@ -36,6 +54,8 @@ class BufferImpl {
   std::size_t alloc_len() const { return alloc_len_; }
   std::uint8_t* data() const { return static_cast<std::uint8_t*>(ptr_); }
   void* handle() const { return handle_; }
+  // The shared allocation this buffer is part of; null: its own allocation.
+  const std::shared_ptr<MemoryBlock>& block() const { return block_; }
 
  private:
   std::shared_ptr<Device> dev_;
@@ -46,6 +66,7 @@ class BufferImpl {
   std::size_t alloc_len_;
   void* ptr_;
   void* handle_;
+  std::shared_ptr<MemoryBlock> block_;  // after dev_: destroyed first
 };
 
 struct ResidencyStats {
@@ -75,6 +96,16 @@ class Device : public std::enable_shared_from_this<Device> {
   // unless residency is disabled. Throws std::invalid_argument for bad
   // shapes, DeviceError when memory cannot be had.
   std::shared_ptr<BufferImpl> alloc(const std::vector<std::int64_t>& shape, DType dtype);
+  // Several buffers at once (a loader's run of tensors), each as alloc()
+  // makes it. Where the backend sub-allocates (BackendInfo::suballocate)
+  // they share one allocation, each at a page-aligned offset, which is
+  // released when the last of them is freed; elsewhere each is alloc()'d.
+  // All or nothing: on a throw none is left allocated.
+  struct AllocSpec {
+    std::vector<std::int64_t> shape;
+    DType dtype;
+  };
+  std::vector<std::shared_ptr<BufferImpl>> alloc_many(const std::vector<AllocSpec>& specs);
 
   // Residency. register_buffer is idempotent; returns whether the buffer is
   // (now) in a set.
@@ -102,6 +133,9 @@ class Device : public std::enable_shared_from_this<Device> {
   UploadResult read_file(BufferImpl& buf, std::size_t elem_offset, int fd, std::uint64_t file_offset,
                          std::size_t nbytes, DType src_dtype, bool check_finite = false);
 
+  // The backend's pending notice for the user, once (Backend::take_notice).
+  std::string take_notice() { return backend_->take_notice(); }
+
   // Every upload so far complete in device memory (see Backend::synchronize).
   void synchronize() { backend_->synchronize(); }
 
@@ -125,10 +159,22 @@ class Device : public std::enable_shared_from_this<Device> {
   UploadResult read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments, DType src_dtype,
                                   bool check_finite = false);
 
+  // Many buffers' file segments in one call (Backend::read_file_batch): one
+  // result per job, first_nonfinite a buffer element index of that job's
+  // buffer. Every job is planned and checked before any byte is read.
+  struct BatchJob {
+    BufferImpl* buf;
+    std::vector<SegmentSpec> segments;
+    DType src_dtype;
+    bool check_finite = false;
+  };
+  std::vector<UploadResult> read_file_batch(const std::vector<BatchJob>& jobs);
+
   std::vector<std::uint32_t> device_checksums(BufferImpl& buf);
 
-  // Called by ~BufferImpl.
+  // Called by ~BufferImpl (and by ~MemoryBlock for the shared allocation).
   void release(BufferImpl& buf) noexcept;
+  void release_block(void* handle, void* ptr, std::size_t len) noexcept;
 
   // pthread_atfork handlers (device.cpp): every device's mutex is held across fork().
   static void lock_all_for_fork();
@@ -136,6 +182,8 @@ class Device : public std::enable_shared_from_this<Device> {
 
  private:
   explicit Device(std::unique_ptr<Backend> backend);
+  std::size_t alloc_len_for(const std::vector<std::int64_t>& shape, DType dtype, std::size_t* byte_len) const;
+  static void count_injected_failure(std::size_t alloc_len);
   struct Member {
     int set = -1;  // -1: tracked but over the wired budget
     bool locked = false;

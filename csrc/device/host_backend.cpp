@@ -5,7 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <cstdio>
+#include <string>
 #include <cstring>
 #include <mutex>
 
@@ -104,22 +104,31 @@ class HostBackend final : public Backend {
     });
   }
 
+  // The first refusal is kept for take_notice (an atomic flag, not
+  // std::call_once: a once-flag a fork caught mid-call would leave the child
+  // waiting forever).
   void note_refusal(int err) {
-    // An atomic flag, not std::call_once: a once-flag a fork caught mid-call
-    // would leave the child waiting forever.
-    if (refusal_logged_.exchange(true)) return;
-    {
-      struct rlimit rl {};
-      ::getrlimit(RLIMIT_MEMLOCK, &rl);
-      std::fprintf(stderr,
-                   "hf2q: mlock refused (%s; RLIMIT_MEMLOCK soft limit %llu bytes): buffers stay tracked "
-                   "and prefaulted but unlocked\n",
-                   std::strerror(err), static_cast<unsigned long long>(rl.rlim_cur));
-    }
+    if (refusal_seen_.exchange(true)) return;
+    refusal_errno_.store(err);
+    refusal_pending_.store(true);
   }
 
+ public:
+  std::string take_notice() override {
+    if (!refusal_pending_.exchange(false)) return {};
+    struct rlimit rl {};
+    ::getrlimit(RLIMIT_MEMLOCK, &rl);
+    const int err = refusal_errno_.load();
+    return std::string("mlock refused (") + std::strerror(err) + "; RLIMIT_MEMLOCK soft limit " +
+           std::to_string(static_cast<unsigned long long>(rl.rlim_cur)) +
+           " bytes): buffers stay tracked and prefaulted but unlocked";
+  }
+
+ private:
   BackendInfo info_;
-  std::atomic<bool> refusal_logged_{false};
+  std::atomic<bool> refusal_seen_{false};
+  std::atomic<bool> refusal_pending_{false};
+  std::atomic<int> refusal_errno_{0};
 };
 
 }  // namespace

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _core, formats, reference
 from ._arrays import BF16, F16, F32, U8, as_byte_array
-from .errors import DeviceError, Hf2qError, NonFiniteError, ScaleOverflowWarning
+from .errors import DeviceError, Hf2qError, NonFiniteError, ResidencyWarning, ScaleOverflowWarning
 
 __all__ = [
     "Device",
@@ -125,7 +125,9 @@ class Buffer:
     @property
     def locked(self) -> bool:
         """Host backend: whether the pages are mlock'ed."""
-        return bool(self._device._native.is_locked(self._native))
+        locked = bool(self._device._native.is_locked(self._native))
+        _warn_notice(self._device._native)
+        return locked
 
     def numpy(self) -> np.ndarray:
         """Zero-copy writable view: ``bf16`` as ``ml_dtypes.bfloat16`` (raw
@@ -199,7 +201,9 @@ class Residency:
         self._device = device
 
     def _stats(self) -> dict[str, Any]:
-        return dict(self._device._native.stats())
+        st = dict(self._device._native.stats())  # commits what is pending
+        _warn_notice(self._device._native)
+        return st
 
     @property
     def enabled(self) -> bool:
@@ -244,10 +248,12 @@ class Residency:
     def commit(self) -> None:
         """Apply staged additions/removals (batched; also done implicitly)."""
         self._device._native.commit()
+        _warn_notice(self._device._native)
 
     def request(self) -> None:
         """Request residency again after :meth:`end` (host: lock again)."""
         self._device._native.request_residency()
+        _warn_notice(self._device._native)
 
     def end(self) -> None:
         """End residency: the buffers stay valid but may be paged out (host: munlock)."""
@@ -263,6 +269,16 @@ class Residency:
 
 _native_devices: dict[str, Any] = {}
 _native_lock = threading.Lock()
+
+
+def _warn_notice(native: Any) -> None:
+    """The device's pending notice (host: mlock refused), as a
+    :class:`~hf2q.ResidencyWarning`: native code never prints."""
+    msg = native.take_notice()
+    if msg:
+        import warnings
+
+        warnings.warn(msg, ResidencyWarning, stacklevel=3)
 
 
 def _new_lock_in_child() -> None:
@@ -400,7 +416,18 @@ class Device:
         :data:`DTYPES`), registered in the residency set unless
         ``HF2Q_NO_RESIDENCY=1``."""
         native = self._native.alloc(list(_shape(shape)), _dtype_name(dtype))
+        _warn_notice(self._native)  # an allocation may commit (and pin) what is pending
         return Buffer(native, self)
+
+    def alloc_many(self, specs: Sequence[tuple[Sequence[int] | int, str]]) -> list[Buffer]:
+        """Zero-filled buffers of ``(shape, dtype)`` each, as :meth:`alloc`
+        makes them, all or none. On CUDA they share one device allocation
+        (one ``cuMemAlloc`` instead of one per tensor; each buffer starts at a
+        page-aligned offset), whose memory returns to the device when the last
+        of them is freed. On host and Metal each is its own allocation."""
+        natives = self._native.alloc_many([(list(_shape(shape)), _dtype_name(dtype)) for shape, dtype in specs])
+        _warn_notice(self._native)
+        return [Buffer(n, self) for n in natives]
 
     def _own(self, buf: Buffer) -> None:
         if not isinstance(buf, Buffer):
@@ -570,6 +597,67 @@ class Device:
                         cls = _file_value_class(fd, foff, result[0] - off, src_dtype)
                         break
         self._check_result(result, buf.shape, name, value_class=cls)
+
+    def write_from_file_batch(self, jobs: Sequence[tuple[Buffer, PathOrFd, Sequence[tuple[int, int, int]], str, str | None]],
+                              *, check_finite: bool = False) -> None:
+        """Many buffers' file ranges in one call: each job is ``(buf, file,
+        segments, src_dtype, name)``, its ``segments`` as for
+        :meth:`write_from_file_segments`. On a GPU all jobs share one pipeline
+        of staged copies, so the staging ring and the copy engine stay busy
+        from one tensor to the next (a loader's run of tensors); elsewhere the
+        jobs run one after another. Every job is checked before any byte is
+        read. Errors as for :meth:`write_from_file_segments`: a read that
+        fails names the first job whose ranges the file no longer holds (else
+        the first job); non-finite input names the first job, in order, that
+        holds it."""
+        planned = []
+        for buf, file, segments, src_dtype, name in jobs:
+            self._own(buf)
+            _dtype_name(src_dtype)
+            segs = []
+            for off, foff, n in segments:
+                if foff < 0 or n < 0:
+                    raise ValueError("file_offset and nbytes must be >= 0")
+                segs.append((_offset(off), int(foff), int(n)))
+            planned.append((buf, file, segs, src_dtype, name))
+        if not planned:
+            return
+        from contextlib import ExitStack
+
+        with ExitStack() as stack:
+            fds: dict[Any, int] = {}
+            for _, file, _, _, _ in planned:
+                key = file if isinstance(file, int) and not isinstance(file, bool) else os.fspath(file)
+                if key not in fds:
+                    fds[key] = stack.enter_context(_opened(file))
+            fd_of = [fds[f if isinstance(f, int) and not isinstance(f, bool) else os.fspath(f)]
+                     for _, f, _, _, _ in planned]
+            before = {fd: _fd_identity(fd, fd) for fd in set(fd_of)}
+            try:
+                results = self._native.read_file_batch(
+                    [(buf._native, [(o, fd, f, n) for o, f, n in segs], src_dtype, bool(check_finite))
+                     for (buf, _, segs, src_dtype, _), fd in zip(planned, fd_of)])
+            except FileReadError as e:
+                bad = 0
+                for i, ((_, _, segs, _, _), fd) in enumerate(zip(planned, fd_of)):
+                    size = os.fstat(fd).st_size
+                    if any(foff + n > size for _, foff, n in segs):
+                        bad = i
+                        break
+                raise _file_read_error(planned[bad][1], planned[bad][4], e) from None
+            for i, ((_, file, _, _, name), fd) in enumerate(zip(planned, fd_of)):
+                if before[fd] is not None and before[fd] != _fd_identity(file, fd):
+                    raise _file_error(file, name, "the file was modified while it was read (device, inode, size "
+                                      "or modification time changed)")
+            for (buf, file, segs, src_dtype, name), fd, result in zip(planned, fd_of, results):
+                cls = ""
+                if result[0] >= 0:
+                    esize = formats.get(src_dtype).itemsize
+                    for off, foff, n in segs:
+                        if off <= result[0] < off + n // esize:
+                            cls = _file_value_class(fd, foff, result[0] - off, src_dtype)
+                            break
+                self._check_result(tuple(result), buf.shape, name, value_class=cls)
 
     def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
                          shape: Sequence[int], *, name: str | None = None, check_finite: bool = False) -> Buffer:

@@ -13,6 +13,7 @@ __all__ = [
     "Hf2qError",
     "NonFiniteError",
     "ScaleOverflowWarning",
+    "ResidencyWarning",
     "SafetensorsError",
     "ConfigError",
     "ManifestError",
@@ -57,6 +58,12 @@ class ScaleOverflowWarning(UserWarning):
     """A Q8_0 block scale overflowed float16 (amax >= 8,321,040): it is stored
     as +Inf, exactly as ggml's reference quantizer does, and dequantizes to
     +-Inf/NaN."""
+
+
+class ResidencyWarning(UserWarning):
+    """Residency could not be had as asked, and the load goes on without it:
+    on the host, ``mlock`` was refused (``RLIMIT_MEMLOCK``), so the buffers are
+    tracked and prefaulted but may be paged out. Issued once per device."""
 
 
 class SafetensorsError(Hf2qError):

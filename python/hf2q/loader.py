@@ -25,10 +25,16 @@ from .models._loading import LoadSummary, detached, file_read_error, progress_ba
 from .plan import LoadPlan, Piece, TensorPlan
 from .safetensors import Checkpoint
 
-__all__ = ["execute", "STAGING_BYTES"]
+__all__ = ["execute", "STAGING_BYTES", "BATCH_BYTES", "BATCH_ENTRIES"]
 
 #: Bytes of source data an ``elementwise`` entry stages at a time (at most).
 STAGING_BYTES = 16 << 20
+
+#: A batch of streamed entries ends once it holds this many source bytes (a
+#: bound on the work between two progress updates or interrupt checks) ...
+BATCH_BYTES = 1 << 30
+#: ... or this many entries.
+BATCH_ENTRIES = 256
 
 M = TypeVar("M")
 
@@ -39,24 +45,63 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     ``make_model(buffers)`` builds the family's container (and runs its
     layout check) before the summary is attached as ``model.summary``.
 
+    Streamed entries go to the device in batches (one allocation call, one
+    pipeline of reads and copies: on a GPU the staging ring and the copy
+    engine stay busy from one tensor to the next) of up to
+    :data:`BATCH_BYTES` of source data or :data:`BATCH_ENTRIES` entries;
+    the other entries (transforms and staged conversions, small tensors) are
+    done as they come, while the batch around them keeps collecting. The
+    residency set is committed once a group's (layer's) data is written:
+    after each batch, and at a change of group with no batch pending.
+
     Every file's identity (device, inode, size, mtime) is checked before and
-    after each entry's reads: a checkpoint rewritten in place since it was
-    validated is a ``SafetensorsError`` (``FileChanged``) naming the file.
-    ``check_finite``: NaN/Inf in entries copied or decoded as they are raise
-    :class:`~hf2q.NonFiniteError` (found during the read; quantization
-    always refuses them). Off by default: the bytes are the file's."""
+    after each entry's (or batch's) reads: a checkpoint rewritten in place
+    since it was validated is a ``SafetensorsError`` (``FileChanged``) naming
+    the file. ``check_finite``: NaN/Inf in entries copied or decoded as they
+    are raise :class:`~hf2q.NonFiniteError` (found during the read;
+    quantization always refuses them). Off by default: the bytes are the
+    file's."""
     t0 = time.perf_counter()
     bufs: dict[str, Buffer] = {}
     bar = progress_bar(plan.source_nbytes, "hf2q load", progress)
     group: object = object()
+    pending: list[TensorPlan] = []  # streamed entries not yet read
+    pending_sizes: list[int] = []
+    pending_bytes = 0
+
+    def flush() -> None:
+        nonlocal pending_bytes
+        if len(pending) == 1:
+            bufs[pending[0].name] = _fill(device, ckpt, pending[0], check_finite)
+        elif pending:
+            bufs.update(_fill_batch(device, ckpt, pending, check_finite))
+        for n in pending_sizes:
+            bar.update(n)  # one update per tensor, batched or not
+        pending.clear()
+        pending_sizes.clear()
+        pending_bytes = 0
+        device.residency.commit()
+
     try:
         for entry in plan:
             if entry.group != group:
-                device.residency.commit()  # one commit per group (layer)
+                if not pending:
+                    device.residency.commit()  # the previous group is written
                 group = entry.group
-            bufs[entry.name] = _fill(device, ckpt, entry, check_finite)
-            bar.update(entry.source_nbytes)
-        device.residency.commit()
+            size = entry.source_nbytes
+            if entry.streamed:
+                pending.append(entry)
+                pending_sizes.append(size)
+                pending_bytes += size
+                if pending_bytes >= BATCH_BYTES or len(pending) >= BATCH_ENTRIES:
+                    flush()
+            else:
+                # Read, transformed or staged now (small tensors); the batch
+                # pending around it keeps collecting.
+                bufs[entry.name] = _fill(device, ckpt, entry, check_finite)
+                bar.update(size)
+        flush()
+        bufs = {e.name: bufs[e.name] for e in plan}  # plan order, whatever order they were read in
         model = make_model(bufs)
     except BaseException as e:
         bufs.clear()
@@ -71,10 +116,71 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     return model
 
 
-def _check_unchanged(ckpt: Checkpoint, pieces: list[Piece]) -> None:
-    """Each source file still the one validated (rewritten in place?)."""
+def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
+                check_finite: bool = False) -> dict[str, Buffer]:
+    """A run of streamed entries: their buffers in one allocation call, their
+    file bytes in one device call; all of them or none (on failure the
+    buffers made so far are freed before the error leaves)."""
+    pieces = [p for e in entries for p in e.sources]
+    _check_unchanged(ckpt, pieces)
+    made = device.alloc_many([(e.shape, e.dtype) for e in entries])
+    try:
+        jobs = []
+        owner: list[list[tuple[tuple[int, int, int], Piece]]] = []
+        for entry, buf in zip(entries, made):
+            for (fd, dtype), segs in _file_groups(ckpt, entry.sources).items():
+                jobs.append((buf, fd, [seg for seg, _ in segs], dtype, entry.name))
+                owner.append(segs)
+        try:
+            device.write_from_file_batch(jobs, check_finite=check_finite)
+        except NonFiniteError:
+            _check_unchanged(ckpt, pieces)  # a file changed since validation explains it better
+            raise
+        except FileReadError as e:
+            _check_unchanged(ckpt, pieces)
+            raise _read_error(ckpt, e, [(job[1], segs) for job, segs in zip(jobs, owner)]) from None
+        _check_unchanged(ckpt, pieces)
+    except BaseException as e:
+        del made
+        raise detached(e)
+    return {e.name: b for e, b in zip(entries, made)}
+
+
+def _file_groups(ckpt: Checkpoint, pieces: tuple[Piece, ...] | list[Piece]
+                 ) -> dict[tuple[int, str], list[tuple[tuple[int, int, int], Piece]]]:
+    """The segments of ``pieces`` by (file descriptor, source format): each
+    group is one device call's worth (one conversion, one file)."""
+    groups: dict[tuple[int, str], list[tuple[tuple[int, int, int], Piece]]] = {}
+    for piece in pieces:
+        fd = ckpt.file_for(piece.tensor).fileno()
+        groups.setdefault((fd, piece.dtype), []).extend((seg, piece) for seg in _segments(ckpt, piece))
+    return groups
+
+
+def _read_error(ckpt: Checkpoint, e: FileReadError,
+                groups: list[tuple[int, list[tuple[tuple[int, int, int], Piece]]]]) -> Exception:
+    """The failed read as a SafetensorsError naming the first piece its file
+    no longer holds (truncated), else the first piece."""
+    sizes: dict[int, int] = {}
+    for fd, segs in groups:
+        size = sizes.setdefault(fd, os.fstat(fd).st_size)
+        for (_, foff, n), p in segs:
+            if foff + n > size:
+                return file_read_error(e, ckpt[p.tensor].path, p.tensor)
+    p = groups[0][1][0][1]
+    return file_read_error(e, ckpt[p.tensor].path, p.tensor)
+
+
+def _check_unchanged(ckpt: Checkpoint, pieces: list[Piece] | tuple[Piece, ...]) -> None:
+    """Each source file still the one validated (rewritten in place?): one
+    check per file, naming the first of the pieces it holds (an expert stack
+    has hundreds of pieces in a handful of files)."""
+    seen: set[int] = set()
     for p in pieces:
-        ckpt.file_for(p.tensor).check_unchanged(p.tensor)
+        f = ckpt.file_for(p.tensor)
+        if id(f) not in seen:
+            seen.add(id(f))
+            f.check_unchanged(p.tensor)
 
 
 def _check_finite_array(a: np.ndarray, name: str) -> None:
@@ -139,11 +245,7 @@ def _stream(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Pi
     offsets. The pieces that come from one file in one format go to the device
     in one call (on a GPU one pipeline of staged copies for a whole expert
     stack, instead of a round trip per expert)."""
-    groups: dict[tuple[int, str], list[tuple[tuple[int, int, int], Piece]]] = {}
-    for piece in pieces:
-        fd = ckpt.file_for(piece.tensor).fileno()
-        groups.setdefault((fd, piece.dtype), []).extend((seg, piece) for seg in _segments(ckpt, piece))
-    for (fd, dtype), segs in groups.items():
+    for (fd, dtype), segs in _file_groups(ckpt, pieces).items():
         try:
             device.write_from_file_segments(buf, fd, [seg for seg, _ in segs], dtype, name=entry.name,
                                             check_finite=check_finite)
@@ -152,10 +254,7 @@ def _stream(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Pi
             raise
         except FileReadError as e:
             _check_unchanged(ckpt, pieces)
-            # Name the first piece the file no longer holds (truncated), else the first.
-            size = os.fstat(fd).st_size
-            bad = next((p for (_, foff, n), p in segs if foff + n > size), segs[0][1])
-            raise file_read_error(e, ckpt[bad.tensor].path, bad.tensor) from None
+            raise _read_error(ckpt, e, [(fd, segs)]) from None
 
 
 def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer,

@@ -2,6 +2,7 @@
 #include "cuda_api.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <mutex>
 
@@ -28,6 +29,7 @@ struct DriverState {
   Driver api{};
   bool ok = false;
   std::string why;
+  pid_t pid = 0;  // the process that ran cuInit
 };
 
 DriverState load_driver() {
@@ -88,6 +90,7 @@ DriverState load_driver() {
     return st;
   }
   st.ok = true;
+  st.pid = ::getpid();
   return st;
 }
 
@@ -154,6 +157,10 @@ const Driver* driver(std::string* why) {
   static const DriverState st = load_driver();  // thread-safe once
   if (!st.ok) {
     *why = st.why;
+    return nullptr;
+  }
+  if (::getpid() != st.pid) {
+    *why = kForkedChild;
     return nullptr;
   }
   return &st.api;

@@ -87,6 +87,14 @@ struct Nvrtc {
 
 // The driver, loaded and initialised (cuInit) once per process; nullptr with
 // *why set when libcuda.so.1 or a usable driver is missing.
+// Why a process forked after CUDA was initialised cannot use it: the
+// driver's state (its threads, its mappings of the GPU) does not survive
+// fork(), and its calls may fail or hang in the child.
+inline constexpr const char* kForkedChild =
+    "CUDA was initialised in the parent of this process before fork(), and a forked child cannot use it "
+    "(the driver's state does not survive fork): start the child with multiprocessing's 'spawn' or "
+    "'forkserver' method, or open CUDA devices only after forking";
+
 const Driver* driver(std::string* why);
 // NVRTC, loaded once per process from the configured candidates, then the
 // system's sonames; nullptr with *why listing what was tried.

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -113,9 +114,11 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const Driver* d, CUdevice dev, CUcontext ctx, BackendInfo info, int sm_count, int cc)
       : d_(d), dev_(dev), ctx_(ctx), info_(std::move(info)), sm_count_(sm_count), cc_(cc),
-        default_nan_(cpu_default_nan_bits()) {}
+        default_nan_(cpu_default_nan_bits()), pid_(::getpid()) {}
 
   ~CudaBackend() override {
+    // A forked child owns none of this: the driver's objects are the parent's.
+    if (forked()) return;
     // Errors are ignored: at interpreter exit the driver may be shutting down.
     if (d_->cuCtxPushCurrent(ctx_) == CUDA_SUCCESS) {
       for (Slot& s : slots_) {
@@ -183,7 +186,7 @@ class CudaBackend final : public Backend {
   }
 
   void release(void*, void* ptr, std::size_t) noexcept override {
-    if (ptr == nullptr) return;
+    if (ptr == nullptr || forked()) return;  // a forked child's copy of a buffer is the parent's memory
     if (d_->cuCtxPushCurrent(ctx_) != CUDA_SUCCESS) return;
     // No copy into this buffer may still be in flight when it is freed.
     wait_uploads();
@@ -330,7 +333,10 @@ class CudaBackend final : public Backend {
   // restores whatever was current before (we live inside others' processes).
   class Ctx {
    public:
-    explicit Ctx(CudaBackend& b) : b_(b) { b_.check(b_.d_->cuCtxPushCurrent(b_.ctx_), "cuCtxPushCurrent"); }
+    explicit Ctx(CudaBackend& b) : b_(b) {
+      if (b_.forked()) throw DeviceError(std::string("cannot use ") + b_.info_.name + ": " + cuda::kForkedChild);
+      b_.check(b_.d_->cuCtxPushCurrent(b_.ctx_), "cuCtxPushCurrent");
+    }
     ~Ctx() {
       CUcontext prev = nullptr;
       b_.d_->cuCtxPopCurrent(&prev);
@@ -345,6 +351,8 @@ class CudaBackend final : public Backend {
   void check(CUresult r, const char* what) const {
     if (r != CUDA_SUCCESS) throw DeviceError("CUDA error on " + info_.name + ": " + describe(*d_, what, r));
   }
+
+  bool forked() const noexcept { return ::getpid() != pid_; }
 
   static CUdeviceptr dptr(const void* p) { return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)); }
 
@@ -459,6 +467,8 @@ class CudaBackend final : public Backend {
   void ensure_ring() {
     std::lock_guard<std::mutex> lk(ring_mu_);
     if (!slots_.empty()) return;
+    // Two slots per thread, at most 16 (128 MiB pinned): on the H200 machine
+    // 12, 24 and 32 slots all loaded slower than 16 with 16 threads.
     const int n = std::min(16, std::max(4, 2 * get_num_threads()));
     std::vector<Slot> slots(static_cast<std::size_t>(n));
     try {
@@ -476,7 +486,7 @@ class CudaBackend final : public Backend {
       throw;
     }
     slots_ = std::move(slots);
-    for (int i = n - 1; i >= 0; --i) free_slots_.push_back(i);
+    for (int i = 0; i < n; ++i) free_slots_.push_back(i);
   }
 
   // One slot, exclusively, until the lease ends; its previous work is done.
@@ -485,8 +495,10 @@ class CudaBackend final : public Backend {
     explicit Lease(CudaBackend& b) : b_(b) {
       std::unique_lock<std::mutex> lk(b_.ring_mu_);
       b_.ring_cv_.wait(lk, [&] { return !b_.free_slots_.empty(); });
-      idx_ = b_.free_slots_.back();
-      b_.free_slots_.pop_back();
+      // The longest-free slot: its copy is the likeliest to have finished
+      // (the one just given back has its copy queued behind all the others).
+      idx_ = b_.free_slots_.front();
+      b_.free_slots_.pop_front();
       lk.unlock();
       Slot& s = slot();
       if (s.pending) {
@@ -528,7 +540,7 @@ class CudaBackend final : public Backend {
       std::lock_guard<std::mutex> lk(status_mu_);
       free_status_.push_back(i);
     }
-    status_cv_.notify_one();
+    status_cv_.notify_all();  // a batch may be waiting for several cells
   }
 
   // Where one planned piece of an upload comes from: CPU memory `mem`, or
@@ -541,54 +553,189 @@ class CudaBackend final : public Backend {
     const std::uint8_t* mem;
   };
 
-  // The chunked pipeline over every source: each chunk is staged in a slot's
-  // pinned buffer (memcpy or pread), then its copy (and conversion) queued on
-  // the slot's stream. Chunks are small enough that a mid-sized tensor still
-  // spreads over every thread, large enough to keep copies efficient.
-  // Returns once all of it is on the GPU.
+  // One buffer's part of an upload: its sources (one conversion for all of
+  // them), the kernel that conversion runs and, for quantization, the status
+  // cell its kernels report non-finite input and overflowing scales into.
+  struct Job {
+    UploadTarget dst;
+    const Source* srcs;
+    std::size_t nsrcs;
+    CUfunction kernel = nullptr;
+    int cell = -1;
+  };
+
+  CUfunction kernel_for(const UploadPlan& p) const {
+    if (p.op == UploadOp::Decode) return p.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_;
+    if (p.op == UploadOp::Quantize) {
+      return p.src_dtype == DType::F32 ? fn_q8_f32_ : p.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
+    }
+    return nullptr;
+  }
+
   UploadResult upload(const UploadTarget& dst, const Source* srcs, std::size_t nsrcs) {
+    Job job{dst, srcs, nsrcs};
     UploadResult res;
-    const UploadPlan& p0 = *srcs[0].plan;
+    upload_jobs(&job, 1, &res);
+    return res;
+  }
+
+  // Status cells for `n` quantizing jobs, all at once (a thread that took
+  // some and waited for the rest could starve another doing the same).
+  std::vector<int> take_status_cells(std::size_t n) {
+    std::vector<int> cells;
+    if (n == 0) return cells;
+    std::unique_lock<std::mutex> lk(status_mu_);
+    status_cv_.wait(lk, [&] { return free_status_.size() >= n; });
+    cells.assign(free_status_.end() - static_cast<std::ptrdiff_t>(n), free_status_.end());
+    free_status_.resize(free_status_.size() - n);
+    return cells;
+  }
+  void put_status_cells(const std::vector<int>& cells) {
+    if (cells.empty()) return;
+    {
+      std::lock_guard<std::mutex> lk(status_mu_);
+      free_status_.insert(free_status_.end(), cells.begin(), cells.end());
+    }
+    status_cv_.notify_all();
+  }
+
+ public:
+  std::vector<UploadResult> read_file_batch(const std::vector<FileBatchItem>& items) override {
+    std::vector<UploadResult> out(items.size());
+    // Quantizing jobs per pipeline, each holding a status cell: well under
+    // kStatusCells, so that concurrent batches never wait for one another.
+    constexpr std::size_t kQuantizeJobsPerRun = 32;
+    std::size_t begin = 0;
+    while (begin < items.size()) {
+      std::vector<std::vector<Source>> srcs;
+      std::size_t end = begin, quantizing = 0;
+      for (; end < items.size(); ++end) {
+        const auto& segs = items[end].segments;
+        if (segs.empty()) continue;
+        if (segs[0].plan.op == UploadOp::Quantize) {
+          if (quantizing == kQuantizeJobsPerRun) break;
+          ++quantizing;
+        }
+      }
+      srcs.reserve(end - begin);
+      std::vector<Job> jobs;
+      std::vector<std::size_t> where;
+      jobs.reserve(end - begin);
+      for (std::size_t i = begin; i < end; ++i) {
+        const auto& segs = items[i].segments;
+        if (segs.empty()) continue;
+        std::vector<Source> v;
+        v.reserve(segs.size());
+        for (const FileSegment& sg : segs) {
+          if (sg.plan.op != segs[0].plan.op || sg.plan.src_dtype != segs[0].plan.src_dtype) {
+            throw std::invalid_argument("segments of one upload must share their conversion");
+          }
+          v.push_back(Source{&sg.plan, sg.elem_offset, sg.fd, sg.file_offset, nullptr});
+        }
+        srcs.push_back(std::move(v));
+        jobs.push_back(Job{items[i].dst, srcs.back().data(), srcs.back().size()});
+        where.push_back(i);
+      }
+      std::vector<UploadResult> res(jobs.size());
+      if (!jobs.empty()) upload_jobs(jobs.data(), jobs.size(), res.data());
+      for (std::size_t k = 0; k < jobs.size(); ++k) out[where[k]] = res[k];
+      begin = end;
+    }
+    return out;
+  }
+
+ private:
+  // The chunked pipeline over every source of every job: each chunk is
+  // staged in a slot's pinned buffer (memcpy or pread), then its copy (and
+  // conversion) queued on the slot's stream. Chunks are small enough that a
+  // mid-sized upload still spreads over every thread, large enough to keep
+  // copies efficient; a batch of jobs is one pipeline, so the ring and the
+  // copy engine stay busy from one tensor to the next. Raw copies and
+  // widening may still be in flight when it returns (synchronize() waits);
+  // quantization and failures wait for everything, since the status words
+  // are needed or a buffer may be freed next.
+  void upload_jobs(Job* jobs, std::size_t njobs, UploadResult* results) {
     std::size_t total = 0;
-    for (std::size_t i = 0; i < nsrcs; ++i) total += srcs[i].plan->src_bytes;
-    if (total == 0) return res;
+    std::size_t quantizing = 0;
+    for (std::size_t j = 0; j < njobs; ++j) {
+      for (std::size_t i = 0; i < jobs[j].nsrcs; ++i) total += jobs[j].srcs[i].plan->src_bytes;
+      if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Quantize) ++quantizing;
+    }
+    if (total == 0) return;
     Ctx c(*this);
     ensure_ring();
-    const bool convert = p0.op != UploadOp::Raw;
-    const std::size_t esize = convert ? p0.src_elem : 1;
-    CUfunction kernel = nullptr;
-    if (p0.op == UploadOp::Decode) kernel = p0.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_;
-    if (p0.op == UploadOp::Quantize) {
-      kernel = p0.src_dtype == DType::F32 ? fn_q8_f32_ : p0.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
-    }
 
     // 64 KiB granules: a multiple of 32 elements of every source dtype.
     constexpr std::size_t kGranule = 64u << 10;
     const std::size_t threads = static_cast<std::size_t>(get_num_threads());
     std::size_t chunk = (total / (2 * threads) + kGranule - 1) / kGranule * kGranule;
     chunk = std::min(kSlotBytes, std::max<std::size_t>(1u << 20, chunk));
+    // A piece is one staging slot's worth: a part of a large source, or a
+    // run of whole small sources that lie back to back in the buffer (an
+    // expert stack gathered from per-expert tensors), read one after another
+    // into the slot and copied (and converted) as one.
     struct Piece {
-      std::size_t src;
-      std::size_t off;
-      std::size_t len;
+      std::uint32_t job;
+      std::uint32_t src;    // first source
+      std::uint32_t count;  // sources gathered (1 for a part of one)
+      std::size_t off;      // byte offset into the first source
+      std::size_t len;      // source bytes
     };
+    if (njobs > UINT32_MAX) throw std::invalid_argument("too many buffers in one upload");
     std::vector<Piece> pieces;
-    for (std::size_t i = 0; i < nsrcs; ++i) {
-      const std::size_t n = srcs[i].plan->src_bytes;
-      for (std::size_t off = 0; off < n; off += chunk) pieces.push_back(Piece{i, off, std::min(chunk, n - off)});
+    for (std::size_t j = 0; j < njobs; ++j) {
+      Job& job = jobs[j];
+      if (job.nsrcs > UINT32_MAX) throw std::invalid_argument("too many segments in one upload");
+      if (job.nsrcs == 0) continue;
+      job.kernel = kernel_for(*job.srcs[0].plan);
+      Piece run{static_cast<std::uint32_t>(j), 0, 0, 0, 0};
+      std::size_t run_end = 0;  // byte offset in the buffer where the run ends
+      auto flush = [&] {
+        if (run.count > 0) pieces.push_back(run);
+        run.count = 0;
+        run.len = 0;
+      };
+      for (std::size_t i = 0; i < job.nsrcs; ++i) {
+        const UploadPlan& p = *job.srcs[i].plan;
+        const std::size_t n = p.src_bytes;
+        if (n == 0) continue;
+        if (n >= chunk) {
+          flush();
+          for (std::size_t off = 0; off < n; off += chunk) {
+            pieces.push_back(Piece{static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(i), 1, off,
+                                   std::min(chunk, n - off)});
+          }
+          continue;
+        }
+        if (run.count > 0 && (run.len + n > chunk || p.dst_off != run_end ||
+                              job.srcs[i].base_elem != job.srcs[i - 1].base_elem + job.srcs[i - 1].plan->n_elems)) {
+          flush();
+        }
+        if (run.count == 0) run.src = static_cast<std::uint32_t>(i);
+        run.count += 1;
+        run.len += n;
+        run_end = p.dst_off + p.dst_len;
+      }
+      flush();
     }
 
-    int cell = -1;
-    CUdeviceptr status = 0;
-    if (p0.op == UploadOp::Quantize) {
-      cell = take_status();
-      status = status_dev_ + static_cast<std::size_t>(cell) * 16;
+    std::vector<int> cells = take_status_cells(quantizing);
+    {
+      std::size_t k = 0;
+      for (std::size_t j = 0; j < njobs; ++j) {
+        if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Quantize) jobs[j].cell = cells[k++];
+      }
+    }
+    if (!cells.empty()) {
       try {
-        check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
-        check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
+        for (int cell : cells) {
+          const CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cell) * 16;
+          check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
+          check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
+        }
         check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
       } catch (...) {
-        put_status(cell);
+        put_status_cells(cells);
         throw;
       }
     }
@@ -599,34 +746,43 @@ class CudaBackend final : public Backend {
         Ctx tc(*this);
         for (std::size_t ci = c0; ci < c1; ++ci) {
           const Piece& pc = pieces[ci];
-          const Source& src = srcs[pc.src];
+          const Job& job = jobs[pc.job];
+          const Source& src = job.srcs[pc.src];
           const UploadPlan& p = *src.plan;
-          const CUdeviceptr out = dptr(dst.base) + p.dst_off;
+          const CUdeviceptr out = dptr(job.dst.base) + p.dst_off;
           Lease lease(*this);
           Slot& s = lease.slot();
           auto* host = static_cast<std::uint8_t*>(s.host);
-          if (src.mem != nullptr) {
-            std::memcpy(host, src.mem + pc.off, pc.len);
-          } else {
-            pread_full(src.fd, host, pc.len, src.file_offset + pc.off);
+          std::size_t at = 0;
+          for (std::uint32_t k = 0; k < pc.count; ++k) {
+            const Source& sk = job.srcs[pc.src + k];
+            const std::size_t off = k == 0 ? pc.off : 0;
+            const std::size_t len = pc.count == 1 ? pc.len : sk.plan->src_bytes;
+            if (sk.mem != nullptr) {
+              std::memcpy(host + at, sk.mem + off, len);
+            } else {
+              pread_full(sk.fd, host + at, len, sk.file_offset + off);
+            }
+            at += len;
           }
-          if (!convert) {
+          if (p.op == UploadOp::Raw) {
             check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
           } else {
             if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, kSlotBytes), "cuMemAlloc (scratch)");
             check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
             CUdeviceptr from = s.scratch;
-            const unsigned long long elems = pc.len / esize, first = pc.off / esize;
+            const unsigned long long elems = pc.len / p.src_elem, first = pc.off / p.src_elem;
             if (p.op == UploadOp::Decode) {
               CUdeviceptr to = out + first * 4;
               unsigned long long n = elems;
               void* args[] = {&from, &to, &n};
-              launch(kernel, grid_for(elems, kBlock), s.stream, args);
+              launch(job.kernel, grid_for(elems, kBlock), s.stream, args);
             } else {
               CUdeviceptr to = out + element_byte_offset(DType::Q8_0, first);
+              CUdeviceptr status = status_dev_ + static_cast<std::size_t>(job.cell) * 16;
               unsigned long long nblocks = elems / kQ8BlockElems, base = src.base_elem + first;
               void* args[] = {&from, &to, &nblocks, &base, &status};
-              launch(kernel, grid_for(nblocks, kQ8BlocksPerCta), s.stream, args);
+              launch(job.kernel, grid_for(nblocks, kQ8BlocksPerCta), s.stream, args);
             }
           }
           check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
@@ -640,9 +796,9 @@ class CudaBackend final : public Backend {
     // in flight, overlapping the next upload's reads; synchronize() (called
     // before any read of device memory and before a free) waits for them.
     // The source was staged already, so the caller may reuse it.
-    if (!failure && cell < 0) {
+    if (!failure && cells.empty()) {
       issued_.fetch_add(1, std::memory_order_release);  // after every copy of it was queued
-      return res;
+      return;
     }
     // Otherwise nothing of this upload may still be in flight when it
     // returns (the caller may free the buffer, or needs the status).
@@ -651,23 +807,26 @@ class CudaBackend final : public Backend {
       const CUresult r = d_->cuStreamSynchronize(s.stream);
       if (sync == CUDA_SUCCESS) sync = r;
     }
-    if (cell >= 0) {
+    if (!cells.empty()) {
       if (!failure && sync == CUDA_SUCCESS) {
-        std::uint64_t* h = status_host_ + cell * 2;
-        const CUresult r1 = d_->cuMemcpyDtoHAsync(h, status, 16, misc_);
-        const CUresult r2 = r1 == CUDA_SUCCESS ? d_->cuStreamSynchronize(misc_) : r1;
-        if (r2 == CUDA_SUCCESS) {
-          res.first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
-          res.inf_scales = static_cast<std::size_t>(h[1]);
-        } else {
-          sync = r2;
+        // Every cell's two words, read back in one copy per cell.
+        for (std::size_t j = 0; j < njobs && sync == CUDA_SUCCESS; ++j) {
+          if (jobs[j].cell < 0) continue;
+          const std::size_t cell = static_cast<std::size_t>(jobs[j].cell);
+          sync = d_->cuMemcpyDtoHAsync(status_host_ + cell * 2, status_dev_ + cell * 16, 16, misc_);
+        }
+        if (sync == CUDA_SUCCESS) sync = d_->cuStreamSynchronize(misc_);
+        for (std::size_t j = 0; j < njobs && sync == CUDA_SUCCESS; ++j) {
+          if (jobs[j].cell < 0) continue;
+          const std::uint64_t* h = status_host_ + static_cast<std::size_t>(jobs[j].cell) * 2;
+          results[j].first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
+          results[j].inf_scales = static_cast<std::size_t>(h[1]);
         }
       }
-      put_status(cell);
+      put_status_cells(cells);
     }
     if (failure) std::rethrow_exception(failure);
     check(sync, "cuStreamSynchronize (upload)");
-    return res;
   }
 
   const Driver* d_;
@@ -677,6 +836,7 @@ class CudaBackend final : public Backend {
   int sm_count_;
   int cc_;
   std::uint32_t default_nan_;
+  pid_t pid_;  // the process that opened the device (fork: see cuda::kForkedChild)
   CUstream misc_ = nullptr;  // allocation zeroing, status words, read-back
   CUmodule module_ = nullptr;
   CUfunction fn_bf16_ = nullptr, fn_f16_ = nullptr, fn_q8_f32_ = nullptr, fn_q8_f16_ = nullptr,
@@ -690,7 +850,7 @@ class CudaBackend final : public Backend {
   std::mutex ring_mu_;
   std::condition_variable ring_cv_;
   std::vector<Slot> slots_;
-  std::vector<int> free_slots_;
+  std::deque<int> free_slots_;  // FIFO
 
   std::mutex status_mu_;
   std::condition_variable status_cv_;
@@ -745,6 +905,7 @@ std::unique_ptr<Backend> make_cuda_backend(int index, std::string* why) {
   info.dlpack_device_type = kDLCUDA;
   info.device_index = index;
   info.max_sets = 1;
+  info.suballocate = true;  // cuMemAlloc costs tens of microseconds, and more while copies are in flight
   auto b = std::make_unique<CudaBackend>(d, dev, ctx, std::move(info), sms, major * 10 + minor);
   if (!b->init(why)) return nullptr;  // ~CudaBackend releases the context
   return b;

@@ -1,0 +1,269 @@
+"""Batched allocation and file uploads (``Device.alloc_many``,
+``Device.write_from_file_batch``): what a loader does for a run of streamed
+tensors. Each test runs on the host backend and, where a GPU opens, on CUDA
+(marked ``cuda``), against the one-call-per-tensor paths they replace."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hf2q
+from hf2q._arrays import BF16
+from hf2q.device import Device, FileReadError
+from hf2q.errors import DeviceError, NonFiniteError, ScaleOverflowWarning
+
+
+def _why_no_cuda() -> str:
+    try:
+        Device("cuda")
+    except DeviceError as e:
+        return str(e)
+    return ""
+
+
+_NO_CUDA = _why_no_cuda()
+KINDS = ["host", pytest.param("cuda", marks=[pytest.mark.cuda,
+                                              pytest.mark.skipif(bool(_NO_CUDA), reason=f"no CUDA device: {_NO_CUDA}")])]
+
+
+@pytest.fixture(params=KINDS)
+def dev(request: pytest.FixtureRequest) -> Device:
+    return Device._isolated(request.param)
+
+
+def _raw(buf: hf2q.Buffer) -> bytes:
+    return np.ascontiguousarray(buf.to_host()).view(np.uint8).tobytes()
+
+
+RNG = np.random.default_rng(77)
+
+
+def _file(tmp_path: Path, name: str, *arrays: np.ndarray) -> tuple[Path, list[int]]:
+    """The arrays back to back after a 24-byte prefix; their file offsets."""
+    offsets, blob, pos = [], [b"\1" * 24], 24
+    for a in arrays:
+        offsets.append(pos)
+        blob.append(a.tobytes())
+        pos += a.nbytes
+    p = tmp_path / name
+    p.write_bytes(b"".join(blob))
+    return p, offsets
+
+
+# ------------------------------------------------------------------ alloc_many
+
+
+def test_alloc_many_makes_zero_filled_buffers_as_alloc_does(dev: Device) -> None:
+    specs = [((3, 64), "f32"), ((5000,), "bf16"), ((2, 32), "q8_0"), ((7,), "u8")]
+    before = dev.residency.count
+    bufs = dev.alloc_many(specs)
+    assert [(b.shape, b.dtype) for b in bufs] == [((3, 64), "f32"), ((5000,), "bf16"), ((2, 32), "q8_0"), ((7,), "u8")]
+    singles = [dev.alloc(shape, dtype) for shape, dtype in specs]
+    for b, single in zip(bufs, singles):
+        assert b.byte_len == single.byte_len and b.alloc_len == single.alloc_len
+        assert b.address % dev.page_size == 0
+        assert not any(_raw(b))
+    assert dev.residency.count == before + 2 * len(specs)
+    assert dev.alloc_many([]) == []
+
+
+def test_alloc_many_shares_one_allocation_on_cuda(dev: Device) -> None:
+    bufs = dev.alloc_many([((1000,), "f32"), ((3, 4096), "bf16"), ((64,), "q8_0")])
+    adjacent = all(bufs[i + 1].address == bufs[i].address + bufs[i].alloc_len for i in range(len(bufs) - 1))
+    assert adjacent == (dev.kind == "cuda")  # host buffers are their own (mlock'ed one by one)
+
+
+def test_alloc_many_is_all_or_nothing(dev: Device) -> None:
+    before = dev.residency.count
+    hf2q._core.inject_alloc_failure(3)
+    try:
+        with pytest.raises(DeviceError, match="injected"):
+            dev.alloc_many([((64,), "f32")] * 5)
+    finally:
+        hf2q._core.inject_alloc_failure(0)
+    gc.collect()
+    assert dev.residency.count == before
+    with pytest.raises(ValueError, match="zero-size"):
+        dev.alloc_many([((64,), "f32"), ((0, 3), "f32")])
+    assert dev.residency.count == before
+
+
+def test_alloc_many_memory_returns_with_its_last_buffer(dev: Device) -> None:
+    if dev.kind != "cuda":
+        pytest.skip("sub-allocation is CUDA's")
+    torch = pytest.importorskip("torch")
+    torch.cuda.init()
+    gc.collect()
+    free0 = torch.cuda.mem_get_info()[0]
+    a, b = dev.alloc_many([((256 << 20,), "u8"), ((256 << 20,), "u8")])
+    kept = free0 - (448 << 20)  # the driver counts in pages, and others may free a little meanwhile
+    assert torch.cuda.mem_get_info()[0] <= kept
+    del a
+    gc.collect()
+    assert torch.cuda.mem_get_info()[0] <= kept  # b keeps the whole allocation
+    view = torch.from_dlpack(b)
+    del b
+    gc.collect()
+    assert torch.cuda.mem_get_info()[0] <= kept  # and so does a view of b
+    del view
+    gc.collect()
+    assert torch.cuda.mem_get_info()[0] >= free0 - (64 << 20)
+
+
+# -------------------------------------------------------------- write_from_file_batch
+
+
+def _mixed_jobs(tmp_path: Path) -> tuple[list[tuple[tuple[int, ...], str]], list]:
+    """Buffers and jobs covering every conversion, expert-style segments (in
+    the file in reverse order, gathered into one staging slot on CUDA), two
+    files, and more quantizing jobs (41) than one CUDA pipeline takes (32)."""
+    x_bf = RNG.standard_normal((8, 256, 64)).astype(np.float32).astype(BF16)
+    x_f32 = RNG.standard_normal((4, 4096)).astype(np.float32)
+    x_f16 = RNG.standard_normal((3, 1024)).astype(np.float16)
+    small = [RNG.standard_normal((2, 64)).astype(np.float32).astype(BF16) for _ in range(40)]
+    f1, (o_bf, o_f32) = _file(tmp_path, "a.bin", x_bf, x_f32)
+    f2, offs = _file(tmp_path, "b.bin", x_f16, *small)
+    o_f16, o_small = offs[0], offs[1:]
+    per = 256 * 64
+    experts = [(e * per, o_bf + (7 - e) * per * 2, per * 2) for e in range(8)]
+    specs: list[tuple[tuple[int, ...], str]] = [((8, 256, 64), "bf16"), ((8, 256, 64), "f32"), ((8, 256, 64), "q8_0"),
+                                                ((4, 4096), "q8_0"), ((4, 4096), "f32"), ((3, 1024), "f32")]
+    jobs = [(0, f1, experts, "bf16", "raw"), (1, f1, experts, "bf16", "decode"), (2, f1, experts, "bf16", "q8"),
+            (3, f1, [(0, o_f32, x_f32.nbytes)], "f32", "q8_f32"), (4, f1, [(0, o_f32, x_f32.nbytes)], "f32", "f32"),
+            (5, f2, [(0, o_f16, x_f16.nbytes)], "f16", "f16")]
+    # Segments listed against the buffer's order (no run of them is back to
+    # back in it), and a stack with a hole in the middle (two runs).
+    specs += [((8, 256, 64), "q8_0"), ((8, 256, 64), "f32")]
+    jobs += [(len(specs) - 2, f1, experts[::-1], "bf16", "q8.reversed"),
+             (len(specs) - 1, f1, experts[:3] + experts[4:], "bf16", "f32.holed")]
+    for i, o in enumerate(o_small):
+        specs.append(((2, 64), "q8_0"))
+        jobs.append((len(specs) - 1, f2, [(0, o, small[i].nbytes)], "bf16", f"small.{i}"))
+    return specs, jobs
+
+
+def test_batch_equals_one_call_per_buffer(dev: Device, tmp_path: Path) -> None:
+    specs, jobs = _mixed_jobs(tmp_path)
+    batched = dev.alloc_many(specs)
+    dev.write_from_file_batch([(batched[i], f, segs, src, name) for i, f, segs, src, name in jobs])
+    single = [dev.alloc(shape, dtype) for shape, dtype in specs]
+    for i, f, segs, src, name in jobs:
+        dev.write_from_file_segments(single[i], f, segs, src, name=name)
+    host = Device("host")
+    for (i, *_), (shape, dtype) in zip(jobs, specs):
+        assert _raw(batched[i]) == _raw(single[i]), jobs[i][4]
+    if dev.kind != "host":  # and the same bytes as the host backend's
+        ref = [host.alloc(shape, dtype) for shape, dtype in specs]
+        host.write_from_file_batch([(ref[i], f, segs, src, name) for i, f, segs, src, name in jobs])
+        for i in range(len(specs)):
+            assert _raw(batched[i]) == _raw(ref[i]), jobs[i][4]
+
+
+def test_batch_nonfinite_names_the_first_job_holding_one(dev: Device, tmp_path: Path) -> None:
+    good = RNG.standard_normal((4, 64)).astype(np.float32)
+    bad1 = good.copy()
+    bad1[2, 5] = np.nan
+    bad2 = good.copy()
+    bad2[0, 1] = np.inf
+    f, (o0, o1, o2) = _file(tmp_path, "x.bin", good, bad1, bad2)
+    bufs = dev.alloc_many([((4, 64), "q8_0")] * 3)
+    with pytest.raises(NonFiniteError) as e:
+        dev.write_from_file_batch([(bufs[0], f, [(0, o0, good.nbytes)], "f32", "w.0"),
+                                   (bufs[1], f, [(0, o1, good.nbytes)], "f32", "w.1"),
+                                   (bufs[2], f, [(0, o2, good.nbytes)], "f32", "w.2")])
+    assert e.value.tensor == "w.1" and e.value.index == 2 * 64 + 5 and e.value.value_class == "nan"
+    assert e.value.multi_index == (2, 5)
+
+
+def test_batch_warns_for_each_job_with_overflowing_scales(dev: Device, tmp_path: Path) -> None:
+    big = np.full((1, 32), 1e30, dtype=np.float32)
+    ok = np.ones((1, 32), dtype=np.float32)
+    f, (o0, o1, o2) = _file(tmp_path, "x.bin", big, ok, big)
+    bufs = dev.alloc_many([((1, 32), "q8_0")] * 3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        dev.write_from_file_batch([(b, f, [(0, o, 128)], "f32", f"t{i}") for i, (b, o) in enumerate(zip(bufs, (o0, o1, o2)))])
+    msgs = [str(x.message) for x in w if issubclass(x.category, ScaleOverflowWarning)]
+    assert len(msgs) == 2 and msgs[0].startswith("'t0'") and msgs[1].startswith("'t2'")
+
+
+def test_batch_read_past_the_end_names_that_job(dev: Device, tmp_path: Path) -> None:
+    a = RNG.standard_normal(4096).astype(np.float32)
+    f1, (o1,) = _file(tmp_path, "one.bin", a)
+    f2, (o2,) = _file(tmp_path, "two.bin", a)
+    with open(f2, "r+b") as fh:
+        fh.truncate(o2 + 1000)  # shorter than its job needs
+    bufs = dev.alloc_many([((4096,), "f32"), ((4096,), "q8_0")])
+    with pytest.raises(FileReadError) as e:
+        dev.write_from_file_batch([(bufs[0], f1, [(0, o1, a.nbytes)], "f32", "first"),
+                                   (bufs[1], f2, [(0, o2, a.nbytes)], "f32", "second")])
+    assert "second" in str(e.value) and str(f2) in str(e.value)
+    assert e.value.code == "FileTruncated"
+
+
+def test_batch_checks_every_job_before_reading(dev: Device, tmp_path: Path) -> None:
+    a = RNG.standard_normal(256).astype(np.float32)
+    f, (o,) = _file(tmp_path, "x.bin", a)
+    bufs = dev.alloc_many([((256,), "f32"), ((128,), "f32")])
+    with pytest.raises(ValueError, match="overruns"):
+        dev.write_from_file_batch([(bufs[0], f, [(0, o, a.nbytes)], "f32", "fits"),
+                                   (bufs[1], f, [(0, o, a.nbytes)], "f32", "too long")])
+    assert not any(_raw(bufs[0]))  # nothing was read
+    other = Device._isolated("host")
+    with pytest.raises(DeviceError, match="another device|belongs"):
+        dev.write_from_file_batch([(other.alloc((256,), "f32"), f, [(0, o, a.nbytes)], "f32", "x")])
+    dev.write_from_file_batch([])  # nothing to do
+
+
+def test_concurrent_batches_on_threads(dev: Device, tmp_path: Path) -> None:
+    """Four threads, each a batch of 40 quantizing jobs (CUDA: status cells
+    taken together, pipelines sharing one staging ring), equal to one thread."""
+    specs, jobs = _mixed_jobs(tmp_path)
+    ref = dev.alloc_many(specs)
+    dev.write_from_file_batch([(ref[i], f, segs, src, name) for i, f, segs, src, name in jobs])
+    outs: list[list[hf2q.Buffer]] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            mine = dev.alloc_many(specs)
+            for _ in range(3):
+                dev.write_from_file_batch([(mine[i], f, segs, src, name) for i, f, segs, src, name in jobs])
+            outs.append(mine)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for mine in outs:
+        for a, b in zip(mine, ref):
+            assert _raw(a) == _raw(b)
+
+
+def test_overlapping_segments_are_refused(dev: Device, tmp_path: Path) -> None:
+    """Two segments that write the same bytes of a buffer (a GPU would write
+    them on different streams, in no defined order): refused before any read,
+    within one job, across two jobs of one buffer, and by
+    write_from_file_segments; segments that only touch are fine."""
+    a = RNG.standard_normal(1024).astype(np.float32)
+    f, (o,) = _file(tmp_path, "x.bin", a)
+    buf, other = dev.alloc_many([((1024,), "f32"), ((1024,), "f32")])
+    with pytest.raises(ValueError, match="overlap"):
+        dev.write_from_file_segments(buf, f, [(0, o, 2048), (256, o, 2048)], "f32")
+    with pytest.raises(ValueError, match="overlap"):
+        dev.write_from_file_batch([(buf, f, [(0, o, 2048)], "f32", "a"), (other, f, [(0, o, 4096)], "f32", "b"),
+                                   (buf, f, [(511, o, 4)], "f32", "c")])
+    assert not any(_raw(buf)) and not any(_raw(other))
+    dev.write_from_file_batch([(buf, f, [(0, o, 2048)], "f32", "a"), (buf, f, [(512, o + 2048, 2048)], "f32", "b"),
+                               (other, f, [(0, o, 4096)], "f32", "c")])
+    assert _raw(buf) == a.tobytes() == _raw(other)
