@@ -194,7 +194,7 @@ def _network_cause(e: BaseException) -> BaseException | None:
         status = _status(x)
         if status is not None:
             return x if status >= 500 or status in _RETRY_STATUSES else None
-        if isinstance(x, hub_errors.HfHubHTTPError):  # no response: it never got one
+        if isinstance(x, hub_errors.HfHubHTTPError):  # an HTTP error without a status: no answer came
             return x
         if isinstance(x, (ConnectionError, TimeoutError, socket.gaierror)) or (xet and isinstance(x, xet)):
             return x
@@ -266,8 +266,6 @@ def _classify(e: Exception, *, repo_id: str, revision: str | None, where: str, h
         login = " (log in with `hf auth login`)" if status in (401, 403) else ""
         return HubError(f"{where}: the Hub refused the download (HTTP {status}{login}): "
                         f"{_first_line(e)}", **ids)
-    if isinstance(e, hub_errors.HfHubHTTPError):
-        return HubError(f"{where}: download failed: {_first_line(e)}", **ids)
     if isinstance(e, ValueError):  # huggingface_hub's validation (a repo id or revision it refuses)
         return HubError(f"{where}: {_first_line(e)}", **ids)
     return None
