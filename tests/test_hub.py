@@ -28,6 +28,8 @@ REPO = "z-lab/tiny-DFlash"
 COMMIT_MAIN = "a" * 40
 COMMIT_DEV = "0123456789abcdef0123456789abcdef01234567"
 NO_NET = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1"}
+GEMMA_REPO = "google/tiny-gemma-4"
+GEMMA_DATA = Path(__file__).parent / "data" / "gemma4"
 
 
 def add_snapshot(cache: Path, repo_id: str, commit: str, files: Path, refs: tuple[str, ...] = ("main",)) -> Path:
@@ -68,6 +70,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg_only.mkdir()
     shutil.copy(single / "config.json", cfg_only / "config.json")
     add_snapshot(c, "z-lab/config-only", "c" * 40, cfg_only)
+    # Gemma 4: a tied MoE model at main, an untied dense one at dev (tokenizer.json beside both)
+    add_snapshot(c, GEMMA_REPO, "e" * 40, GEMMA_DATA / "gemma4_moe_causal_lm" / "hf", refs=("main",))
+    add_snapshot(c, GEMMA_REPO, "f" * 40, GEMMA_DATA / "gemma4_dense_ple" / "hf", refs=("dev",))
     return c
 
 
@@ -232,3 +237,257 @@ def test_cli_not_cached(cache: Path) -> None:
 def test_cli_revision_with_local_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["inspect", str(tmp_path), "--revision", "main"]) == 2
     assert "a revision applies to Hugging Face repo ids only" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- every family, one resolver
+
+def test_gemma4_takes_repo_ids(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    dev = hf2q.Device("host")
+    m = hf2q.gemma4.load(GEMMA_REPO, dev, progress=False)
+    assert m.tied and m.summary.as_dict()["model"] == "gemma4"
+    m2 = hf2q.gemma4.load(GEMMA_REPO, dev, progress=False, revision="dev")
+    assert not m2.tied  # the dev snapshot is the untied dense model: the revision was honoured
+    snaps = hub_cache / "models--google--tiny-gemma-4" / "snapshots"
+    assert hf2q.gemma4.inspect(GEMMA_REPO)["planned_tensors"] == len(m)
+    assert hf2q.gemma4.inspect(GEMMA_REPO, revision="dev") == hf2q.gemma4.inspect(snaps / ("f" * 40))
+    with pytest.raises(hub.RepoNotCachedError, match="fetch it with: hf2q load google/gemma-4-26B-A4B-it --download"):
+        hf2q.gemma4.load("google/gemma-4-26B-A4B-it", dev)
+    with pytest.raises(hub.RepoNotCachedError):
+        hf2q.gemma4.inspect("google/gemma-4-26B-A4B-it", revision="main")
+    with pytest.raises(ValueError, match="a revision applies to Hugging Face repo ids only"):
+        hf2q.gemma4.load(GEMMA_DATA / "gemma4_moe_causal_lm" / "hf", dev, revision="main")
+    with pytest.raises(ValueError, match="--download applies to Hugging Face repo ids only"):
+        hf2q.gemma4.inspect(GEMMA_DATA / "gemma4_moe_causal_lm" / "hf", download=True)
+    calls: list[dict[str, Any]] = []
+
+    def fake(repo_id: str, **kw: Any) -> str:
+        calls.append({"repo_id": repo_id, **kw})
+        return str(snaps / ("e" * 40))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    hf2q.gemma4.load("google/new", dev, progress=False, revision="v1", download=True)
+    hf2q.gemma4.inspect("google/new", download=True)
+    assert [(c["repo_id"], c["revision"], c["allow_patterns"]) for c in calls] == [
+        ("google/new", "v1", hub.DOWNLOAD_PATTERNS), ("google/new", None, hub.DOWNLOAD_PATTERNS)]
+
+
+@pytest.mark.parametrize("loader", ["hf2q.load", "dflash.load", "qwen35.load", "qwen35.inspect", "gemma4.load",
+                                    "gemma4.inspect"])
+def test_every_loader_resolves_through_hub_resolve(loader: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One code path: each public loader hands path, revision and download to hf2q.hub.resolve."""
+    seen: list[tuple[Any, ...]] = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(path: Any, revision: Any = None, *, download: bool = False, **kw: Any) -> Path:
+        seen.append((path, revision, download))
+        raise Stop
+
+    monkeypatch.setattr(hub, "resolve", spy)
+    fn = {"hf2q.load": hf2q.load, "dflash.load": hf2q.dflash.load, "qwen35.load": hf2q.qwen35.load,
+          "qwen35.inspect": hf2q.qwen35.inspect, "gemma4.load": hf2q.gemma4.load,
+          "gemma4.inspect": hf2q.gemma4.inspect}[loader]
+    kwargs: dict[str, Any] = {"revision": "r1"}
+    if loader != "qwen35.inspect":  # (takes no download)
+        kwargs["download"] = True
+    with pytest.raises(Stop):
+        fn("o/n", **kwargs)
+    assert seen == [("o/n", "r1", kwargs.get("download", False))]
+
+
+# --------------------------------------------------------------------------- a failed download, classified
+# Bad input (the repo, revision or file is not there, or not allowed) is a HubError and exit 2; the network
+# or the server failing is a HubNetworkError (also a ConnectionError) and exit 1. huggingface_hub's own
+# exception classes, raised by a mocked snapshot_download: no test reaches a network.
+
+def _response(status: int) -> Any:
+    """What huggingface_hub's HTTP errors read from a response (any version)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(status_code=status, headers={}, request=None, url="https://huggingface.co/api/x")
+
+
+def _http_error(name: str, status: int, message: str | None = None) -> BaseException:
+    from huggingface_hub import errors as hub_errors
+
+    cls = getattr(hub_errors, name)
+    return cls(message or f"{status} Client Error for url: https://huggingface.co/api/models/o/n", response=_response(status))
+
+
+def _transport_error(kind: str) -> BaseException:
+    """A connection or timeout error of the HTTP client this huggingface_hub uses."""
+    import importlib
+
+    for module, names in (("httpx2", ("ConnectError", "ReadTimeout")), ("httpx", ("ConnectError", "ReadTimeout")),
+                          ("requests", ("ConnectionError", "ReadTimeout"))):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        return getattr(mod, names[0] if kind == "connect" else names[1])("[Errno 111] Connection refused")
+    pytest.skip("no HTTP client library")
+
+
+def _local_missing_from(cause: BaseException) -> BaseException:
+    """What snapshot_download raises when the Hub did not answer and nothing is cached."""
+    from huggingface_hub import errors as hub_errors
+
+    try:
+        try:
+            raise cause
+        except BaseException as c:
+            raise hub_errors.LocalEntryNotFoundError(
+                f"Got: {type(c).__name__}: {c}\nAn error happened while trying to locate the files on the Hub, "
+                "and we cannot find the appropriate snapshot folder for the specified revision on the local "
+                "disk. Please check your internet connection and try again.") from c
+    except BaseException as e:
+        return e
+
+
+def _failing(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    import huggingface_hub
+
+    def fake(repo_id: str, **kw: Any) -> str:
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+
+
+BAD_INPUT = {
+    "repo not found": (lambda: _http_error("RepositoryNotFoundError", 401), "o/n: no such repo on the Hub"),
+    "gated": (lambda: _http_error("GatedRepoError", 403), "o/n: a gated repo: request access"),
+    "revision not found": (lambda: _http_error("RevisionNotFoundError", 404), "o/n@v9: the Hub has no revision 'v9'"),
+    "file missing": (lambda: _http_error("RemoteEntryNotFoundError" if hasattr(
+        __import__("huggingface_hub").errors, "RemoteEntryNotFoundError") else "EntryNotFoundError", 404),
+        "o/n@v9: a file the repo lists is missing on the Hub"),
+    "disabled": (lambda: _http_error("DisabledRepoError", 403), "o/n: the repo is disabled on the Hub"),
+    "forbidden": (lambda: _http_error("HfHubHTTPError", 403), "o/n@v9: the Hub refused the download (HTTP 403"),
+    "answered 4xx, then not cached": (lambda: _local_missing_from(_http_error("HfHubHTTPError", 400)),
+                                      "o/n@v9: the Hub refused the download (HTTP 400)"),
+    "invalid repo id": (lambda: __import__("huggingface_hub").errors.HFValidationError("Repo id must be ..."),
+                        "o/n@v9: Repo id must be"),
+}
+
+NETWORK = {
+    "HTTP 500": (lambda: _http_error("HfHubHTTPError", 500, "500 Server Error: Internal Server Error"), "HTTP 500"),
+    "HTTP 503": (lambda: _http_error("HfHubHTTPError", 503, "503 Server Error: Service Unavailable"), "HTTP 503"),
+    "HTTP 504 on a repo call": (lambda: _http_error("HfHubHTTPError", 504), "HTTP 504"),
+    "HTTP 429": (lambda: _http_error("HfHubHTTPError", 429, "429 Too Many Requests"), "HTTP 429"),
+    "no connection, not cached": (lambda: _local_missing_from(_transport_error("connect")), "Connect"),
+    "timeout, not cached": (lambda: _local_missing_from(_transport_error("timeout")), "ReadTimeout"),
+    "5xx, not cached": (lambda: _local_missing_from(_http_error("HfHubHTTPError", 502)), "HTTP 502"),
+    "connection lost mid-download": (lambda: _transport_error("connect"), "Connect"),
+    "timeout mid-download": (lambda: _transport_error("timeout"), "ReadTimeout"),
+    "socket timeout": (lambda: TimeoutError("timed out"), "TimeoutError: timed out"),
+    "network unreachable": (lambda: OSError(101, "Network is unreachable"), "Network is unreachable"),
+    "no answer, cause unknown": (lambda: _local_missing_from(RuntimeError("?")), "LocalEntryNotFoundError"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_is_a_hub_error(case: str, hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make, message = BAD_INPUT[case]
+    _failing(monkeypatch, make())
+    with pytest.raises(hub.HubError) as ei:
+        hub.resolve("o/n", "v9", download=True)
+    e = ei.value
+    assert not isinstance(e, hub.HubNetworkError) and not isinstance(e, OSError)
+    assert str(e).startswith(message) and "\n" not in str(e), str(e)
+    assert (e.repo_id, e.revision) == ("o/n", "v9") and e.__cause__ is None
+
+
+@pytest.mark.parametrize("case", list(NETWORK))
+def test_network_failure_is_a_hub_network_error(case: str, hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make, detail = NETWORK[case]
+    error = make()
+    _failing(monkeypatch, error)
+    with pytest.raises(hub.HubNetworkError) as ei:
+        hub.resolve("o/n", "v9", download=True)
+    e = ei.value
+    msg = str(e)
+    assert isinstance(e, hub.HubError) and isinstance(e, ConnectionError) and isinstance(e, hf2q.Hf2qError)
+    assert msg.startswith("o/n@v9: download failed on the network: the Hugging Face Hub could not be reached")
+    assert detail in msg and "\n" not in msg, msg
+    assert msg.endswith("try again: hf2q load o/n --revision v9 --download") and e.hint == "hf2q load o/n --revision v9 --download"
+    assert e.__cause__ is error  # the library's exception, kept for whoever debugs it
+
+
+def test_the_machines_own_os_errors_pass_through(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    for error in (OSError(errno.ENOSPC, "No space left on device"), PermissionError(errno.EACCES, "denied")):
+        _failing(monkeypatch, error)
+        with pytest.raises(OSError) as ei:
+            hub.resolve("o/n", download=True)
+        assert ei.value is error and not isinstance(ei.value, hub.HubError)
+
+
+def test_offline_mode_is_not_a_network_failure(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import errors as hub_errors
+
+    _failing(monkeypatch, _local_missing_from(hub_errors.OfflineModeIsEnabled("offline")))
+    with pytest.raises(hub.HubError, match="offline mode is on .HF_HUB_OFFLINE is set.") as ei:
+        hub.resolve("o/n", download=True)
+    assert not isinstance(ei.value, hub.HubNetworkError)
+
+
+def test_a_repo_without_safetensors(hub_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import huggingface_hub
+
+    only_config = tmp_path / "snap"
+    only_config.mkdir()
+    (only_config / "config.json").write_text("{}")
+    for folder in (only_config, tmp_path / "never-created"):  # (no file matched: huggingface_hub makes no folder)
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: str(folder))
+        with pytest.raises(hub.HubError, match=r"^o/n: the repo has no .safetensors files at this revision") as ei:
+            hub.resolve("o/n", download=True)
+        assert not isinstance(ei.value, (hub.HubNetworkError, hub.RepoNotCachedError))
+
+
+def test_an_incomplete_cached_snapshot(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import errors as hub_errors
+
+    if not hasattr(hub_errors, "IncompleteSnapshotError"):
+        pytest.skip("this huggingface_hub has no IncompleteSnapshotError")
+    _failing(monkeypatch, hub_errors.IncompleteSnapshotError("2 file(s) are missing", snapshot_path="/x"))
+    with pytest.raises(hub.RepoNotCachedError, match="the cached snapshot is incomplete.*fetch the rest with: "
+                                                     "hf2q load o/n --download$"):
+        hub.resolve("o/n")
+
+
+@pytest.mark.parametrize(("error", "status", "kind"), [
+    (lambda: _local_missing_from(_transport_error("connect")), 1, "HubNetworkError"),
+    (lambda: _http_error("HfHubHTTPError", 503, "503 Server Error: Service Unavailable"), 1, "HubNetworkError"),
+    (lambda: _http_error("RepositoryNotFoundError", 404), 2, "HubError"),
+    (lambda: _http_error("GatedRepoError", 403), 2, "HubError"),
+    (lambda: _http_error("RevisionNotFoundError", 404), 2, "HubError"),
+])
+@pytest.mark.parametrize("command", ["inspect", "load"])
+def test_cli_exit_status_of_a_failed_download(error: Any, status: int, kind: str, command: str, hub_cache: Path,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    _failing(monkeypatch, error())
+    assert main([command, "o/n", "--download"]) == status
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(f"hf2q {command}: error: o/n")
+    assert ("download failed on the network" in err) == (status == 1)
+    assert main([command, "o/n", "--download", "--json"]) == status
+    e = json.loads(capsys.readouterr().out)["error"]
+    assert e["type"] == kind and e["repo_id"] == "o/n"
+
+
+def test_cli_download_with_the_hub_unreachable(cache: Path, tmp_path: Path) -> None:
+    """The real huggingface_hub against HF_ENDPOINT on a closed local port (refused at once): not cached is
+    a network failure, exit 1; a cached repo still loads (huggingface_hub falls back to the cache)."""
+    env = env_with(HF_HUB_CACHE=str(cache))
+    p = hf2q_cli("load", "z-lab/never-fetched", "--download", "--device", "host", env=env)
+    assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("hf2q load: error: z-lab/never-fetched: download failed on the network: "), p.stderr
+    p = hf2q_cli("inspect", "z-lab/never-fetched", "--download", "--json", env=env)
+    assert p.returncode == 1 and json.loads(p.stdout)["error"]["type"] == "HubNetworkError"
+    p = hf2q_cli("load", REPO, "--download", "--device", "host", "--json", env=env)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["resident_bytes"] == RESIDENT

@@ -299,3 +299,84 @@ def test_a_failed_drafter_upload_frees_the_target(dev, tmp_path: Path, gemma_dra
         pairs.load_pair(GEMMA_TINY, d, dev, progress=False, check_finite=True)
     assert e.value.tensor == name
     assert _state(dev) == before  # while the exception (and its traceback) is still held
+
+
+# ----------------------------------------------------------------------------- the target planned once
+def _count_reads(monkeypatch, directory: Path) -> dict[str, int]:
+    """How often each small file of ``directory`` is opened through the capped
+    reader (config.json, tokenizer.json: every config and tokenizer read)."""
+    import hf2q._files as files
+
+    reads: dict[str, int] = {}
+    real = files.open_regular
+
+    def spy(path, error):
+        p = Path(path)
+        if p.parent == directory:
+            reads[p.name] = reads.get(p.name, 0) + 1
+        return real(path, error)
+
+    monkeypatch.setattr(files, "open_regular", spy)
+    return reads
+
+
+def _count_calls(monkeypatch, module, name: str) -> list[int]:
+    calls: list[int] = []
+    real = getattr(module, name)
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("how", ["api", "cli"])
+def test_gemma4_pair_plans_its_target_once(how: str, dev, gemma_drafter: Path, monkeypatch, capsys) -> None:
+    """load_pair and `hf2q load --drafter`: one plan of the target, so its
+    config.json and tokenizer.json are each read once."""
+    import hf2q.models.gemma4 as gemma4
+
+    plans = _count_calls(monkeypatch, gemma4, "plan_gemma4")
+    reads = _count_reads(monkeypatch, GEMMA_TINY)
+    if how == "api":
+        pair = pairs.load_pair(GEMMA_TINY, gemma_drafter, dev, progress=False, dense_dtype="q8_0")
+        assert pair.target["blk.0.attn_q.weight"].dtype == "q8_0"  # the options reached the one plan
+        del pair
+    else:
+        from hf2q.cli import main
+
+        assert main(["load", str(GEMMA_TINY), "--drafter", str(gemma_drafter), "--device", "host", "--json",
+                     "--dense-dtype", "q8_0"]) == 0
+        assert json.loads(capsys.readouterr().out)["pair"]["target_family"] == "gemma4"
+    assert len(plans) == 1
+    assert reads == {"config.json": 1, "tokenizer.json": 1}
+
+
+def test_qwen_pair_plans_its_target_once(dev, tmp_path: Path, monkeypatch) -> None:
+    import importlib
+
+    qwen_load = importlib.import_module("hf2q.models.qwen35.load")  # (the package's `load` is the function)
+    t = make_qwen35_moe_checkpoint(tmp_path / "t", "tiny")
+    d = make_dflash_checkpoint(tmp_path / "d", _small_drafter(64, 256, 4, [0, 3], 5))
+    plans = _count_calls(monkeypatch, qwen_load, "plan_qwen35_moe")
+    reads = _count_reads(monkeypatch, t)
+    pair = pairs.load_pair(t, d, dev, progress=False, expert_dtype="bf16")
+    assert len(plans) == 1 and reads == {"config.json": 1}
+    assert pair.target["blk.0.ffn_down_exps.weight"].dtype == "bf16"
+    assert pair.target.summary.as_dict()["expert_dtype"] == "bf16"  # the summary comes from that plan
+    assert pair.drafter.lm_head.address == pair.target["output.weight"].address
+
+
+def test_a_pair_refuses_an_option_its_target_does_not_take(dev, gemma_drafter: Path, capsys) -> None:
+    with pytest.raises(TypeError, match="the gemma4 family takes no option.s. dtype; it takes expert_dtype, "
+                                        "dense_dtype"):
+        pairs.load_pair(GEMMA_TINY, gemma_drafter, dev, progress=False, dtype="f32")
+    from hf2q.cli import main
+
+    assert main(["load", str(GEMMA_TINY), "--drafter", str(gemma_drafter), "--device", "host",
+                 "--dtype", "f32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--dtype does not apply to" in err
+    assert "the gemma4 family takes --expert-dtype, --dense-dtype" in err

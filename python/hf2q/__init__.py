@@ -31,7 +31,7 @@ from .errors import (
 if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
     from . import _core, dflash, formats, gemma4, hub, models, ops, qwen35, reference, safetensors, testing
     from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
-    from .hub import HubError, RepoNotCachedError
+    from .hub import HubError, HubNetworkError, RepoNotCachedError
     from .safetensors import open_checkpoint
 
 check_environment()
@@ -58,6 +58,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "open_checkpoint": ("hf2q.safetensors", "open_checkpoint"),
     "HubError": ("hf2q.hub", "HubError"),
     "RepoNotCachedError": ("hf2q.hub", "RepoNotCachedError"),
+    "HubNetworkError": ("hf2q.hub", "HubNetworkError"),
 }
 
 
@@ -147,5 +148,6 @@ __all__ = [
     "DeviceError",
     "HubError",
     "RepoNotCachedError",
+    "HubNetworkError",
     "EnvVarWarning",
 ]

@@ -112,7 +112,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         ]
         total = ckpt.total_data_bytes()
         files = [str(getattr(f, "path", f)) for f in ckpt.files]
-        fam, plan = models.inspect(ckpt, config, **_family_options(args))
+        fam = models.detect(config)
+        fam, plan = models.inspect(ckpt, config, family=fam.name, **_options_for(fam, path, args))
     arch = fam.name
     report: dict[str, Any] = {"path": str(path), "architecture": arch, "files": files, "tensors": len(rows),
                               "data_bytes": total}
@@ -152,20 +153,29 @@ def open_device(kind: str | None) -> Any:
     return Device.default() if kind in (None, "auto") else Device(kind)
 
 
+#: The family options the command line offers (``inspect`` and ``load``), as loader keywords.
+CLI_FAMILY_OPTIONS = ("expert_dtype", "dense_dtype", "dtype")
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
 def _family_options(args: argparse.Namespace) -> dict[str, Any]:
     """The family options given on the command line."""
-    return {k: getattr(args, k) for k in ("expert_dtype", "dense_dtype", "dtype") if getattr(args, k, None) is not None}
+    return {k: getattr(args, k) for k in CLI_FAMILY_OPTIONS if getattr(args, k, None) is not None}
 
 
 def _options_for(fam: Any, path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The options the family takes; one given that it does not take is a
-    usage error (not silently dropped)."""
+    usage error naming the flag and the family (not silently dropped)."""
     given = _family_options(args)
-    foreign = [f"--{k.replace('_', '-')}" for k in given if k not in fam.options]
+    foreign = [_flag(k) for k in given if k not in fam.options]
     if foreign:
         verb = "does" if len(foreign) == 1 else "do"
+        offered = [_flag(o) for o in fam.options if o in CLI_FAMILY_OPTIONS]  # not the Python-only ones (mtp)
         raise UsageError(f"{' and '.join(foreign)} {verb} not apply to {path}: the {fam.name} family takes "
-                         f"{', '.join('--' + o.replace('_', '-') for o in fam.options) or 'no options'}")
+                         f"{', '.join(offered) or 'no options'}")
     return given
 
 
@@ -212,9 +222,10 @@ def _load_pair(path: Path, args: argparse.Namespace, device: Any) -> int:
     drafter = hub.resolve(args.drafter, command=args.command)
     if not os.path.lexists(drafter):
         raise SafetensorsError(f"{drafter}: no such file or directory", code="Io", path=str(drafter))
-    fam = models.detect(models.read_config(path)[1])
-    pair = pairs.load_pair(path, drafter, device, progress=not args.json and not args.no_progress,
-                           **_options_for(fam, path, args))
+    _, config = models.read_config(path)
+    fam = models.detect(config)
+    pair = pairs.load_pair_with(path, config, fam, drafter, device, progress=not args.json and not args.no_progress,
+                                **_options_for(fam, path, args))  # config.json read once, the target planned once
     verify = pair.verify() if args.verify else None
     target = {**pair.target.summary.as_dict(), "checkpoint": str(path)}
     drafted = {**pair.drafter.summary.as_dict(), "checkpoint": str(drafter)}
@@ -351,7 +362,12 @@ def error_object(e: BaseException) -> dict[str, Any]:
 
 def exit_code(e: BaseException) -> int:
     """2 for bad input or a wrong command line, 1 for anything else (the
-    system: a cache folder that cannot be written)."""
+    system: a cache folder that cannot be written, a download that failed on
+    the network or the server, :class:`hf2q.hub.HubNetworkError`)."""
+    from .hub import HubNetworkError
+
+    if isinstance(e, HubNetworkError):
+        return 1
     return 2 if isinstance(e, (Hf2qError, UsageError)) else 1
 
 
@@ -396,6 +412,20 @@ _DEVICE_HELP = ("where the weights go: auto (the first available of Metal on App
 _DTYPES = ["keep", "f32", "bf16", "q8_0"]
 
 
+def _add_family_options(p: argparse.ArgumentParser, what: str = "") -> None:
+    """``--expert-dtype``, ``--dense-dtype``, ``--dtype`` (:data:`CLI_FAMILY_OPTIONS`): the same
+    choices for ``inspect`` (the plan a load would make) and ``load``; one the checkpoint's
+    family does not take is a usage error."""
+    p.add_argument("--expert-dtype", choices=["q8_0", "bf16", "f32"],
+                   help=f"Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the expert stacks{what} (default q8_0)")
+    p.add_argument("--dense-dtype", choices=["f32", "bf16", "q8_0"],
+                   help=f"Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the other matrices{what} (default f32)")
+    p.add_argument("--dtype", choices=_DTYPES,
+                   help=f"generic checkpoints (no known architecture) only{what}: keep each tensor's dtype "
+                        "(default), or convert floats as llama.cpp's --outtype would (q8_0: 2-D weights whose rows "
+                        "are whole 32-blocks)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import _core
     from ._version import __version__
@@ -413,13 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("inspect", help="list a checkpoint's tensors, dtypes, shapes and bytes",
-                       description="List a checkpoint's tensors, dtypes, shapes and bytes; for a DFlash drafter or "
-                                   "a Qwen3.5/3.6 MoE model also the device dtypes and resident bytes. Reads "
-                                   "headers only.")
+                       description="List a checkpoint's tensors, dtypes, shapes and bytes, and the device dtypes and "
+                                   "resident bytes that `hf2q load` with the same options would give. Reads "
+                                   "headers (and the config and tokenizer files) only.")
     _add_source(p, "any .safetensors file, index (.safetensors.index.json) or checkpoint folder, or a Hugging "
                    "Face repo id (owner/name) in the local cache")
-    p.add_argument("--dtype", choices=_DTYPES,
-                   help="generic checkpoints: the dtype policy whose device dtypes to show (default keep)")
+    _add_family_options(p, ", as `hf2q load` would make them")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("load", help="validate a checkpoint and make it resident on a device",
@@ -436,14 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no progress bar (bars are drawn only on a terminal anyway)")
     p.add_argument("--drafter", metavar="DRAFTER", help="a DFlash drafter (path or repo id) to load bound to this "
                    "target (its embedding and LM head become the target's buffers)")
-    p.add_argument("--expert-dtype", choices=["q8_0", "bf16", "f32"],
-                   help="Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the expert stacks (default q8_0)")
-    p.add_argument("--dense-dtype", choices=["f32", "bf16", "q8_0"],
-                   help="Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the other matrices (default f32)")
-    p.add_argument("--dtype", choices=_DTYPES,
-                   help="generic checkpoints (no known architecture) only: keep each tensor's dtype (default), "
-                        "or convert floats as llama.cpp's --outtype would (q8_0: 2-D weights whose rows are whole "
-                        "32-blocks)")
+    _add_family_options(p)
     p.set_defaults(func=cmd_load)
 
     p = sub.add_parser("demo", help="load a full-size synthetic DFlash drafter (written once to a cache folder)",

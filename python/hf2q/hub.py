@@ -11,18 +11,28 @@ downloaded unless ``download=True`` (then only ``*.json`` and
 A string is taken as a repo id only when it has the repo-id form
 ``owner/name`` and neither it nor its ``owner`` folder exists here; anything
 else stays a local path.
+
+A failed download is classified (:func:`resolve`): what the repo is (not
+found, gated, disabled, no such revision, a file missing, no safetensors) is
+a :class:`HubError`, bad input; the network or the server failing (no
+connection, timeout, proxy, HTTP 5xx / 408 / 429) is a
+:class:`HubNetworkError`, a system error that may pass (the CLI exits 1 for
+it, 2 for bad input). An ``OSError`` of the machine itself (the cache cannot
+be written, the disk is full) is raised as it is.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import socket
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 from .errors import Hf2qError
 
-__all__ = ["HubError", "RepoNotCachedError", "is_repo_id", "resolve", "fetch_command"]
+__all__ = ["HubError", "RepoNotCachedError", "HubNetworkError", "is_repo_id", "resolve", "fetch_command"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -50,6 +60,15 @@ class HubError(Hf2qError):
 class RepoNotCachedError(HubError):
     """The repo (or that revision of it) is not in the local cache; ``hint``
     is the command that fetches it."""
+
+
+class HubNetworkError(HubError, ConnectionError):
+    """A download failed on the network or the server (no connection, DNS,
+    timeout, proxy, HTTP 5xx / 408 / 429): not a fault of the repo id or the
+    checkpoint, and the same command (``hint``) may work later. Also a
+    ``ConnectionError`` (an ``OSError``); the CLI exits 1 for it, a system
+    error, where every other :class:`HubError` is bad input (2). The
+    library's own exception is ``__cause__``."""
 
 
 def is_repo_id(s: PathLike) -> bool:
@@ -86,11 +105,13 @@ def resolve(
     branch, tag or commit hash; default ``main``).
 
     Offline unless ``download``; then ``huggingface_hub.snapshot_download``
-    fetches the repo's ``*.json`` and ``*.safetensors`` files (its own
-    progress bars, token and endpoint settings apply). Raises
-    :class:`RepoNotCachedError` (with the command that fetches it) or
-    :class:`HubError`; ``revision`` with a local path is a ``ValueError``.
-    ``command`` is the CLI subcommand named in that hint."""
+    fetches the repo's ``*.json``, ``*.safetensors`` and ``tokenizer.model``
+    files (its own progress bars, token and endpoint settings apply). Raises
+    :class:`RepoNotCachedError` (with the command that fetches it),
+    :class:`HubError` (the repo, revision or a file is not there, or not
+    allowed: bad input) or :class:`HubNetworkError` (the network or the
+    server failed: try again); ``revision`` or ``download`` with a local path
+    is a ``ValueError``. ``command`` is the CLI subcommand named in ``hint``."""
     if not is_repo_id(path):
         if revision is not None:
             raise ValueError(f"{os.fspath(path)}: a revision applies to Hugging Face repo ids only, not to a local path")
@@ -99,7 +120,6 @@ def resolve(
         return Path(os.fspath(path))
     repo_id = str(path)
     from huggingface_hub import snapshot_download
-    from huggingface_hub import errors as hub_errors
 
     where = f"{repo_id}@{revision}" if revision else repo_id
     hint = fetch_command(repo_id, revision, command)
@@ -109,32 +129,146 @@ def resolve(
             snapshot = snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=DOWNLOAD_PATTERNS)
         else:
             snapshot = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True)
-    except hub_errors.LocalEntryNotFoundError:
-        if download:  # offline mode (HF_HUB_OFFLINE) or no connection
-            raise HubError(
-                f"{where}: cannot download: not in the Hugging Face cache and the Hub cannot be reached "
-                "(is HF_HUB_OFFLINE set?)", repo_id=repo_id, revision=revision) from None
-        cache_text = cache or _cache_dir_safe()
-        raise RepoNotCachedError(
-            f"{where}: not a local path, and not in the Hugging Face cache ({cache_text}); fetch it with: {hint}",
-            repo_id=repo_id, revision=revision, hint=hint) from None
-    except hub_errors.RevisionNotFoundError:
-        raise HubError(f"{where}: the Hub has no revision {revision!r} of this repo", repo_id=repo_id,
-                       revision=revision) from None
-    except hub_errors.RepositoryNotFoundError:
-        raise HubError(f"{repo_id}: no such repo on the Hub (or it is private/gated: log in with `hf auth login`)",
-                       repo_id=repo_id, revision=revision) from None
-    except hub_errors.HfHubHTTPError as e:
-        raise HubError(f"{where}: download failed: {str(e).splitlines()[0]}", repo_id=repo_id,
-                       revision=revision) from None
-    except (OSError, ValueError) as e:
-        raise HubError(f"{where}: {e}", repo_id=repo_id, revision=revision) from None
+    except Exception as e:
+        err = _classify(e, repo_id=repo_id, revision=revision, where=where, hint=hint, download=download,
+                        cache=cache)
+        if err is None:  # the machine's own OSError (cache not writable, disk full), or not a Hub failure
+            raise
+        raise err from (e if isinstance(err, HubNetworkError) else None)
     snap = Path(snapshot)
-    if not any(p.name.endswith(".safetensors") for p in snap.iterdir()):
+    if not snap.is_dir() or not any(p.name.endswith(".safetensors") for p in snap.iterdir()):
+        if download:  # fetched (or found) at this revision: the repo itself has none
+            raise HubError(f"{where}: the repo has no .safetensors files at this revision (hf2q loads "
+                           "safetensors checkpoints)", repo_id=repo_id, revision=revision)
         raise RepoNotCachedError(
             f"{where}: the cached snapshot {snap} holds no .safetensors files; fetch them with: {hint}",
             repo_id=repo_id, revision=revision, hint=hint)
     return snap
+
+
+# --------------------------------------------------------------------------- classifying a failed download
+
+#: Top-level packages whose exceptions are transport failures (huggingface_hub's HTTP clients, any version).
+_TRANSPORT_PACKAGES = frozenset({"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3", "hf_xet"})
+#: HTTP statuses that are the server's or the network's state, not the request's: retry later.
+_RETRY_STATUSES = frozenset({408, 429})
+#: errno values of a network that is down (beyond ConnectionError's, which are caught by class).
+_NETWORK_ERRNOS = frozenset(getattr(errno, n) for n in ("ENETUNREACH", "ENETDOWN", "EHOSTUNREACH", "EHOSTDOWN",
+                                                         "ETIMEDOUT", "ENETRESET") if hasattr(errno, n))
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """``e`` and what caused it (``__cause__``, else ``__context__``), without cycles."""
+    out: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and all(cur is not x for x in out):
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _status(e: BaseException) -> int | None:
+    """The HTTP status of an error carrying a response (huggingface_hub's, or its client's)."""
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    text = (str(e).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _network_cause(e: BaseException) -> BaseException | None:
+    """The exception in ``e``'s chain that is the network or the server
+    failing, or None. An HTTP error with a status decides by its status (a
+    4xx other than 408/429 is the request's fault); a transport error (no
+    connection, timeout, DNS, TLS, proxy, a dropped stream) is the network's.
+    huggingface_hub's offline switch is not a failure of the network."""
+    from huggingface_hub import errors as hub_errors
+
+    offline = getattr(hub_errors, "OfflineModeIsEnabled", ())
+    xet = getattr(hub_errors, "XetDownloadError", ())
+    for x in _chain(e):
+        if offline and isinstance(x, offline):
+            return None
+        status = _status(x)
+        if status is not None:
+            return x if status >= 500 or status in _RETRY_STATUSES else None
+        if isinstance(x, hub_errors.HfHubHTTPError):  # an HTTP error without a status: no answer came
+            return x
+        if isinstance(x, (ConnectionError, TimeoutError, socket.gaierror)) or (xet and isinstance(x, xet)):
+            return x
+        if isinstance(x, OSError) and x.errno in _NETWORK_ERRNOS:  # "Network is unreachable" is no ConnectionError
+            return x
+        if any(c.__module__.split(".", 1)[0] in _TRANSPORT_PACKAGES for c in type(x).__mro__):
+            return x
+    return None
+
+
+def _offline(e: BaseException) -> bool:
+    from huggingface_hub import constants
+    from huggingface_hub import errors as hub_errors
+
+    offline = getattr(hub_errors, "OfflineModeIsEnabled", ())
+    return bool(getattr(constants, "HF_HUB_OFFLINE", False)) or any(offline and isinstance(x, offline)
+                                                                   for x in _chain(e))
+
+
+def _classify(e: Exception, *, repo_id: str, revision: str | None, where: str, hint: str, download: bool,
+              cache: str | None) -> HubError | None:
+    """The :class:`HubError` that says why ``snapshot_download`` failed, or
+    None to let ``e`` through (an ``OSError`` of this machine, or anything
+    that is not a Hub failure)."""
+    from huggingface_hub import errors as hub_errors
+
+    ids: dict[str, Any] = {"repo_id": repo_id, "revision": revision}
+    local_missing = hub_errors.LocalEntryNotFoundError
+    # What the repo is: bad input, whatever the transport said on the way.
+    if isinstance(e, getattr(hub_errors, "GatedRepoError", ())):
+        return HubError(f"{repo_id}: a gated repo: request access on its Hugging Face page, then log in with "
+                        "`hf auth login` (or set HF_TOKEN) as an account that has it", **ids)
+    if isinstance(e, hub_errors.RepositoryNotFoundError):
+        return HubError(f"{repo_id}: no such repo on the Hub (or it is private/gated: log in with `hf auth login`)",
+                        **ids)
+    if isinstance(e, hub_errors.RevisionNotFoundError):
+        return HubError(f"{where}: the Hub has no revision {revision!r} of this repo", **ids)
+    if isinstance(e, getattr(hub_errors, "DisabledRepoError", ())):
+        return HubError(f"{repo_id}: the repo is disabled on the Hub", **ids)
+    if isinstance(e, hub_errors.EntryNotFoundError) and not isinstance(e, local_missing):
+        return HubError(f"{where}: a file the repo lists is missing on the Hub: {_first_line(e)}", **ids)
+    if isinstance(e, local_missing):
+        if not download:
+            if isinstance(e, getattr(hub_errors, "IncompleteSnapshotError", ())):
+                return RepoNotCachedError(f"{where}: the cached snapshot is incomplete (an interrupted download?); "
+                                          f"fetch the rest with: {hint}", **ids, hint=hint)
+            return RepoNotCachedError(
+                f"{where}: not a local path, and not in the Hugging Face cache ({cache or _cache_dir_safe()}); "
+                f"fetch it with: {hint}", **ids, hint=hint)
+        if _offline(e):
+            return HubError(f"{where}: cannot download: not in the Hugging Face cache, and huggingface_hub's "
+                            "offline mode is on (HF_HUB_OFFLINE is set)", **ids)
+    # The network or the server: a system error (the same command may work later).
+    cause = _network_cause(e)
+    if (cause is None and download and isinstance(e, local_missing)
+            and all(_status(x) is None for x in _chain(e))):  # (an answer with a 4xx is the request's fault)
+        cause = e  # snapshot_download's "cannot find it ... check your internet connection": no answer
+    if cause is not None:
+        status, line = _status(cause), _first_line(cause)
+        if status is None:
+            detail = f"{type(cause).__name__}: {line}"
+        else:  # "HTTP 503: Server Error: ...", not "HTTP 503: 503 Server Error: ..."
+            detail = f"HTTP {status}: {line[len(str(status)):].lstrip() if line.startswith(str(status)) else line}"
+        return HubNetworkError(f"{where}: download failed on the network: the Hugging Face Hub could not be "
+                               f"reached or failed to answer ({detail}); check the connection (proxy, HF_ENDPOINT) "
+                               f"and try again: {hint}", **ids, hint=hint)
+    status = next((_status(x) for x in _chain(e) if _status(x) is not None), None)
+    if status is not None:  # a 4xx for this request: what was asked is wrong (or not allowed)
+        login = " (log in with `hf auth login`)" if status in (401, 403) else ""
+        return HubError(f"{where}: the Hub refused the download (HTTP {status}{login}): "
+                        f"{_first_line(e)}", **ids)
+    if isinstance(e, ValueError):  # huggingface_hub's validation (a repo id or revision it refuses)
+        return HubError(f"{where}: {_first_line(e)}", **ids)
+    return None
 
 
 def _cache_dir_safe() -> str:

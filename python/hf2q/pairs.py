@@ -18,9 +18,10 @@ that the two halves fit:
 
 Each mismatch is a :class:`PairError` (a :class:`~hf2q.ConfigError`) whose
 ``key`` names the field. A target family says where its embedding and LM head
-are through the registry hook ``target_heads(plan)`` (and ``plan_checkpoint``
-for a check before the target itself is loaded); Qwen3.5/3.6 MoE and Gemma 4
-have both.
+are through the registry hook ``target_heads(plan)``, with ``plan_checkpoint``
+(the plan, checked before the target itself is loaded) and ``load_planned``
+(that same plan loaded: planned once); Qwen3.5/3.6 MoE and Gemma 4 have all
+three.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from .device import Buffer, Device
 from .errors import ConfigError
 from .models._loading import detached
 
-__all__ = ["PairError", "TargetHeads", "SpeculativePair", "check_pair", "target_heads", "bind", "load_pair"]
+__all__ = ["PairError", "TargetHeads", "SpeculativePair", "check_pair", "target_heads", "bind", "load_pair",
+           "load_pair_with"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -205,28 +207,42 @@ def load_pair(target: PathLike, drafter: PathLike, device: Device | None = None,
     """Load a target checkpoint and its DFlash drafter as a bound pair. Both
     checkpoints' headers and configs are validated and the pair checked
     before either is uploaded; ``target_options`` go to the target's family
-    (``expert_dtype``, ``dense_dtype``, ...)."""
+    (``expert_dtype``, ``dense_dtype``, ...; one it does not take is a
+    TypeError, as for :func:`hf2q.load`)."""
+    from . import models
+
+    tpath = Path(os.fspath(target))
+    _, config = models.read_config(tpath)
+    return load_pair_with(tpath, config, models.detect(config), drafter, device, progress=progress,
+                          check_finite=check_finite, **target_options)
+
+
+#: The family hooks a speculative target needs (see :mod:`hf2q.models`).
+TARGET_HOOKS = ("plan_checkpoint", "target_heads", "load_planned")
+
+
+def load_pair_with(target: PathLike, config: Any, fam: Any, drafter: PathLike, device: Device | None = None, *,
+                   progress: bool = True, check_finite: bool = False, **target_options: Any) -> SpeculativePair:
+    """:func:`load_pair` with the target's ``config.json`` already read
+    (``config``) and its family (``fam``, a :class:`hf2q.models.Family`)
+    chosen. The target is planned once: that plan's heads are checked against
+    the drafter, then the same plan is loaded."""
     from . import models
     from .models.dflash import DFlashModelTensors
     from .safetensors import open_checkpoint
 
-    dev = device if device is not None else Device.default()
     tpath = Path(os.fspath(target))
-    _, config = models.read_config(tpath)
-    fam = models.detect(config)
     impl = fam.impl()
-    if not hasattr(impl, "target_heads") or not hasattr(impl, "plan_checkpoint"):
+    if not all(hasattr(impl, hook) for hook in TARGET_HOOKS):
         raise PairError(f"{tpath}: the {fam.name} family declares no embedding / LM head, so it cannot be a "
                         "drafter's target", key="target")
-    unknown = sorted(set(target_options) - set(fam.options))
-    if unknown:
-        raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}")
+    models.check_options(fam, target_options)
+    dev = device if device is not None else Device.default()
     with _drafter_weights(drafter) as weights, open_checkpoint(tpath) as ckpt:
-        heads = _heads_from(fam.name, impl.target_heads(impl.plan_checkpoint(ckpt, config=config,
-                                                                              **target_options)))
+        plan = impl.plan_checkpoint(ckpt, config=config, **target_options)
+        heads = _heads_from(fam.name, impl.target_heads(plan))
         check_pair(weights.config, heads)
-        target_model = impl.load_checkpoint(ckpt, dev, config=config, progress=progress, check_finite=check_finite,
-                                            **target_options)
+        target_model = impl.load_planned(plan, ckpt, dev, progress=progress, check_finite=check_finite)
         try:
             drafter_model = DFlashModelTensors.upload(dev, weights.config, weights, progress=progress,
                                                       check_finite=check_finite)

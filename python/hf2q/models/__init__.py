@@ -14,8 +14,10 @@ A family is a module (one folder under ``hf2q/models/``) that declares:
   reading no tensor bytes;
 - optionally, for a family whose models can be a speculative drafter's
   target (:mod:`hf2q.pairs`): ``plan_checkpoint(ckpt, *, config, **options)``
-  (the plan, no bytes read) and ``target_heads(plan)`` (where the embedding
-  and LM head are, and the numbers a drafter must match).
+  (the plan, no bytes read), ``target_heads(plan)`` (where the embedding
+  and LM head are, and the numbers a drafter must match) and
+  ``load_planned(plan, ckpt, device, *, progress, check_finite)`` (that plan
+  loaded, so that a pair plans its target once).
 
 :func:`detect` asks the families in :data:`FAMILIES` order; ``generic``
 recognises everything and is asked last. :func:`load` reads ``config.json``
@@ -35,7 +37,7 @@ from typing import Any, Union
 
 from ..errors import ConfigError, parse_config_json, read_config_text
 
-__all__ = ["Family", "FAMILIES", "family", "detect", "read_config", "load", "load_with", "inspect"]
+__all__ = ["Family", "FAMILIES", "family", "detect", "read_config", "check_options", "load", "load_with", "inspect"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -104,6 +106,17 @@ def detect(config: Mapping[str, Any] | None) -> Family:
     raise ConfigError("no model family recognises this config.json")  # unreachable: generic takes all
 
 
+def check_options(fam: Family, options: Mapping[str, Any]) -> None:
+    """A TypeError naming every option of ``options`` that ``fam``'s loader
+    does not take, and the family (one that would do nothing is refused,
+    never dropped): the rule of :func:`load`, :func:`inspect` and
+    :func:`hf2q.pairs.load_pair`."""
+    unknown = sorted(set(options) - set(fam.options))
+    if unknown:
+        takes = f"it takes {', '.join(fam.options)}" if fam.options else "it takes none"
+        raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; {takes}")
+
+
 def load(path: PathLike, device: Any = None, *, family: str | None = None, progress: bool = True,
          revision: str | None = None, download: bool = False, check_finite: bool = False, **options: Any) -> Any:
     """Load the checkpoint at ``path`` (directory with ``config.json``,
@@ -120,10 +133,7 @@ def load(path: PathLike, device: Any = None, *, family: str | None = None, progr
     path = resolve(path, revision, download=download)
     _, config = read_config(path)
     fam = detect(config) if family is None else globals()["family"](family)
-    unknown = sorted(set(options) - set(fam.options))
-    if unknown:
-        raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; "
-                        f"it takes {', '.join(fam.options) or 'none'}")
+    check_options(fam, options)
     return load_with(path, config, fam, device, progress=progress, check_finite=check_finite, **options)
 
 
@@ -142,7 +152,9 @@ def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, dev
 
 def inspect(ckpt: Any, config: Mapping[str, Any] | None, *, family: str | None = None,
             **options: Any) -> tuple[Family, dict[str, Any]]:
-    """``(family, plan numbers)`` for an open checkpoint and its parsed config."""
+    """``(family, plan numbers)`` for an open checkpoint and its parsed
+    config; ``options`` as for :func:`load` (one the family does not take is
+    a TypeError, as there)."""
     fam = detect(config) if family is None else globals()["family"](family)
-    opts = {k: v for k, v in options.items() if k in fam.options}
-    return fam, fam.impl().inspect_checkpoint(ckpt, config=config, **opts)
+    check_options(fam, options)
+    return fam, fam.impl().inspect_checkpoint(ckpt, config=config, **options)

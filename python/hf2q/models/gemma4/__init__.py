@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Union
 
 from ...device import Buffer, Device
@@ -126,6 +125,13 @@ def plan_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, exper
 def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
                     expert_dtype: str = "q8_0", dense_dtype: str = "f32", check_finite: bool = False) -> Gemma4Model:
     plan = plan_checkpoint(ckpt, config=config, expert_dtype=expert_dtype, dense_dtype=dense_dtype)
+    return load_planned(plan, ckpt, device, progress=progress, check_finite=check_finite)
+
+
+def load_planned(plan: LoadPlan, ckpt: Checkpoint, device: Device, *, progress: bool,
+                 check_finite: bool = False) -> Gemma4Model:
+    """Run a plan that :func:`plan_checkpoint` made for ``ckpt`` (a pair
+    checks the plan's heads first, then loads it: planned once)."""
     return execute(plan, ckpt, device, lambda bufs: Gemma4Model(device, plan.config, plan, bufs),
                    progress=progress, extra=plan.extra, check_finite=check_finite)
 
@@ -158,21 +164,31 @@ def target_heads(plan: LoadPlan) -> dict[str, Any]:
 
 
 def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-         progress: bool = True, check_finite: bool = False) -> Gemma4Model:
+         progress: bool = True, revision: str | None = None, download: bool = False,
+         check_finite: bool = False) -> Gemma4Model:
     """Load a Gemma 4 checkpoint (directory with ``config.json``, single file
     or sharded) into device buffers. ``expert_dtype`` (default ``"q8_0"``)
     applies to ``ffn_gate_up_exps`` / ``ffn_down_exps``, ``dense_dtype``
     (``"f32"``, ``"bf16"`` or ``"q8_0"``) to every other tensor llama.cpp
     would quantize; the rest stays F32. On failure every buffer is freed.
     ``check_finite=True``: a NaN/Inf weight kept as it is raises
-    NonFiniteError (quantized tensors always refuse them; docs/RELIABILITY.md)."""
+    NonFiniteError (quantized tensors always refuse them; docs/RELIABILITY.md).
+    ``path`` may be a Hugging Face repo id in the local cache (``revision``,
+    ``download``: see :func:`hf2q.hub.resolve`)."""
+    from ...hub import resolve
+
+    path = resolve(path, revision, download=download)
     dev = device if device is not None else Device.default()
-    with open_checkpoint(Path(path)) as ckpt:
+    with open_checkpoint(path) as ckpt:
         return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
                                dense_dtype=dense_dtype, check_finite=check_finite)
 
 
-def inspect(path: PathLike, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32") -> dict[str, Any]:
-    """The load plan's numbers for a checkpoint, reading no tensor bytes."""
-    with open_checkpoint(Path(path)) as ckpt:
+def inspect(path: PathLike, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32", revision: str | None = None,
+            download: bool = False) -> dict[str, Any]:
+    """The load plan's numbers for a checkpoint (or Hugging Face repo id, as
+    for :func:`load`), reading no tensor bytes."""
+    from ...hub import resolve
+
+    with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
         return inspect_checkpoint(ckpt, config=None, expert_dtype=expert_dtype, dense_dtype=dense_dtype)

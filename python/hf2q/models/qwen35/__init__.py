@@ -72,4 +72,4 @@ __all__ += ["Qwen35Model", "Qwen35Layer", "load", "inspect"]
 
 # The family interface (hf2q.models.FAMILIES), not re-exported by hf2q.qwen35.
 from .load import NAME, OPTIONS, inspect_checkpoint, load_checkpoint, recognises  # noqa: E402,F401
-from .load import plan_checkpoint, target_heads  # noqa: E402,F401  (hf2q.pairs)
+from .load import load_planned, plan_checkpoint, target_heads  # noqa: E402,F401  (hf2q.pairs)

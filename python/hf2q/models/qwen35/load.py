@@ -163,13 +163,18 @@ def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, An
                     expert_dtype: str = "q8_0", dense_dtype: str = "f32", mtp: bool | None = None,
                     check_finite: bool = False) -> Qwen35Model:
     """:func:`load` of an open checkpoint and its parsed ``config.json`` (None: read it)."""
-    cfg = _config_of(ckpt, config)
-    plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+    plan = plan_checkpoint(ckpt, config=config, expert_dtype=expert_dtype, dense_dtype=dense_dtype, mtp=mtp)
+    return load_planned(plan, ckpt, device, progress=progress, check_finite=check_finite)
+
+
+def load_planned(plan: Qwen35Plan, ckpt: Checkpoint, device: Device, *, progress: bool,
+                 check_finite: bool = False) -> Qwen35Model:
+    """Run a plan that :func:`plan_checkpoint` made for ``ckpt`` (hf2q.pairs: planned once)."""
     cfg = plan.config  # the plan resolves what the file leaves out (mtp_num_hidden_layers)
     return execute(to_load_plan(plan, cfg), ckpt, device, lambda bufs: Qwen35Model(device, cfg, plan, bufs),
                    progress=progress, check_finite=check_finite,
-                   extra={"blocks": plan.n_blocks, "experts": cfg.num_experts, "expert_dtype": expert_dtype,
-                          "dense_dtype": dense_dtype, "skipped_tensors": len(plan.skipped)})
+                   extra={"blocks": plan.n_blocks, "experts": cfg.num_experts, "expert_dtype": plan.expert_dtype,
+                          "dense_dtype": plan.dense_dtype, "skipped_tensors": len(plan.skipped)})
 
 
 def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
