@@ -135,10 +135,15 @@ def test_reorders_in_place_match_the_copies(nk: int, nv: int, dk: int, dv: int) 
         reorder_in_proj_z(bf16((nv * dv + 1, H)), nk, nv, dv, in_place=True)
 
 
-def test_reorder_v_heads_in_place_on_any_axis_and_layout() -> None:
+@pytest.mark.parametrize("scratch", [64, 512 << 10])  # along a later axis: many chunks of leading rows, or one
+def test_reorder_v_heads_in_place_on_any_axis_and_layout(monkeypatch, scratch: int) -> None:
+    from hf2q.models.qwen35 import transforms
+
+    monkeypatch.setattr(transforms, "_SCRATCH_BYTES", scratch)
     for nk, r, hd in ((2, 3, 4), (3, 2, 1), (1, 4, 2), (4, 1, 3), (6, 5, 1)):
         n = nk * r * hd
-        for shape, axis in (((n,), 0), ((n, 3), 0), ((3, n), 1), ((2, n, 3), 1), ((2, 3, n), -1)):
+        for shape, axis in (((n,), 0), ((n, 3), 0), ((3, n), 1), ((2, n, 3), 1), ((2, 3, n), -1), ((37, n), 1),
+                            ((0, n), 1), ((5, 2, n), 2)):
             x = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
             for view in (x.copy(), np.asfortranarray(x), x.copy()[..., ::-1] if shape[-1] == n and axis != -1 else x.copy()):
                 want = reorder_v_heads(view, axis, nk, r, hd)

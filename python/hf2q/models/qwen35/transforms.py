@@ -80,31 +80,49 @@ def reorder_v_heads(x: np.ndarray, axis: int, num_k_heads: int, num_v_per_k: int
     return np.ascontiguousarray(np.swapaxes(y, axis, axis + 1)).reshape(shape)
 
 
+#: Scratch of the in-place reorder along a later axis: a few leading rows at a time, a size that stays in cache.
+_SCRATCH_BYTES = 512 << 10
+
+
 def _permute_blocks(x: np.ndarray, axis: int, nk: int, r: int, hd: int) -> None:
     """:func:`reorder_v_heads` in place: position ``j * nk + k`` receives block
-    ``k * r + j``. The permutation is followed cycle by cycle, so each block
-    is copied once and only a cycle's first block needs scratch."""
-    lead = (slice(None),) * axis
+    ``k * r + j``. Along axis 0 the blocks are contiguous: the permutation is
+    followed cycle by cycle, each block copied once, a cycle's first block
+    into scratch. Along a later axis the blocks are strided: a few leading
+    rows at a time are reordered into a small scratch array and copied back
+    (both in cache; moving strided blocks one by one is slower, and so is one
+    copy of the whole array into new memory)."""
+    if axis == 0:
+        def block(p: int) -> slice:
+            return slice(p * hd, (p + 1) * hd)
 
-    def block(p: int) -> tuple[slice, ...]:
-        return lead + (slice(p * hd, (p + 1) * hd),)
-
-    n = nk * r
-    source = [(p % nk) * r + p // nk for p in range(n)]  # p = j * nk + k  <-  k * r + j
-    done = [False] * n
-    for start in range(n):
-        if done[start]:
-            continue
-        done[start] = True
-        if source[start] == start:
-            continue
-        first = x[block(start)].copy()
-        p = start
-        while source[p] != start:
-            x[block(p)] = x[block(source[p])]
-            p = source[p]
-            done[p] = True
-        x[block(p)] = first
+        n = nk * r
+        source = [(p % nk) * r + p // nk for p in range(n)]  # p = j * nk + k  <-  k * r + j
+        done = [False] * n
+        for start in range(n):
+            if done[start]:
+                continue
+            done[start] = True
+            if source[start] == start:
+                continue
+            first = x[block(start)].copy()
+            p = start
+            while source[p] != start:
+                x[block(p)] = x[block(source[p])]
+                p = source[p]
+                done[p] = True
+            x[block(p)] = first
+        return
+    shape = x.shape
+    grouped = shape[1:axis] + (nk, r, hd) + shape[axis + 1:]
+    tiled = shape[1:axis] + (r, nk, hd) + shape[axis + 1:]
+    step = max(1, _SCRATCH_BYTES // max(1, x[:1].nbytes))
+    scratch = np.empty((min(step, shape[0]),) + shape[1:], x.dtype)
+    for s in range(0, shape[0], step):
+        rows = x[s:s + step]
+        n = rows.shape[0]
+        np.copyto(scratch[:n].reshape((n,) + tiled), np.swapaxes(rows.reshape((n,) + grouped), axis, axis + 1))
+        rows[...] = scratch[:n]
 
 
 def _r(nk: int, nv: int) -> int:
@@ -263,11 +281,10 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
     (``norm_plus_one``, ``neg_exp``); :func:`to_device_dtype` does the rest.
 
     ``consume=True``: the arrays are handed over (the loader's own reads,
-    dropped after the call), so the row reorders move the rows of a writeable
-    source where they are instead of into a copy: the same result, without a
-    second array of the tensor's size (``in_proj_qkv`` and ``in_proj_z`` are
-    tens of MiB). The column reorder of ``out_proj`` still copies: in place it
-    moves strided blocks, which is slower than one copy.
+    dropped after the call), so the V-head reorders move the blocks of a
+    writeable source where they are instead of into a copy: the same result,
+    without a second array of the tensor's size (``in_proj_qkv``,
+    ``in_proj_z`` and ``out_proj`` are 16-32 MiB at the real shapes).
     """
     if len(arrays) != len(pt.sources):
         raise ValueError(f"{pt.gguf_name}: {len(pt.sources)} sources, got {len(arrays)} arrays")
@@ -303,7 +320,7 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
         elif tag == T.REORDER_V_CONV1D:
             x = reorder_conv1d(x, nk, nv, dk, dv, in_place=_own(x, consume))
         elif tag == T.REORDER_V_COLS:
-            x = reorder_out_proj(x, nk, nv, dv)
+            x = reorder_out_proj(x, nk, nv, dv, in_place=_own(x, consume))
         elif tag == T.NEG_EXP:
             x = a_log_to_ssm_a(x)
         else:  # pragma: no cover - the plan only emits known tags
