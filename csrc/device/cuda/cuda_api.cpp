@@ -63,6 +63,8 @@ DriverState load_driver() {
   bind(lib, "cuMemFree_v2", &d.cuMemFree, &missing);
   bind(lib, "cuMemHostAlloc", &d.cuMemHostAlloc, &missing);
   bind(lib, "cuMemFreeHost", &d.cuMemFreeHost, &missing);
+  bind(lib, "cuMemHostRegister_v2", &d.cuMemHostRegister, &missing);
+  bind(lib, "cuMemHostUnregister", &d.cuMemHostUnregister, &missing);
   bind(lib, "cuMemsetD8Async", &d.cuMemsetD8Async, &missing);
   bind(lib, "cuMemcpyHtoDAsync_v2", &d.cuMemcpyHtoDAsync, &missing);
   bind(lib, "cuMemcpyDtoHAsync_v2", &d.cuMemcpyDtoHAsync, &missing);

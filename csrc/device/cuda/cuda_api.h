@@ -31,6 +31,7 @@ constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 2;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 1;
+constexpr unsigned CU_MEMHOSTREGISTER_PORTABLE = 1;
 
 struct Driver {
   CUresult (*cuInit)(unsigned);
@@ -51,6 +52,8 @@ struct Driver {
   CUresult (*cuMemFree)(CUdeviceptr);
   CUresult (*cuMemHostAlloc)(void**, std::size_t, unsigned);
   CUresult (*cuMemFreeHost)(void*);
+  CUresult (*cuMemHostRegister)(void*, std::size_t, unsigned);
+  CUresult (*cuMemHostUnregister)(void*);
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, std::size_t, CUstream);
   CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, std::size_t, CUstream);
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, std::size_t, CUstream);
