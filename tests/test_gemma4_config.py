@@ -252,3 +252,12 @@ def test_any_json_is_a_config_or_a_config_error(edits: dict, wrap: bool) -> None
         Gemma4Config.from_dict(_wrapped(text) if wrap else text)
     except ConfigError:
         pass
+
+
+def test_layer_names_with_a_trailing_newline_map_to_nothing() -> None:
+    """A regex `$` matches before a final newline: such a name must not pass
+    for the name without it."""
+    from hf2q.models.gemma4.plan import gguf_name
+
+    assert gguf_name("model.layers.0.input_layernorm.weight") == "blk.0.attn_norm.weight"
+    assert gguf_name("model.layers.0.input_layernorm.weight\n") is None

@@ -104,7 +104,7 @@ def hub_cache(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_is_repo_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert hub.is_repo_id("Qwen/Qwen3.6-35B-A3B") and hub.is_repo_id("z-lab/gemma-4-26B-A4B-it-DFlash")
-    for s in ("./a/b", "/abs/path", "a/b/c", "gpt2", "a--b/c", "a/b..c", "-a/b", "a/", "", "a\\b"):
+    for s in ("./a/b", "/abs/path", "a/b/c", "gpt2", "a--b/c", "a/b..c", "-a/b", "a/", "", "a\\b", "a/b\n"):
         assert not hub.is_repo_id(s), s
     monkeypatch.chdir(tmp_path)
     (tmp_path / "owner" / "name").mkdir(parents=True)

@@ -369,6 +369,11 @@ def test_q8_0_last_dim_not_multiple_of_32() -> None:
     ("model.layers.5.mlp.experts.gate_up_proj", None),  # two targets
     ("model.rotary_emb.inv_freq", None),
     ("model.layers.0.linear_attn.norm.bias", None),
+    # A trailing newline is not the name without it (a regex `$` would match before it).
+    ("model.layers.0.input_layernorm.weight\n", None),
+    ("model.layers.5.mlp.experts.7.up_proj.weight\n", None),
+    ("model.layers.5.mlp.experts.gate_up_proj\n", None),
+    ("mtp.layers.0.input_layernorm.weight\n", None),
 ])
 def test_hf_name_to_gguf(real_cfg, hf: str, want: str | None) -> None:
     if want is None:

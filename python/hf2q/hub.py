@@ -40,7 +40,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 #: rules, which it checks again); no ``--`` or ``..``, no leading/trailing
 #: ``-``/``.`` in either part.
 _PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?"
-_REPO_ID = re.compile(rf"^{_PART}/{_PART}$")
+_REPO_ID = re.compile(rf"^{_PART}/{_PART}\Z")
 
 #: What ``download=True`` fetches: configs, indexes and weights, nothing else.
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model"]  # tokenizer files size Gemma 4's embedding

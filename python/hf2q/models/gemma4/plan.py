@@ -91,7 +91,7 @@ _GLOBAL_NAMES: dict[str, str] = {
     "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
 }
 _EXPERT_GGUF = ("ffn_gate_up_exps.weight", "ffn_down_exps.weight")
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\Z")
 _PER_EXPERT_RE = re.compile(r"^experts\.\d+\.")
 
 _TOKENIZER_CAP = 256 << 20  # real tokenizer.json files are tens of MB

@@ -161,11 +161,11 @@ _MTP_GLOBALS = {
     "mtp.norm.weight": "shared_head.norm.weight",
 }
 
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_MTP_LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.(.+)$")
-_PER_EXPERT_RE = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
-_FUSED_GATE_UP_RE = re.compile(r"^mlp\.experts\.gate_up_proj(?:\.weight)?$")
-_FUSED_DOWN_RE = re.compile(r"^mlp\.experts\.down_proj(?:\.weight)?$")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\Z")
+_MTP_LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.(.+)\Z")
+_PER_EXPERT_RE = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight\Z")
+_FUSED_GATE_UP_RE = re.compile(r"^mlp\.experts\.gate_up_proj(?:\.weight)?\Z")
+_FUSED_DOWN_RE = re.compile(r"^mlp\.experts\.down_proj(?:\.weight)?\Z")
 
 # llama.cpp TextModel.filter_tensors: multimodal tensors a text model skips.
 _MM_PREFIXES = ("mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
