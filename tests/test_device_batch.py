@@ -267,3 +267,34 @@ def test_overlapping_segments_are_refused(dev: Device, tmp_path: Path) -> None:
     dev.write_from_file_batch([(buf, f, [(0, o, 2048)], "f32", "a"), (buf, f, [(512, o + 2048, 2048)], "f32", "b"),
                                (other, f, [(0, o, 4096)], "f32", "c")])
     assert _raw(buf) == a.tobytes() == _raw(other)
+
+
+def test_empty_segments_inside_a_run_of_small_ones(dev: Device, tmp_path: Path) -> None:
+    """A zero-byte segment between back-to-back small ones (which CUDA gathers
+    into one staging slot) writes nothing and ends nothing early: the bytes
+    equal the host backend's, for every conversion."""
+    a = RNG.standard_normal((4, 64)).astype(np.float32)
+    f, (o,) = _file(tmp_path, "x.bin", a)
+    segs = [(0, o, 256), (64, o + 4096, 0), (64, o + 256, 256), (128, o, 0), (128, o + 512, 512)]
+    host = Device._isolated("host")
+    for to in ("f32", "q8_0"):
+        got, want = dev.alloc((4, 64), to), host.alloc((4, 64), to)
+        dev.write_from_file_segments(got, f, segs, "f32")
+        host.write_from_file_segments(want, f, segs, "f32")
+        assert _raw(got) == _raw(want) == _raw(host.upload(a, to=to)), to
+        got2 = dev.alloc_many([((4, 64), to)])[0]
+        dev.write_from_file_batch([(got2, f, segs, "f32", "t")])
+        assert _raw(got2) == _raw(want), to
+
+
+def test_alloc_many_falls_back_to_one_buffer_each(dev: Device) -> None:
+    """Where one block for all of them cannot be had (CUDA: the cuMemAlloc of
+    the sum fails), each buffer gets its own allocation, and a buffer the
+    device cannot hold is alloc's DeviceError; nothing is left behind."""
+    bufs = dev.alloc_many([((1 << 20,), "u8")] * 3)
+    assert len(bufs) == 3 and all(b.byte_len == 1 << 20 for b in bufs)
+    before = dev.residency.count
+    with pytest.raises(DeviceError):
+        dev.alloc_many([((16,), "f32"), ((1 << 50,), "u8")])
+    gc.collect()
+    assert dev.residency.count == before

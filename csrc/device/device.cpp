@@ -310,7 +310,11 @@ std::shared_ptr<BufferImpl> Device::alloc(const std::vector<std::int64_t>& shape
   std::size_t byte_len = 0;
   const std::size_t alloc_len = alloc_len_for(shape, dtype, &byte_len);
   count_injected_failure(alloc_len);
+  return alloc_sized(shape, dtype, byte_len, alloc_len);
+}
 
+std::shared_ptr<BufferImpl> Device::alloc_sized(const std::vector<std::int64_t>& shape, DType dtype,
+                                                std::size_t byte_len, std::size_t alloc_len) {
   void* handle = nullptr;
   void* ptr = backend_->allocate(alloc_len, &handle);
   std::shared_ptr<BufferImpl> buf;
@@ -342,12 +346,24 @@ std::vector<std::shared_ptr<BufferImpl>> Device::alloc_many(const std::vector<Al
     offsets[i] = total;
     if (!ops::checked_add(total, alloc_len, &total)) throw std::overflow_error("total buffer size overflows");
   }
-  if (info().max_buffer_len != 0 && total > info().max_buffer_len) {
-    for (const AllocSpec& s : specs) out.push_back(alloc(s.shape, s.dtype));
+  // Each on its own (sizes checked, failures counted above) where one block
+  // is too long for the device, or does not fit where the separate buffers
+  // may (a nearly full or fragmented device): then with its own error.
+  auto one_by_one = [&] {
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      out.push_back(alloc_sized(specs[i].shape, specs[i].dtype, byte_lens[i],
+                                (i + 1 < specs.size() ? offsets[i + 1] : total) - offsets[i]));
+    }
     return out;
-  }
+  };
+  if (info().max_buffer_len != 0 && total > info().max_buffer_len) return one_by_one();
   void* handle = nullptr;
-  void* ptr = backend_->allocate(total, &handle);
+  void* ptr = nullptr;
+  try {
+    ptr = backend_->allocate(total, &handle);
+  } catch (const DeviceError&) {
+    return one_by_one();
+  }
   std::shared_ptr<MemoryBlock> block;
   try {
     block = std::make_shared<MemoryBlock>(shared_from_this(), ptr, handle, total);

@@ -183,6 +183,8 @@ class Device : public std::enable_shared_from_this<Device> {
  private:
   explicit Device(std::unique_ptr<Backend> backend);
   std::size_t alloc_len_for(const std::vector<std::int64_t>& shape, DType dtype, std::size_t* byte_len) const;
+  std::shared_ptr<BufferImpl> alloc_sized(const std::vector<std::int64_t>& shape, DType dtype, std::size_t byte_len,
+                                          std::size_t alloc_len);
   static void count_injected_failure(std::size_t alloc_len);
   struct Member {
     int set = -1;  // -1: tracked but over the wired budget

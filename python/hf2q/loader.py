@@ -124,13 +124,15 @@ def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
     pieces = [p for e in entries for p in e.sources]
     _check_unchanged(ckpt, pieces)
     made = device.alloc_many([(e.shape, e.dtype) for e in entries])
+    jobs: list[Any] = []
+    b: Buffer | None = None
     try:
-        jobs = []
         owner: list[list[tuple[tuple[int, int, int], Piece]]] = []
-        for entry, buf in zip(entries, made):
+        for entry, b in zip(entries, made):
             for (fd, dtype), segs in _file_groups(ckpt, entry.sources).items():
-                jobs.append((buf, fd, [seg for seg, _ in segs], dtype, entry.name))
+                jobs.append((b, fd, [seg for seg, _ in segs], dtype, entry.name))
                 owner.append(segs)
+        b = None
         try:
             device.write_from_file_batch(jobs, check_finite=check_finite)
         except NonFiniteError:
@@ -141,7 +143,7 @@ def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
             raise _read_error(ckpt, e, [(job[1], segs) for job, segs in zip(jobs, owner)]) from None
         _check_unchanged(ckpt, pieces)
     except BaseException as e:
-        del made
+        made, jobs, b = [], [], None  # nothing in this frame may keep a buffer alive in the traceback
         raise detached(e)
     return {e.name: b for e, b in zip(entries, made)}
 

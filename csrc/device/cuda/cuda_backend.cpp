@@ -479,8 +479,8 @@ class CudaBackend final : public Backend {
       // 62-83 ms for cuMemHostAlloc (one block or one per slot), with the
       // same copy rate; the first upload of a process pays it. Where
       // registering fails, one cuMemHostAlloc block.
-      void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p != MAP_FAILED) {
+      void* p = map_aligned(len);
+      if (p != nullptr) {
         ::madvise(p, len, MADV_HUGEPAGE);  // advice: a kernel without THP ignores it
         // Not inherited by a forked child (which cannot use CUDA: kForkedChild):
         // a fork would otherwise copy the pinned pages at once.
@@ -512,6 +512,20 @@ class CudaBackend final : public Backend {
     slots_ = std::move(slots);
     ring_len_ = len;
     for (int i = 0; i < n; ++i) free_slots_.push_back(i);
+  }
+
+  // `len` bytes of anonymous memory at a 2 MiB boundary (so that all of it
+  // can be huge pages): mapped 2 MiB larger, the slack unmapped.
+  static void* map_aligned(std::size_t len) {
+    constexpr std::size_t kHuge = 2u << 20;
+    void* raw = ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    const auto base = reinterpret_cast<std::uintptr_t>(raw);
+    const std::uintptr_t aligned = (base + kHuge - 1) / kHuge * kHuge;
+    if (aligned > base) ::munmap(raw, aligned - base);
+    const std::uintptr_t end = aligned + len, raw_end = base + len + kHuge;
+    if (raw_end > end) ::munmap(reinterpret_cast<void*>(end), raw_end - end);
+    return reinterpret_cast<void*>(aligned);
   }
 
   void free_ring_host(std::size_t len) noexcept {
@@ -735,7 +749,10 @@ class CudaBackend final : public Backend {
       for (std::size_t i = 0; i < job.nsrcs; ++i) {
         const UploadPlan& p = *job.srcs[i].plan;
         const std::size_t n = p.src_bytes;
-        if (n == 0) continue;
+        if (n == 0) {  // nothing to stage; a run is a range of consecutive sources, so it ends here
+          flush();
+          continue;
+        }
         if (n >= chunk) {
           flush();
           for (std::size_t off = 0; off < n; off += chunk) {
