@@ -424,7 +424,8 @@ class Device:
         makes them, all or none. On CUDA they share one device allocation
         (one ``cuMemAlloc`` instead of one per tensor; each buffer starts at a
         page-aligned offset), whose memory returns to the device when the last
-        of them is freed. On host and Metal each is its own allocation."""
+        of them is freed; where that one block cannot be had, each gets its
+        own. On host and Metal each is its own allocation."""
         natives = self._native.alloc_many([(list(_shape(shape)), _dtype_name(dtype)) for shape, dtype in specs])
         _warn_notice(self._native)
         return [Buffer(n, self) for n in natives]
