@@ -74,9 +74,10 @@ def test_alloc_many_makes_zero_filled_buffers_as_alloc_does(dev: Device) -> None
 
 
 def test_alloc_many_shares_one_allocation_on_cuda(dev: Device) -> None:
+    if dev.kind != "cuda":
+        pytest.skip("host buffers are their own allocations (mlock'ed one by one); mmap may still place them side by side")
     bufs = dev.alloc_many([((1000,), "f32"), ((3, 4096), "bf16"), ((64,), "q8_0")])
-    adjacent = all(bufs[i + 1].address == bufs[i].address + bufs[i].alloc_len for i in range(len(bufs) - 1))
-    assert adjacent == (dev.kind == "cuda")  # host buffers are their own (mlock'ed one by one)
+    assert all(bufs[i + 1].address == bufs[i].address + bufs[i].alloc_len for i in range(len(bufs) - 1))
 
 
 def test_alloc_many_is_all_or_nothing(dev: Device) -> None:

@@ -575,11 +575,7 @@ class Device:
         file identity and ``check_finite`` as for :meth:`write_from_file`."""
         self._own(buf)
         _dtype_name(src_dtype)
-        segs = []
-        for off, foff, n in segments:
-            if foff < 0 or n < 0:
-                raise ValueError("file_offset and nbytes must be >= 0")
-            segs.append((_offset(off), int(foff), int(n)))
+        segs = _checked_segments(segments)
         with _opened(file) as fd:
             before = _fd_identity(file, fd)
             try:
@@ -590,13 +586,7 @@ class Device:
             if before is not None and before != _fd_identity(file, fd):
                 raise _file_error(file, name, "the file was modified while it was read (device, inode, size or "
                                   "modification time changed)")
-            cls = ""
-            if result[0] >= 0:
-                esize = formats.get(src_dtype).itemsize
-                for off, foff, n in segs:
-                    if off <= result[0] < off + n // esize:
-                        cls = _file_value_class(fd, foff, result[0] - off, src_dtype)
-                        break
+            cls = _segment_value_class(fd, segs, result[0], src_dtype)
         self._check_result(result, buf.shape, name, value_class=cls)
 
     def write_from_file_batch(self, jobs: Sequence[tuple[Buffer, PathOrFd, Sequence[tuple[int, int, int]], str, str | None]],
@@ -615,24 +605,19 @@ class Device:
         for buf, file, segments, src_dtype, name in jobs:
             self._own(buf)
             _dtype_name(src_dtype)
-            segs = []
-            for off, foff, n in segments:
-                if foff < 0 or n < 0:
-                    raise ValueError("file_offset and nbytes must be >= 0")
-                segs.append((_offset(off), int(foff), int(n)))
-            planned.append((buf, file, segs, src_dtype, name))
+            planned.append((buf, file, _checked_segments(segments), src_dtype, name))
         if not planned:
             return
         from contextlib import ExitStack
 
         with ExitStack() as stack:
-            fds: dict[Any, int] = {}
+            fds: dict[Any, int] = {}  # each file opened once: by path, or the fd itself
+            fd_of = []
             for _, file, _, _, _ in planned:
                 key = file if isinstance(file, int) and not isinstance(file, bool) else os.fspath(file)
                 if key not in fds:
                     fds[key] = stack.enter_context(_opened(file))
-            fd_of = [fds[f if isinstance(f, int) and not isinstance(f, bool) else os.fspath(f)]
-                     for _, f, _, _, _ in planned]
+                fd_of.append(fds[key])
             before = {fd: _fd_identity(fd, fd) for fd in set(fd_of)}
             try:
                 results = self._native.read_file_batch(
@@ -650,14 +635,8 @@ class Device:
                 if before[fd] is not None and before[fd] != _fd_identity(file, fd):
                     raise _file_error(file, name, "the file was modified while it was read (device, inode, size "
                                       "or modification time changed)")
-            for (buf, file, segs, src_dtype, name), fd, result in zip(planned, fd_of, results):
-                cls = ""
-                if result[0] >= 0:
-                    esize = formats.get(src_dtype).itemsize
-                    for off, foff, n in segs:
-                        if off <= result[0] < off + n // esize:
-                            cls = _file_value_class(fd, foff, result[0] - off, src_dtype)
-                            break
+            for (buf, _, segs, src_dtype, name), fd, result in zip(planned, fd_of, results):
+                cls = _segment_value_class(fd, segs, result[0], src_dtype)
                 self._check_result(tuple(result), buf.shape, name, value_class=cls)
 
     def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
@@ -770,6 +749,28 @@ def _file_value_class(fd: int, file_offset: int, index: int, src_dtype: str) -> 
     except FileReadError:
         return "nan"
     return _value_class(raw.view(dt), 0)
+
+
+def _checked_segments(segments: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``(element offset, file offset, bytes)`` triples as ints, none negative."""
+    segs = []
+    for off, foff, n in segments:
+        if foff < 0 or n < 0:
+            raise ValueError("file_offset and nbytes must be >= 0")
+        segs.append((_offset(off), int(foff), int(n)))
+    return segs
+
+
+def _segment_value_class(fd: int, segs: list[tuple[int, int, int]], first_bad: int, src_dtype: str) -> str:
+    """What the non-finite buffer element ``first_bad`` (if >= 0) is, read
+    back from the segment of the file it came from ("" when none is)."""
+    if first_bad < 0:
+        return ""
+    esize = formats.get(src_dtype).itemsize
+    for off, foff, n in segs:
+        if off <= first_bad < off + n // esize:
+            return _file_value_class(fd, foff, first_bad - off, src_dtype)
+    return ""
 
 
 def _file_read_error(file: PathOrFd, name: str | None, e: BaseException) -> FileReadError:

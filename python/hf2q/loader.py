@@ -71,9 +71,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
 
     def flush() -> None:
         nonlocal pending_bytes
-        if len(pending) == 1:
-            bufs[pending[0].name] = _fill(device, ckpt, pending[0], check_finite)
-        elif pending:
+        if pending:
             bufs.update(_fill_batch(device, ckpt, pending, check_finite))
         for n in pending_sizes:
             bar.update(n)  # one update per tensor, batched or not

@@ -214,14 +214,7 @@ class CudaBackend final : public Backend {
 
   UploadResult read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments) override {
     if (segments.empty()) return {};
-    std::vector<Source> srcs;
-    srcs.reserve(segments.size());
-    for (const FileSegment& s : segments) {
-      if (s.plan.op != segments[0].plan.op || s.plan.src_dtype != segments[0].plan.src_dtype) {
-        throw std::invalid_argument("segments of one upload must share their conversion");
-      }
-      srcs.push_back(Source{&s.plan, s.elem_offset, s.fd, s.file_offset, nullptr});
-    }
+    const std::vector<Source> srcs = sources_of(segments);
     return upload(dst, srcs.data(), srcs.size());
   }
 
@@ -265,11 +258,12 @@ class CudaBackend final : public Backend {
     if (p.op == UploadOp::Decode) {
       CUdeviceptr to = out;
       void* args[] = {&from, &to, &n};
-      launch(p.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_, grid_for(n, kBlock), misc_, args);
+      launch(kernel_for(p), grid_for(n, kBlock), misc_, args);
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
       return res;
     }
-    const int cell = take_status();
+    const std::vector<int> cells = take_status_cells(1);
+    const int cell = cells[0];
     try {
       CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cell) * 16;
       check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
@@ -277,18 +271,17 @@ class CudaBackend final : public Backend {
       CUdeviceptr to = out;
       unsigned long long nblocks = n / kQ8BlockElems, base = 0;
       void* args[] = {&from, &to, &nblocks, &base, &status};
-      CUfunction k = p.src_dtype == DType::F32 ? fn_q8_f32_ : p.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
-      launch(k, grid_for(nblocks, kQ8BlocksPerCta), misc_, args);
+      launch(kernel_for(p), grid_for(nblocks, kQ8BlocksPerCta), misc_, args);
       std::uint64_t* h = status_host_ + cell * 2;
       check(d_->cuMemcpyDtoHAsync(h, status, 16, misc_), "cuMemcpyDtoHAsync");
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
       res.first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
       res.inf_scales = static_cast<std::size_t>(h[1]);
     } catch (...) {
-      put_status(cell);
+      put_status_cells(cells);
       throw;
     }
-    put_status(cell);
+    put_status_cells(cells);
     return res;
   }
 
@@ -579,21 +572,6 @@ class CudaBackend final : public Backend {
     int idx_ = -1;
   };
 
-  int take_status() {
-    std::unique_lock<std::mutex> lk(status_mu_);
-    status_cv_.wait(lk, [&] { return !free_status_.empty(); });
-    const int i = free_status_.back();
-    free_status_.pop_back();
-    return i;
-  }
-  void put_status(int i) {
-    {
-      std::lock_guard<std::mutex> lk(status_mu_);
-      free_status_.push_back(i);
-    }
-    status_cv_.notify_all();  // a batch may be waiting for several cells
-  }
-
   // Where one planned piece of an upload comes from: CPU memory `mem`, or
   // `fd` at `file_offset`. `base_elem` is added to non-finite indices.
   struct Source {
@@ -614,6 +592,19 @@ class CudaBackend final : public Backend {
     CUfunction kernel = nullptr;
     int cell = -1;
   };
+
+  // The sources of one buffer's segments, which must share their conversion.
+  static std::vector<Source> sources_of(const std::vector<FileSegment>& segments) {
+    std::vector<Source> srcs;
+    srcs.reserve(segments.size());
+    for (const FileSegment& s : segments) {
+      if (s.plan.op != segments[0].plan.op || s.plan.src_dtype != segments[0].plan.src_dtype) {
+        throw std::invalid_argument("segments of one upload must share their conversion");
+      }
+      srcs.push_back(Source{&s.plan, s.elem_offset, s.fd, s.file_offset, nullptr});
+    }
+    return srcs;
+  }
 
   CUfunction kernel_for(const UploadPlan& p) const {
     if (p.op == UploadOp::Decode) return p.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_;
@@ -673,17 +664,8 @@ class CudaBackend final : public Backend {
       std::vector<std::size_t> where;
       jobs.reserve(end - begin);
       for (std::size_t i = begin; i < end; ++i) {
-        const auto& segs = items[i].segments;
-        if (segs.empty()) continue;
-        std::vector<Source> v;
-        v.reserve(segs.size());
-        for (const FileSegment& sg : segs) {
-          if (sg.plan.op != segs[0].plan.op || sg.plan.src_dtype != segs[0].plan.src_dtype) {
-            throw std::invalid_argument("segments of one upload must share their conversion");
-          }
-          v.push_back(Source{&sg.plan, sg.elem_offset, sg.fd, sg.file_offset, nullptr});
-        }
-        srcs.push_back(std::move(v));
+        if (items[i].segments.empty()) continue;
+        srcs.push_back(sources_of(items[i].segments));
         jobs.push_back(Job{items[i].dst, srcs.back().data(), srcs.back().size()});
         where.push_back(i);
       }

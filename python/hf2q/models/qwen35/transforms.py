@@ -146,17 +146,25 @@ def _reorder_rows_after(x: np.ndarray, qk: int, nk: int, r: int, dv: int) -> np.
     return out
 
 
-def reorder_in_proj_qkv(x: np.ndarray, nk: int, nv: int, dk: int, dv: int, *, in_place: bool = False) -> np.ndarray:
-    """``in_proj_qkv`` [C, H]: only the V rows (after ``2*nk*dk``) are reordered, dv rows per head.
-    Returns a new C-contiguous array of ``x``'s dtype (native byte order), or
-    ``x`` with its V rows moved where they are (``in_place``, a writeable array)."""
+def _reorder_v_after_qk(x: np.ndarray, what: str, expected: str, nk: int, nv: int, dk: int, dv: int,
+                        in_place: bool) -> np.ndarray:
+    """A [C, X] tensor whose first ``2*nk*dk`` rows are Q and K (kept) and
+    whose V rows after them are reordered, dv rows per head. ``expected``:
+    the shape for the error message, ``{}`` standing for C."""
     qk = 2 * nk * dk
     if x.ndim != 2 or x.shape[0] != qk + nv * dv:
-        raise ValueError(f"in_proj_qkv of shape {x.shape}: expected [{qk + nv * dv}, H]")
+        raise ValueError(f"{what} of shape {x.shape}: expected {expected.format(qk + nv * dv)}")
     if in_place:
         reorder_v_heads(x[qk:], 0, nk, _r(nk, nv), dv, in_place=True)
         return x
     return _reorder_rows_after(x, qk, nk, _r(nk, nv), dv)
+
+
+def reorder_in_proj_qkv(x: np.ndarray, nk: int, nv: int, dk: int, dv: int, *, in_place: bool = False) -> np.ndarray:
+    """``in_proj_qkv`` [C, H]: only the V rows (after ``2*nk*dk``) are reordered, dv rows per head.
+    Returns a new C-contiguous array of ``x``'s dtype (native byte order), or
+    ``x`` with its V rows moved where they are (``in_place``, a writeable array)."""
+    return _reorder_v_after_qk(x, "in_proj_qkv", "[{}, H]", nk, nv, dk, dv, in_place)
 
 
 def reorder_in_proj_z(x: np.ndarray, nk: int, nv: int, dv: int, *, in_place: bool = False) -> np.ndarray:
@@ -178,13 +186,7 @@ def reorder_conv1d(x: np.ndarray, nk: int, nv: int, dk: int, dv: int, *, in_plac
     """Squeezed ``conv1d`` [C, K]: only the V channels (after ``2*nk*dk``), dv per head.
     Returns a new C-contiguous array of ``x``'s dtype (native byte order), or
     ``x`` with its V channels moved where they are (``in_place``, a writeable array)."""
-    qk = 2 * nk * dk
-    if x.ndim != 2 or x.shape[0] != qk + nv * dv:
-        raise ValueError(f"conv1d of shape {x.shape}: expected squeezed [{qk + nv * dv}, K]")
-    if in_place:
-        reorder_v_heads(x[qk:], 0, nk, _r(nk, nv), dv, in_place=True)
-        return x
-    return _reorder_rows_after(x, qk, nk, _r(nk, nv), dv)
+    return _reorder_v_after_qk(x, "conv1d", "squeezed [{}, K]", nk, nv, dk, dv, in_place)
 
 
 def reorder_out_proj(x: np.ndarray, nk: int, nv: int, dv: int, *, in_place: bool = False) -> np.ndarray:
