@@ -36,13 +36,13 @@ from ...errors import (
     MissingTensorError,
     ShapeMismatchError,
 )
-from ...plan import LoadPlan, Piece, TensorPlan
+from ...plan import CONVERT_DTYPES, LoadPlan, Piece, TensorPlan
 from .config import Gemma4Config, Gemma4Layer
 
 __all__ = ["plan_gemma4", "DEVICE_DTYPES", "SOURCE_FORMATS", "is_multimodal_tensor", "gguf_name",
            "device_dtype", "vocab_rows", "rope_freqs"]
 
-DEVICE_DTYPES = ("f32", "bf16", "q8_0")
+DEVICE_DTYPES = CONVERT_DTYPES  # the device formats a dtype option offers (hf2q.plan)
 SOURCE_FORMATS = ("bf16", "f16", "f32")
 _Q8 = formats.get("q8_0").block_elems
 

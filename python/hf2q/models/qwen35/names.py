@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from ...errors import ExtraTensorError
+from ...plan import CONVERT_DTYPES
 from .config import Qwen35Config
+
+#: Checkpoint dtypes the family reads (safetensors codes).
+SOURCE_DTYPES = ("BF16", "F16", "F32")
+#: Device formats of ``dense_dtype`` / ``expert_dtype`` (:data:`hf2q.plan.CONVERT_DTYPES`).
+DEVICE_DTYPES = CONVERT_DTYPES
 
 __all__ = [
     "TensorKind",
