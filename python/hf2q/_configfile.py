@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._files import CONFIG_MAX_BYTES, read_capped
+from . import _files
 from .errors import ConfigError
 
 __all__ = ["read_config_text", "parse_config_json", "json_type_name", "CONFIG_MAX_DEPTH", "CONFIG_MAX_INT_DIGITS"]
@@ -36,7 +36,7 @@ def read_config_text(path: str | os.PathLike[str]) -> tuple[Path, str]:
             return ConfigError(f"{p}: config file not found")
         return ConfigError(f"{p}: config file {reason}")
 
-    raw = read_capped(str(p), CONFIG_MAX_BYTES, "config.json", error)
+    raw = _files.read_capped(str(p), _files.CONFIG_MAX_BYTES, "config.json", error)
     try:
         return p, raw.decode("utf-8")
     except UnicodeDecodeError as e:
