@@ -26,6 +26,7 @@ from .errors import (
     SafetensorsError,
     ScaleOverflowWarning,
     ShapeMismatchError,
+    ShardError,
 )
 
 if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
     from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
     from .hub import HubError, HubNetworkError, RepoNotCachedError
     from .safetensors import open_checkpoint
+    from .shard import Shard
 
 check_environment()
 
@@ -59,6 +61,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "HubError": ("hf2q.hub", "HubError"),
     "RepoNotCachedError": ("hf2q.hub", "RepoNotCachedError"),
     "HubNetworkError": ("hf2q.hub", "HubNetworkError"),
+    "Shard": ("hf2q.shard", "Shard"),
 }
 
 
@@ -78,7 +81,7 @@ def __dir__() -> list[str]:
 
 def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, family: str | None = None,
          progress: bool = True, revision: str | None = None, download: bool = False, check_finite: bool = False,
-         **options: object) -> object:
+         shard: "Shard | None" = None, **options: object) -> object:
     """Load any checkpoint with the model family its ``config.json`` names
     (DFlash drafter, Qwen3.5/3.6 MoE, Gemma 4, else ``generic``: its own tensor names);
     ``family`` forces one. ``options`` go to the family's loader: ``dtype``
@@ -86,11 +89,13 @@ def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, fami
     ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). ``path`` may be a Hugging Face
     repo id in the local cache (``revision``, ``download``: see
     :func:`hf2q.hub.resolve`). ``check_finite=True``: a NaN/Inf weight kept
-    as it is raises NonFiniteError. See :mod:`hf2q.models`."""
+    as it is raises NonFiniteError. ``shard`` (:class:`hf2q.Shard`): only
+    this rank's slice of each tensor is read and loaded (docs/SHARDING.md).
+    See :mod:`hf2q.models`."""
     from . import models
 
     return models.load(path, device, family=family, progress=progress, revision=revision, download=download,
-                       check_finite=check_finite, **options)
+                       check_finite=check_finite, shard=shard, **options)
 
 
 def get_num_threads() -> int:
@@ -150,4 +155,6 @@ __all__ = [
     "RepoNotCachedError",
     "HubNetworkError",
     "EnvVarWarning",
+    "Shard",
+    "ShardError",
 ]

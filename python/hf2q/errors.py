@@ -22,6 +22,7 @@ __all__ = [
     "ShapeMismatchError",
     "DeviceError",
     "FileReadError",
+    "ShardError",
 ]
 
 
@@ -179,3 +180,15 @@ class FileReadError(Hf2qError, OSError):
 
 class DeviceError(Hf2qError):
     """A device could not be opened, or memory could not be allocated or made resident."""
+
+
+class ShardError(Hf2qError, ValueError):
+    """A shard (:class:`hf2q.Shard`) that cannot be taken: a rank outside
+    ``[0, world)``, or a tensor whose split dimension (or expert count) the
+    world does not divide, or not on whole blocks of its format. ``tensor``
+    names the tensor (None for a bad rank / world), ``reason`` says why."""
+
+    def __init__(self, message: str, *, tensor: str | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.tensor = tensor
+        self.reason = reason or message
