@@ -406,3 +406,37 @@ def test_cuda_index_past_the_last_gpu_names_it() -> None:
             break
         assert d.index == n and d.kind == "cuda"
         n += 1
+
+
+def test_numpy_step_entries_are_read_whole_and_sliced(tmp_path: Path) -> None:
+    """F32 sources to BF16 (Gemma 4's golden F32 checkpoint): staged entries,
+    the trimmed embedding too, read only their ranges. Both ranks, in this process."""
+    src = Path(__file__).parent / "data" / "gemma4" / "gemma4_dense_f32_source" / "hf"
+    for opts in ({"dense_dtype": "bf16"}, {"dense_dtype": "f32"}):
+        case = (str(src), "gemma4", opts, "tensor")
+        W = worker.install_read_counter()
+        results = {}
+        for r in range(2):
+            W[0] = 0
+            out, _ = worker.load_rank(*case[:3], r, 2, "tensor")
+            results[r] = [(out, W[0])]
+        _check([case], results, 2)
+
+
+def test_a_split_numpy_step_runs_whole_then_slices() -> None:
+    """An entry whose transform needs whole tensors (Qwen3.5's non-streamable
+    steps): the sharded entry keeps the whole sources and slices the result."""
+    from hf2q.plan import Piece, TensorPlan
+    from hf2q.shard import shard_entry
+
+    whole = np.arange(8 * 64, dtype=np.float32).reshape(8, 64)
+    e = TensorPlan("blk.0.ffn_down.weight", (8, 64), "f32", (Piece("w", "f32", (8, 64)),),
+                   transform=lambda arrays: arrays[0] * 2)
+    for r in range(2):
+        s = shard_entry(e, Split(1), Shard(r, 2))
+        assert s is not None and s.shape == (8, 32) and s.sources == e.sources
+        assert s.transform is not None
+        np.testing.assert_array_equal(s.transform([whole]), (whole * 2)[:, r * 32:(r + 1) * 32])
+    s = shard_entry(e, Split(1, parts=2), Shard(1, 2))
+    assert s is not None and s.transform is not None
+    np.testing.assert_array_equal(s.transform([whole]), np.concatenate([(whole * 2)[:, 16:32], (whole * 2)[:, 48:]], 1))
