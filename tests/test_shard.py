@@ -414,12 +414,10 @@ def test_numpy_step_entries_are_read_whole_and_sliced(tmp_path: Path) -> None:
     src = Path(__file__).parent / "data" / "gemma4" / "gemma4_dense_f32_source" / "hf"
     for opts in ({"dense_dtype": "bf16"}, {"dense_dtype": "f32"}):
         case = (str(src), "gemma4", opts, "tensor")
-        W = worker.install_read_counter()
-        results = {}
-        for r in range(2):
-            W[0] = 0
-            out, _ = worker.load_rank(*case[:3], r, 2, "tensor")
-            results[r] = [(out, W[0])]
+        try:
+            results = {r: [worker.load_rank(*case[:3], r, 2, "tensor")] for r in range(2)}
+        finally:
+            worker.remove_read_counter()
         _check([case], results, 2)
 
 
