@@ -408,7 +408,7 @@ def test_cuda_index_past_the_last_gpu_names_it() -> None:
         n += 1
 
 
-def test_numpy_step_entries_are_read_whole_and_sliced(tmp_path: Path) -> None:
+def test_f32_source_shards_stage_only_their_ranges(tmp_path: Path) -> None:
     """F32 sources to BF16 (Gemma 4's golden F32 checkpoint): staged entries,
     the trimmed embedding too, read only their ranges. Both ranks, in this process."""
     src = Path(__file__).parent / "data" / "gemma4" / "gemma4_dense_f32_source" / "hf"
