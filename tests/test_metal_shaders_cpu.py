@@ -26,9 +26,9 @@ from hf2q import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "u8": 3, "i32": 4, "q8_0": 5}  # csrc/device/dtype.h
-SOURCES = ["csrc/kernels/scalar.cpp", "csrc/kernels/dispatch.cpp", "csrc/kernels/thread_pool.cpp",
-           "csrc/kernels/checked_ops.cpp", "csrc/kernels/arm_neon.cpp", "csrc/device/dtype.cpp",
-           "csrc/device/verify.cpp", "tests/native/metal_verify_cpu.cpp"]
+# The portable kernels as CMakeLists.txt globs them (every csrc/kernels/*.cpp but the AVX2 file).
+SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc/kernels").glob("*.cpp") if p.name != "x86_avx2.cpp") + [
+    "csrc/device/dtype.cpp", "csrc/device/verify.cpp", "tests/native/metal_verify_cpu.cpp"]
 
 
 @pytest.fixture(scope="module")
