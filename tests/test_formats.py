@@ -139,7 +139,7 @@ def test_conversions_are_the_rows_sources() -> None:
     dev = hf2q.Device("host")
     buf = dev.alloc((32,), "q8_0")
     with pytest.raises(ValueError, match=r"cannot convert i32 to q8_0 \(supported: same dtype, f16/bf16 -> f32, "
-                                         r"f32/f16/bf16 -> q8_0\)"):
+                                         r"f32/f16/bf16 -> q8_0"):
         dev.write(buf, np.zeros(32, np.int32))
     with pytest.raises(TypeError, match=r"raw src needs src_dtype \('f32', 'f16' or 'bf16'\) to be quantized"):
         dev.write(buf, np.zeros(64, np.uint8))
