@@ -634,7 +634,7 @@ class CudaBackend final : public Backend {
   }
 
   static unsigned encode_blocks_per_cta(const UploadPlan& p) {
-    return format_of(p.dst_dtype).kernels->cuda_encode_blocks_per_cta;
+    return std::max(1u, format_of(p.dst_dtype).kernels->cuda_encode_blocks_per_cta);
   }
 
   UploadResult upload(const UploadTarget& dst, const Source* srcs, std::size_t nsrcs) {
