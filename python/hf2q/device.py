@@ -748,7 +748,7 @@ def _or_list(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
 
 
-_NUMPY_SRC_TEXT = _or_list([str(dt) for dt in _NUMPY_SRC])
+_NUMPY_SRC_TEXT = ", ".join(str(dt) for dt in _NUMPY_SRC)  # "float32, float16, bfloat16, int32"
 
 
 def _offset(offset: int) -> int:
