@@ -34,6 +34,7 @@ void q8_0_to_f32(const std::uint8_t* src, float* dst, std::size_t n) {
 const FormatRow& device_row(DType t) {
   const int i = static_cast<int>(t);
   if (i < 0 || i >= kNumDTypes) throw std::invalid_argument("unknown dtype id " + std::to_string(i));
+  if (kFormats[i].kernels == nullptr) throw std::logic_error(std::string(kFormats[i].name) + " has no kernels row");
   return kFormats[i];
 }
 

@@ -451,10 +451,11 @@ class CudaBackend final : public Backend {
     };
     for (int d = 0; d < kNumDTypes; ++d) {
       const FormatRow& row = kFormats[d];
+      if (row.kernels == nullptr) continue;  // no kernels: every conversion and read-back is refused
       const kernels::FormatKernels& k = *row.kernels;
       if (k.cuda_verify != nullptr && !bind(k.cuda_verify, &fn_verify_[d])) return false;
       for (int s = 0; s < kNumDTypes; ++s) {
-        if ((row.sources & dtype_bit(static_cast<DType>(s))) == 0) continue;
+        if ((row.sources & dtype_bit(static_cast<DType>(s))) == 0 || kFormats[s].kernels == nullptr) continue;
         const kernels::FormatKernels& from = *kFormats[s].kernels;
         if (d == static_cast<int>(DType::F32)) {
           if (from.cuda_to_f32 != nullptr && !bind(from.cuda_to_f32, &fn_to_f32_[s])) return false;

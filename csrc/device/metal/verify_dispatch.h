@@ -34,7 +34,8 @@ static_assert(sizeof(VerifyParams) == 16, "VerifyParams must match shaders/verif
 // metal_verify); nullptr for none.
 inline const char* kernel_name(DType t) {
   const int k = static_cast<int>(t);
-  return k >= 0 && k < kNumDTypes ? hf2q::kFormats[k].kernels->metal_verify : nullptr;
+  return k >= 0 && k < kNumDTypes && hf2q::kFormats[k].kernels != nullptr ? hf2q::kFormats[k].kernels->metal_verify
+                                                                          : nullptr;
 }
 
 // One dispatch: the source buffer is bound at src_offset bytes, the output at
