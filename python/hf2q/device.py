@@ -50,12 +50,8 @@ _NUMPY_SRC = {
 }
 
 
-class FileReadError(Hf2qError, OSError):
-    """A file could not be read completely (I/O error, or the file shrank or
-    was rewritten while being read). ``code`` is ``"FileTruncated"`` (end of
-    file before the bytes expected) or ``"Io"``, as the native reader says."""
-
-    code: str = "Io"
+# With the other errors (hf2q.errors, data only); the native reader raises it by this name.
+from .errors import FileReadError  # noqa: E402
 
 
 def _dtype_name(dtype: str) -> str:
