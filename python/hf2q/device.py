@@ -23,7 +23,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from . import _core, formats, reference
-from ._arrays import BF16, F16, F32, U8, as_byte_array
+from ._arrays import F16, F32, U8, as_byte_array, is_bf16
 from .errors import DeviceError, Hf2qError, NonFiniteError, ResidencyWarning, ScaleOverflowWarning
 
 __all__ = [
@@ -42,7 +42,15 @@ PathOrFd = Union[str, "os.PathLike[str]", int]
 #: storage holding ggml Q8_0 blocks of a tensor whose logical shape the buffer
 #: keeps (``byte_len = formats.nbytes(shape, "q8_0")``).
 DTYPES = formats.DEVICE_FORMATS
-_NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16", np.dtype(np.int32): "i32"}
+_NUMPY_SRC = {F32: "f32", F16: "f16", np.dtype(np.int32): "i32"}  # and bfloat16: _numpy_src
+
+
+def _numpy_src(dtype: Any) -> str | None:
+    """The device dtype of numpy data of ``dtype`` (None: raw bytes or unsupported)."""
+    if dtype is None:
+        return None
+    found = _NUMPY_SRC.get(dtype)
+    return found if found is not None or not is_bf16(dtype) else "bf16"
 
 
 class FileReadError(Hf2qError, OSError):
@@ -443,8 +451,8 @@ class Device:
     @staticmethod
     def _source(src: Any, src_dtype: str | None, to: str) -> tuple[np.ndarray, str, tuple[int, ...]]:
         arr = as_byte_array(src)
-        if arr.dtype in _NUMPY_SRC:
-            inferred = _NUMPY_SRC[arr.dtype]
+        inferred = _numpy_src(arr.dtype)
+        if inferred is not None:
             if src_dtype is not None and src_dtype != inferred:
                 raise TypeError(f"src has dtype {arr.dtype} but src_dtype={src_dtype!r} was given")
             flat = arr.reshape(-1).view(U8)
@@ -513,7 +521,7 @@ class Device:
         """A new buffer of dtype ``to`` holding ``src`` (a raw little-endian
         buffer or an ndarray of bf16/f16/f32). Decode and quantize kernels
         write straight into the buffer; no staging array."""
-        to = _dtype_name(to if to is not None else _NUMPY_SRC.get(getattr(src, "dtype", None), "u8"))
+        to = _dtype_name(to if to is not None else (_numpy_src(getattr(src, "dtype", None)) or "u8"))
         flat, sdt, src_shape = self._source(src, src_dtype, to)
         out_shape = _shape(shape) if shape is not None else src_shape
         numel, want = _numel(src_shape), _numel(out_shape)
