@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -458,12 +459,33 @@ class CudaBackend final : public Backend {
 
   // ---------------------------------------------------------- staging ring
 
+  // Slots of the staging ring (docs/CUDA.md, "Uploads"): enough that every
+  // reader thread has one slot to fill while the copies of the others wait
+  // in the copy queue (4 per thread, at least 16), at most 64 (512 MiB of
+  // pinned memory) and at most 1/64 of the host's memory.
+  // HF2Q_CUDA_STAGING_MIB sets the ring's size instead (benchmarks).
+  static int ring_slots() {
+    const std::size_t slot_mib = kSlotBytes >> 20;
+    if (const char* env = std::getenv("HF2Q_CUDA_STAGING_MIB")) {
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (end != env && *end == '\0' && v > 0) {
+        return static_cast<int>(std::min<long>(1024, std::max<long>(2, v / static_cast<long>(slot_mib))));
+      }
+    }
+    std::size_t n = std::min<std::size_t>(64, std::max<std::size_t>(16, 4 * static_cast<std::size_t>(get_num_threads())));
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) {
+      const std::size_t host = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+      n = std::min(n, std::max<std::size_t>(4, host / 64 / kSlotBytes));
+    }
+    return static_cast<int>(n);
+  }
+
   void ensure_ring() {
     std::lock_guard<std::mutex> lk(ring_mu_);
     if (!slots_.empty()) return;
-    // Two slots per thread, at most 16 (128 MiB pinned): on the H200 machine
-    // 12, 24 and 32 slots all loaded slower than 16 with 16 threads.
-    const int n = std::min(16, std::max(4, 2 * get_num_threads()));
+    const int n = ring_slots();
     std::vector<Slot> slots(static_cast<std::size_t>(n));
     const std::size_t len = static_cast<std::size_t>(n) * kSlotBytes;
     try {
