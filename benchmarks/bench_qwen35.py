@@ -102,13 +102,19 @@ print(json.dumps({"maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss *
 
 
 def read_fresh(path: Path, size: int) -> float:
-    """Seconds to read the file into fresh memory (np.empty: nothing touched
-    yet), hf2q.get_num_threads() threads each preadv-ing 8 MiB pieces."""
+    """Seconds to read the file into fresh memory (an anonymous mapping,
+    nothing touched yet), hf2q.get_num_threads() threads each preadv-ing 8 MiB
+    pieces. Not np.empty: numpy advises huge pages on large arrays
+    (MADV_HUGEPAGE), which stalls in compaction where THP defrag is
+    "madvise" (docs/RESIDENCY.md); the mapping gets the kernel's default
+    pages, as hf2q's host buffers do there."""
+    import mmap
     from concurrent.futures import ThreadPoolExecutor
 
     piece = 8 << 20
     t0 = time.perf_counter()
-    buf = np.empty(size, np.uint8)
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf = np.frombuffer(mapping, np.uint8)
     fd = os.open(path, os.O_RDONLY)
     try:
         def one(off: int) -> None:
@@ -126,6 +132,7 @@ def read_fresh(path: Path, size: int) -> float:
         os.close(fd)
     dt = time.perf_counter() - t0
     del buf
+    mapping.close()
     return dt
 
 
@@ -306,8 +313,9 @@ def main() -> int:
         print(f"NOTE: the gguf-py path was timed on {g['stacks_measured']} of {g['stacks_total']} expert stacks "
               f"and scaled linearly (x{g['stacks_total'] / g['stacks_measured']:.1f}); see --gguf-budget.")
     print_table("qwen35 load", rows, ["case", "seconds", "GB/s", "x ours", "note"])
-    print_table("gguf-py path per stack (seconds)", g["per_stack"],
-                ["stack", "read", "stack_s", "astype", "quantize", "equal"])
+    if g["per_stack"]:
+        print_table("gguf-py path per stack (seconds)", g["per_stack"],
+                    ["stack", "read", "stack_s", "astype", "quantize", "equal"])
     print("\npeak RSS (fresh subprocesses):")
     print(f"  baseline (import hf2q, numpy)   {mem['baseline_maxrss']:>15,} bytes")
     print(f"  load peak                       {mem['load_maxrss']:>15,} bytes")
