@@ -24,7 +24,7 @@ QUANT_SOURCE_DTYPES = (F32, F16)
 
 # bfloat16 is ml_dtypes' numpy dtype. ml_dtypes is imported only where a
 # caller asks for a bfloat16 view (bf16(), ``_arrays.BF16``): importing it
-# costs 1.3 s of CPU with ml_dtypes 0.7 (docs/PERFORMANCE.md), and a load
+# costs 1.3 s of CPU with ml_dtypes 0.7 (README, "Benchmarks"), and a load
 # that never hands out numpy bfloat16 arrays does not need it. An array can
 # only have that dtype once something imported ml_dtypes, so the checks
 # below (is_bf16) look for it in sys.modules instead of importing it.
@@ -44,7 +44,7 @@ def bf16() -> np.dtype:
 def is_bf16(dtype: Any) -> bool:
     """Whether ``dtype`` is ml_dtypes' bfloat16, without importing ml_dtypes
     (no array has that dtype before something else imported it)."""
-    return "ml_dtypes" in sys.modules and dtype == bf16()
+    return isinstance(dtype, np.dtype) and "ml_dtypes" in sys.modules and dtype == bf16()
 
 
 def __getattr__(name: str) -> Any:

@@ -14,9 +14,14 @@ warned about once per process, saying what is used instead.
                        it cannot stall (docs/RESIDENCY.md, "Huge pages")
 =====================  ==========================================================
 
+``HF2Q_CUDA_STAGING_MIB`` and ``HF2Q_CUDA_SLOT_MIB`` set the size of the CUDA
+staging ring and of its slots in MiB (default 128 and 8; slots 1, 2, 4 or 8),
+for benchmarks (docs/CUDA.md); the native core reads them, ignoring any other
+value.
+
 The switches take exactly ``1`` or ``0`` (the native core reads
-``HF2Q_NO_RESIDENCY``, ``HF2Q_FORCE_SCALAR`` and ``HF2Q_HUGEPAGES`` that way); an empty value is
-the same as unset.
+``HF2Q_NO_RESIDENCY``, ``HF2Q_FORCE_SCALAR`` and ``HF2Q_HUGEPAGES`` that
+way); an empty value is the same as unset.
 """
 
 from __future__ import annotations
