@@ -445,8 +445,12 @@ def limit_case(files: list[Path], total: int, cuda: bool, index: int) -> Callabl
 
     def read_fresh() -> Any:
         # Every file into fresh memory, the files in parallel (as many
-        # threads as hf2q uses), each read in 64 MiB pieces.
-        bufs = [np.empty(f.stat().st_size, np.uint8) for f in files]
+        # threads as hf2q uses), each read in 64 MiB pieces. Anonymous
+        # mappings, not np.empty: numpy advises huge pages on large arrays,
+        # which stalls where THP defrag is "madvise" (docs/RESIDENCY.md).
+        import mmap
+
+        bufs = [mmap.mmap(-1, max(1, f.stat().st_size), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) for f in files]
 
         def one(i: int) -> None:
             mv = memoryview(bufs[i])
