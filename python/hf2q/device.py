@@ -53,12 +53,8 @@ def _numpy_src(dtype: Any) -> str | None:
     return found if found is not None or not is_bf16(dtype) else "bf16"
 
 
-class FileReadError(Hf2qError, OSError):
-    """A file could not be read completely (I/O error, or the file shrank or
-    was rewritten while being read). ``code`` is ``"FileTruncated"`` (end of
-    file before the bytes expected) or ``"Io"``, as the native reader says."""
-
-    code: str = "Io"
+# With the other errors (hf2q.errors, data only); the native reader raises it by this name.
+from .errors import FileReadError  # noqa: E402
 
 
 def _dtype_name(dtype: str) -> str:
