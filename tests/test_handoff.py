@@ -385,3 +385,16 @@ def test_cuda_state_dict_and_dequantize() -> None:
     ref = ops.dequantize_q8_0(ops.quantize_q8_0(x))
     got = htorch.dequantize(sd["q"]).cpu().numpy()
     assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+def test_hf2q_does_not_import_torch() -> None:
+    """torch and transformers are imported by hf2q.torch / hf2q.transformers
+    only: a load without them leaves both out of the process."""
+    code = ("import sys, hf2q\n"
+            f"m = hf2q.load({str(CHECKPOINTS['llama_tied'])!r}, hf2q.Device('host'), progress=False)\n"
+            "print(sorted(k for k in ('torch', 'transformers') if k in sys.modules))\n"
+            "sd = m.state_dict()\n"
+            "print(sorted(k for k in ('torch', 'transformers') if k in sys.modules), type(hf2q.torch).__name__)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[]", "['torch'] module"]
