@@ -10,9 +10,9 @@ writes them: transformers stacks them on load), the generator of
 bench_qwen35.py; ``--full`` writes the full-size synthetic Qwen3.6-35B-A3B
 (40 layers, ~71 GB: put --dir on /dev/shm or a fast disk) instead.
 
-Cases, each in a fresh interpreter (imports of torch, transformers and hf2q
-done before the clock starts, page cache warm), interleaved, ``--repeat``
-rounds:
+Cases, each in a fresh interpreter (imports of torch, transformers, hf2q,
+transformers' loading modules and the model's class done before the clock
+starts, page cache warmed once), interleaved, ``--repeat`` rounds:
   CPU:  hf2q.transformers.from_pretrained(dir, "host", dtype="bf16")
         transformers AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16)
   GPU (--cuda, needs torch with CUDA):
@@ -46,6 +46,11 @@ import torch, transformers
 import hf2q, hf2q.transformers
 which, path, device = sys.argv[1], sys.argv[2], sys.argv[3]
 cuda = device == "cuda"
+# Imports before the clock, for both cases: transformers' loading machinery
+# and the model's class (importing them takes longer than a small load here).
+import transformers.modeling_utils, transformers.core_model_loading, transformers.conversion_mapping
+cls = getattr(transformers, transformers.AutoConfig.from_pretrained(path).architectures[0])
+hf2q.transformers._internals()
 if cuda:
     torch.cuda.init()
     free0, total = torch.cuda.mem_get_info()

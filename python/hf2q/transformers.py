@@ -149,7 +149,10 @@ def _build(cls: type, config: Any, dtype: torch.dtype, tf: dict[str, Any]) -> An
     """The model on the meta device, in the contexts transformers' own
     ``from_pretrained`` builds it in (dtype, no tying yet, meta device)."""
     try:
-        contexts = cls.get_init_context(dtype, False, False, None)
+        try:  # (dtype, is_quantized, _is_ds_init_called, allow_all_kernels) in 5.24
+            contexts = cls.get_init_context(dtype, False, False, None)
+        except TypeError:  # earlier 5.x: without allow_all_kernels
+            contexts = cls.get_init_context(dtype, False, False)
     except (AttributeError, TypeError) as e:
         raise HandoffError(f"transformers {transformers.__version__}: {cls.__name__}.get_init_context is not the "
                            f"one the hand-off knows ({e})", missing=[f"{cls.__name__}.get_init_context"]) from None
@@ -201,11 +204,11 @@ def _targets(model: Any, ckpt: Any, dtype: torch.dtype, tf: dict[str, Any]
         if name not in groups:
             continue
         conv, srcs = groups[name]
+        # transformers' rule: the dtype plan's (keep-in-fp32 modules), else
+        # the parameter's own (built under the requested default dtype)
         want = meta[name].dtype
         if alt is not None and (m := alt.search(name)) is not None:
             want = plan_dtypes[by_group[m.lastgroup]]
-        elif meta[name].is_floating_point():
-            want = meta[name].dtype
         fmt = _FORMATS.get(want)
         if fmt is None:
             raise HandoffError(f"transformers parameter '{name}' is {want}, which no hf2q device format holds",
@@ -272,20 +275,20 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
     dev = _hf2q_device(device)
 
     model = _build(cls, config, torch_dtype, tf)
+    meta_keys = set(model.state_dict())
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
     with open_checkpoint(path) as ckpt:
         targets, skipped, mapping = _targets(model, ckpt, torch_dtype, tf)
+        # Refused before a byte is read: transformers would initialise these at random.
+        lacking = sorted(meta_keys - {t.name for t in targets} - tied)
+        if lacking:
+            raise HandoffError(f"{path}: the checkpoint has no tensor for {len(lacking)} parameter(s) of "
+                               f"{cls.__name__}: {', '.join(lacking[:8])}{' ...' if len(lacking) > 8 else ''}",
+                               missing=lacking)
         plan = plan_handoff(ckpt, targets, config=config, skipped=skipped)
         loaded = execute(plan, ckpt, dev, lambda bufs: HandoffModel(dev, config, bufs), progress=progress,
                          extra={"architecture": cls.__name__, "dtype": dtype})
     sd = loaded.state_dict()
-
-    meta_keys = set(model.state_dict())
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    lacking = sorted(meta_keys - set(sd) - tied)
-    if lacking:
-        raise HandoffError(f"{path}: the checkpoint has no tensor for {len(lacking)} parameter(s) of "
-                           f"{cls.__name__}: {', '.join(lacking[:8])}{' ...' if len(lacking) > 8 else ''}",
-                           missing=lacking)
     model.load_state_dict(sd, strict=False, assign=True)
     for name in sd:
         model.get_parameter_or_buffer(name)._is_hf_initialized = True
