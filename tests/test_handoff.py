@@ -267,6 +267,22 @@ def test_moved_internals_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
 
 
+def test_unsupported_conversion_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers.conversion_mapping as cm
+    from transformers.core_model_loading import Transpose, WeightConverter
+
+    real = cm.get_model_conversion_mapping
+
+    def with_transpose(model, *args, **kwargs):
+        extra = WeightConverter("mlp.up_proj.weight", "mlp.up_proj.weight", operations=[Transpose(0, 1)])
+        return [*real(model, *args, **kwargs), extra]
+
+    monkeypatch.setattr(cm, "get_model_conversion_mapping", with_transpose)
+    with pytest.raises(htf.HandoffError, match="Transpose") as e:
+        htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
+    assert e.value.missing == ["Transpose"]
+
+
 def test_placement_rules() -> None:
     from hf2q._handoff import HandoffError, placements
 

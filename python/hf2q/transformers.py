@@ -96,6 +96,11 @@ def _internals() -> dict[str, Any]:
             raise HandoffError(f"transformers {transformers.__version__} has no {module}.{name}, which the "
                                f"hand-off uses (tested: {', '.join(TESTED_TRANSFORMERS)})",
                                missing=[f"{module}.{name}"]) from None
+    for attr in ("_finalize_model_loading", "_get_dtype_plan", "get_init_context", "get_parameter_or_buffer"):
+        if not hasattr(transformers.PreTrainedModel, attr):
+            raise HandoffError(f"transformers {transformers.__version__} has no PreTrainedModel.{attr}, which the "
+                               f"hand-off uses (tested: {', '.join(TESTED_TRANSFORMERS)})",
+                               missing=[f"PreTrainedModel.{attr}"])
     return out
 
 
