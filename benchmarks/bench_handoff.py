@@ -18,7 +18,8 @@ starts, page cache warmed once), interleaved, ``--repeat`` rounds:
   GPU (--cuda, needs torch with CUDA):
         hf2q.transformers.from_pretrained(dir, "cuda", dtype="bf16")
         AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map="cuda")
-Reported: seconds to a ready model (median and best), peak RSS growth over
+Reported: seconds to a ready model (median and best; for hf2q also the part
+spent executing the load plan, file bytes into buffers), peak RSS growth over
 the process's RSS before the load (VmHWM), and on the GPU the device memory
 in use after the load (cudaMemGetInfo: hf2q's buffers are not torch's
 allocator's) and torch's peak allocation.
@@ -59,15 +60,17 @@ t0 = time.perf_counter()
 if which == "hf2q":
     m = hf2q.transformers.from_pretrained(path, device, dtype="bf16")
     resident = m.hf2q_model.gpu_resident_bytes()
+    load_s = m.hf2q_model.summary.seconds  # the plan's execution: file bytes into the buffers
 else:
     kw = {"device_map": "cuda"} if cuda else {}
     m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **kw)
-    resident = None
+    resident = load_s = None
 if cuda:
     torch.cuda.synchronize()
 t = time.perf_counter() - t0
 nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
-out = {"seconds": t, "rss_before": before, "rss_peak": hwm(), "param_bytes": nbytes, "resident": resident}
+out = {"seconds": t, "rss_before": before, "rss_peak": hwm(), "param_bytes": nbytes, "resident": resident,
+       "load_s": load_s}
 if cuda:
     free1, _ = torch.cuda.mem_get_info()
     out["gpu_used"] = free0 - free1
@@ -103,7 +106,8 @@ def run(d: Path, device: str, repeat: int) -> list[dict]:
         last = runs[-1]
         row = {"device": device, "case": which, "median_s": statistics.median(secs), "best_s": min(secs),
                "param_MiB": last["param_bytes"] / 2**20,
-               "rss_growth_MiB": max(r["rss_peak"] - r["rss_before"] for r in runs) / 2**20}
+               "rss_growth_MiB": max(r["rss_peak"] - r["rss_before"] for r in runs) / 2**20,
+               "of_which_read_s": statistics.median(r["load_s"] for r in runs) if which == "hf2q" else None}
         if device == "cuda":
             row["gpu_used_MiB"] = max(r["gpu_used"] for r in runs) / 2**20
             row["torch_peak_MiB"] = max(r["torch_peak"] for r in runs) / 2**20
@@ -133,7 +137,8 @@ def main() -> None:
     if a.json:
         dump_json(rows)
     else:
-        cols = ["device", "case", "median_s", "best_s", "speedup_median", "param_MiB", "rss_growth_MiB"]
+        cols = ["device", "case", "median_s", "best_s", "of_which_read_s", "speedup_median", "param_MiB",
+                "rss_growth_MiB"]
         if a.cuda:
             cols += ["gpu_used_MiB", "torch_peak_MiB"]
         print_table(f"hand-off, {d}", rows, cols)
