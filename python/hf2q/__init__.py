@@ -49,6 +49,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "safetensors": ("hf2q.safetensors", None),
     "hub": ("hf2q.hub", None),
     "testing": ("hf2q.testing", None),
+    "torch": ("hf2q.torch", None),  # imports torch: only when used
+    "transformers": ("hf2q.transformers", None),  # imports torch and transformers: only when used
     "Device": ("hf2q.device", "Device"),
     "Buffer": ("hf2q.device", "Buffer"),
     "Residency": ("hf2q.device", "Residency"),

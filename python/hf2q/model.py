@@ -93,6 +93,17 @@ class LoadedModel:
     def __len__(self) -> int:
         return len(self.named_buffers())
 
+    def state_dict(self, framework: str = "torch") -> dict[str, Any]:
+        """``{name: torch.Tensor}`` sharing memory with the buffers (DLPack, no
+        copy; on the buffers' device), each tensor keeping its buffer alive;
+        see :mod:`hf2q.torch` for the dtypes (``q8_0``: ``uint8`` bytes of
+        shape ``(rows, row_bytes)``). torch is imported here, on first use."""
+        if framework != "torch":
+            raise ValueError(f"state_dict: framework must be 'torch', got {framework!r}")
+        from . import torch as hf2q_torch
+
+        return hf2q_torch.state_dict(dict(self.named_buffers()))
+
     # ------------------------------------------------------------------ bytes
     def gpu_resident_bytes(self) -> int:
         """Sum of logical buffer lengths."""
