@@ -1,0 +1,341 @@
+"""``hf2q convert``: the GGUF file llama.cpp's ``convert_hf_to_gguf.py``
+writes, streamed from the load plan to disk (docs/CONVERT.md).
+
+The plan a family makes for a load (same tensors, same bytes as the
+converter's) is executed a batch at a time on the host device; each batch's
+buffers are written to the file in the converter's order while the next
+batch is read and converted, then freed. The header (key/values, tensor
+infos) is written first: every size is known from the plan. Host memory
+stays within :data:`MEMORY_BUDGET` plus the largest tensor.
+
+The file is written under a temporary name in the output's folder, fsynced
+and renamed into place only when complete: an interrupted or failed
+conversion leaves no file that looks finished.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from .. import formats
+from ..errors import ConfigError, Hf2qError
+from ..plan import LoadPlan, TensorPlan
+from . import metadata as md
+from .gguf import ALIGNMENT, GGUFEncodeError, TensorInfo, encode_header, padded
+from .order import converter_order
+
+__all__ = ["convert", "ConvertSummary", "ConvertError", "OutputExistsError", "UnsupportedModelError",
+           "OUTTYPES", "MEMORY_BUDGET", "BATCH_BYTES"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: ``--outtype`` values (llama.cpp's converter's names).
+OUTTYPES = ("f32", "bf16", "q8_0")
+#: Converted bytes held in host memory at once, besides one tensor larger
+#: than :data:`BATCH_BYTES` (the batch being read plus the one being written).
+MEMORY_BUDGET = 192 << 20
+#: Output bytes per batch (a larger tensor is a batch of its own).
+BATCH_BYTES = 64 << 20
+
+
+class ConvertError(Hf2qError):
+    """A conversion could not be done; ``path`` names the output."""
+
+    def __init__(self, message: str, path: Any = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class OutputExistsError(ConvertError, FileExistsError):
+    """The output file exists and ``force`` was not given."""
+
+
+class UnsupportedModelError(ConvertError, ValueError):
+    """The checkpoint's family (or the options asked for) has no GGUF
+    conversion here."""
+
+
+@dataclass
+class ConvertSummary:
+    """What a conversion did (the CLI's ``--json`` report)."""
+
+    output: str
+    family: str
+    architecture: str
+    outtype: str
+    tensors: int
+    bytes: int
+    data_bytes: int
+    source_bytes: int
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"output": self.output, "family": self.family, "architecture": self.architecture,
+                "outtype": self.outtype, "tensors": self.tensors, "bytes": self.bytes,
+                "data_bytes": self.data_bytes, "source_bytes": self.source_bytes,
+                "seconds": round(self.seconds, 3), "gb_per_s": round(self.gb_per_s, 3), **self.extra}
+
+
+# ----------------------------------------------------------------------------- families
+def _qwen35(ckpt: Any, config: Mapping[str, Any], outtype: str, options: dict[str, Any]) -> tuple[LoadPlan, Any]:
+    from ..models.qwen35.load import plan_checkpoint, to_load_plan
+
+    opts = {"expert_dtype": outtype, "dense_dtype": outtype, **options}
+    plan = plan_checkpoint(ckpt, config=config, **opts)
+    return to_load_plan(plan, plan.config), plan.config
+
+
+def _gemma4(ckpt: Any, config: Mapping[str, Any], outtype: str, options: dict[str, Any]) -> tuple[LoadPlan, Any]:
+    from ..models.gemma4 import plan_checkpoint
+
+    opts = {"expert_dtype": outtype, "dense_dtype": outtype, **options}
+    plan = plan_checkpoint(ckpt, config=config, **opts)
+    return plan, plan.config
+
+
+#: family -> (GGUF architecture, planner, key/value writer, options the family takes)
+_FAMILIES = {
+    "qwen35moe": ("qwen35moe", _qwen35, md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp")),
+    "gemma4": ("gemma4", _gemma4, md.gemma4, ("expert_dtype", "dense_dtype")),
+}
+
+
+# ----------------------------------------------------------------------------- the file
+def _tensor_infos(entries: list[TensorPlan]) -> list[TensorInfo]:
+    out = []
+    for e in entries:
+        ggml = formats.get(e.dtype).gguf_type
+        if ggml < 0:
+            raise UnsupportedModelError(f"{e.name}: format {e.dtype} has no GGUF type")
+        out.append(TensorInfo(e.name, tuple(e.shape), ggml, e.nbytes))
+    return out
+
+
+def _temp_name(out: Path) -> Path:
+    return out.with_name(f".{out.name}.hf2q-{os.getpid()}-{threading.get_ident():x}.partial")
+
+
+class _Writer(threading.Thread):
+    """Writes queued batches (lists of buffers) in order; releases each
+    batch's bytes from the in-flight budget once written."""
+
+    def __init__(self, fd: int, alignment: int, bar: Any) -> None:
+        super().__init__(name="hf2q-convert-writer", daemon=True)
+        self.fd = fd
+        self.alignment = alignment
+        self.bar = bar
+        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.cond = threading.Condition()
+        self.inflight = 0
+        self.error: BaseException | None = None
+        self.written = 0
+
+    def run(self) -> None:
+        zeros = bytes(self.alignment)
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            bufs, nbytes = job
+            try:
+                if self.error is None:
+                    for b in bufs:
+                        view = memoryview(b.numpy().reshape(-1).view(np.uint8))
+                        pad = padded(len(view), self.alignment) - len(view)
+                        self._write_all([view, memoryview(zeros)[:pad]] if pad else [view])
+                        self.bar.update(len(view))
+            except BaseException as e:  # handed to the main thread
+                self.error = e
+            finally:
+                bufs.clear()
+                del job, bufs
+                with self.cond:
+                    self.inflight -= nbytes
+                    self.cond.notify_all()
+
+    def _write_all(self, views: list[memoryview]) -> None:
+        while views:
+            n = os.writev(self.fd, views)
+            self.written += n
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            if views and n:
+                views[0] = views[0][n:]
+
+    def reserve(self, nbytes: int, budget: int) -> None:
+        with self.cond:
+            while self.inflight and self.inflight + nbytes > budget and self.error is None:
+                self.cond.wait()
+            self.inflight += nbytes
+
+
+def _batches(entries: list[TensorPlan]) -> list[list[TensorPlan]]:
+    out: list[list[TensorPlan]] = []
+    cur: list[TensorPlan] = []
+    size = 0
+    for e in entries:
+        if cur and size + e.nbytes > BATCH_BYTES:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(e)
+        size += e.nbytes
+    if cur:
+        out.append(cur)
+    return out
+
+
+class _Held:
+    """The loader's model container for one batch: the buffers, nothing else."""
+
+    def __init__(self, bufs: dict[str, Any]) -> None:
+        self.bufs = bufs
+
+
+def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool = False, progress: bool = False,
+            family: str | None = None, revision: str | None = None, download: bool = False,
+            name: str | None = None, **options: Any) -> ConvertSummary:
+    """Write the GGUF file llama.cpp's ``convert_hf_to_gguf.py --outtype
+    OUTTYPE`` writes for the checkpoint ``src`` (a directory, file or
+    cached Hugging Face repo id, as for :func:`hf2q.load`) to ``out``.
+
+    ``outtype``: ``f32``, ``bf16`` or ``q8_0``, with the converter's meaning
+    (which tensors take it; norms, routers and small tensors stay F32).
+    ``options``: the family's own (``expert_dtype``, ``dense_dtype``,
+    ``mtp`` for Qwen3.5 MoE) refine it. ``force``: replace an existing
+    ``out``. ``name``: ``general.name`` (default: the checkpoint folder's
+    name, as the converter does). Supported: Qwen3.5/3.6 MoE
+    (``qwen35moe``) and Gemma 4 (``gemma4``); other checkpoints raise
+    :class:`UnsupportedModelError`."""
+    from ..device import Device
+    from ..hub import resolve
+    from ..loader import execute
+    from ..models import detect, family as family_row, read_config
+    from ..safetensors import open_checkpoint
+    from .._progress import progress_bar
+
+    t0 = time.perf_counter()
+    if outtype not in OUTTYPES:
+        raise UnsupportedModelError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+    out_path = Path(os.fspath(out))
+    if out_path.exists() and not force:
+        raise OutputExistsError(f"{out_path}: exists (use force=True / --force to replace it)", path=out_path)
+    if out_path.is_dir():
+        raise ConvertError(f"{out_path}: is a directory", path=out_path)
+    if not out_path.parent.is_dir():
+        raise ConvertError(f"{out_path.parent}: no such directory", path=out_path)
+    src_path = resolve(src, revision, download=download, command="convert")
+    _, config = read_config(src_path)
+    fam = detect(config) if family is None else family_row(family)
+    if fam.name not in _FAMILIES:
+        raise UnsupportedModelError(
+            f"{src_path}: hf2q convert writes GGUF files for {', '.join(_FAMILIES)} checkpoints; this one is "
+            f"{fam.name!r} (config.json architectures: {(config or {}).get('architectures')})", path=out_path)
+    arch, planner, kv_writer, takes = _FAMILIES[fam.name]
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; it takes {', '.join(takes)}")
+    assert config is not None  # every supported family needs one (detect() said so)
+    default_name = src if isinstance(src, str) and not os.path.exists(src) else src_path.name
+    device = Device._isolated("host")
+
+    with open_checkpoint(src_path) as ckpt:
+        plan, cfg = planner(ckpt, config, outtype, dict(options))
+        entries = converter_order(list(plan), ckpt.keys())
+        kv = md.KVList(arch)
+        kv.string("general.architecture", arch)
+        md.general(kv, name if name is not None else str(default_name))
+        kv_writer(kv, config, cfg, outtype)
+        kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
+        infos = _tensor_infos(entries)
+        try:
+            head, _offsets = encode_header(kv.items(), infos, ALIGNMENT)
+        except GGUFEncodeError as e:
+            raise ConvertError(f"{out_path}: {e}", path=out_path) from None
+        data = sum(padded(t.nbytes, ALIGNMENT) for t in infos)
+        total = len(head) + data
+        largest = max((e.nbytes for e in entries), default=0)
+        budget = MEMORY_BUDGET + largest
+
+        tmp = _temp_name(out_path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        bar = progress_bar(total, "hf2q convert", progress)
+        writer = _Writer(fd, ALIGNMENT, bar)
+        done = False
+        try:
+            try:
+                os.posix_fallocate(fd, 0, total)  # no space: fail now, not after minutes of work
+            except (AttributeError, OSError) as e:
+                if isinstance(e, OSError) and e.errno == 28:
+                    raise ConvertError(f"{out_path}: not enough disk space for {total:,} bytes", path=out_path) from None
+            writer._write_all([memoryview(head)])
+            bar.update(len(head))
+            writer.start()
+            for batch in _batches(entries):
+                nbytes = sum(e.nbytes for e in batch)
+                writer.reserve(nbytes, budget)
+                if writer.error is not None:
+                    break
+                held = execute(LoadPlan(plan.family, batch, plan.config), ckpt, device, _Held)
+                writer.jobs.put(([held.bufs[e.name] for e in batch], nbytes))
+                del held
+            writer.jobs.put(None)
+            writer.join()
+            if writer.error is not None:
+                err = writer.error
+                if isinstance(err, OSError):
+                    raise ConvertError(f"{out_path}: write failed: {err.strerror or err}", path=out_path) from None
+                raise err
+            if writer.written != total:
+                raise ConvertError(f"{out_path}: wrote {writer.written:,} bytes, planned {total:,}", path=out_path)
+            os.ftruncate(fd, total)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, out_path)
+            _fsync_dir(out_path.parent)
+            done = True
+        finally:
+            if writer.is_alive():
+                writer.error = writer.error or KeyboardInterrupt()
+                writer.jobs.put(None)
+                writer.join()
+            bar.close()
+            if fd >= 0:
+                os.close(fd)
+            if not done:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+    return ConvertSummary(output=str(out_path), family=fam.name, architecture=arch, outtype=outtype,
+                          tensors=len(entries), bytes=total, data_bytes=sum(t.nbytes for t in infos),
+                          source_bytes=plan.source_nbytes, seconds=time.perf_counter() - t0,
+                          extra={"kv_count": len(kv.items())})
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        dfd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)

@@ -1,0 +1,111 @@
+"""``hf2q.convert`` against llama.cpp's converter's whole GGUF file
+(tests/data/gguf/<variant>.json, made by scripts/make_golden_gguf.py from the
+committed tiny checkpoints): read back through gguf-py's reader, every tensor
+(order, name, type, shape, offset, bytes) and every key/value (type, element
+type, value, order) equal, but the keys that name the tool's guess of the
+model (docs/CONVERT.md: ``general.name``, ``general.size_label``, ...).
+Needs neither torch nor transformers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hf2q
+
+gguf = pytest.importorskip("gguf")
+
+DATA = Path(__file__).parent / "data"
+GGUF_GOLDEN = DATA / "gguf"
+VARIANTS = sorted(p.stem for p in GGUF_GOLDEN.glob("*.json"))
+#: Keys whose values the converter derives from the folder name or a model
+#: card, not from the model (docs/CONVERT.md): present in both, values free.
+NAMING_KEYS = {"general.name"}
+#: Keys the converter may write and hf2q does not (docs/CONVERT.md).
+CONVERTER_ONLY = {"general.size_label", "general.basename", "general.finetune", "general.version",
+                  "general.organization", "general.license", "general.tags", "general.languages",
+                  "general.base_model.count", "general.quantized_by", "general.repo_url", "general.url"}
+
+
+@lru_cache(maxsize=None)
+def golden(variant: str) -> dict[str, Any]:
+    return json.loads((GGUF_GOLDEN / f"{variant}.json").read_text())
+
+
+def _blobs(variant: str, outtype: str) -> dict[str, bytes]:
+    """The converter's tensor bytes by name (converted.npz beside the checkpoint)."""
+    ck = DATA / golden(variant)["checkpoint"].removeprefix("tests/data/")
+    meta = json.loads((ck.parent / "converted.json").read_text())
+    with np.load(ck.parent / "converted.npz") as z:
+        return {t["name"]: z[t["blob"]].tobytes() for t in meta["outtypes"][outtype]["tensors"]}
+
+
+def _kv(reader: Any) -> dict[str, dict[str, Any]]:
+    out = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        v = f.contents()
+        out[key] = {"type": f.types[0].name, "sub_type": f.types[1].name if len(f.types) > 1 else None,
+                    "value": v.tolist() if isinstance(v, np.ndarray) else v}
+    return out
+
+
+def test_golden_present_and_small() -> None:
+    assert len(VARIANTS) >= 7
+    assert sum(p.stat().st_size for p in GGUF_GOLDEN.glob("*.json")) < 2 << 20
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "f32", "bf16"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_convert_equals_converter_file(tmp_path, variant, outtype) -> None:
+    g = golden(variant)
+    want = g["outtypes"][outtype]
+    ck = DATA / g["checkpoint"].removeprefix("tests/data/")
+    out = tmp_path / "out.gguf"
+    summary = hf2q.convert(ck, out, outtype)
+    assert summary.tensors == len(want["tensors"]) and summary.bytes == out.stat().st_size
+    r = gguf.GGUFReader(out)
+
+    # tensors: the converter's order, names, types, shapes, offsets, bytes
+    assert int(r.alignment) == want["alignment"]
+    assert [t.name for t in r.tensors] == [t["name"] for t in want["tensors"]]
+    blobs = _blobs(variant, outtype)
+    for t, w in zip(r.tensors, want["tensors"]):
+        assert t.tensor_type.name == w["type"], t.name
+        assert [int(x) for x in reversed(t.shape.tolist())] == w["shape"], t.name
+        assert int(t.data_offset) - int(r.data_offset) == w["offset"], t.name
+        assert int(t.n_bytes) == w["nbytes"], t.name
+        data = np.asarray(t.data).view(np.uint8).reshape(-1).tobytes()
+        if t.name.endswith(".ssm_a"):  # -exp(A_log): the last bit may differ (tests/test_golden_converter.py)
+            a = np.frombuffer(data, "<i4").astype(np.int64)
+            b = np.frombuffer(blobs[t.name], "<i4").astype(np.int64)
+            assert int(np.max(np.abs(a - b))) <= 1, t.name
+        else:
+            assert hashlib.sha256(data).hexdigest() == w["sha256"], f"{t.name}: bytes differ from the converter's"
+    assert out.stat().st_size - int(r.data_offset) == want["file_size"] - want["data_offset"]
+
+    # key/values: every one the converter wrote, same type and value, same order
+    ours = _kv(r)
+    theirs = {kv["key"]: kv for kv in want["kv"]}
+    missing = set(theirs) - set(ours) - CONVERTER_ONLY
+    extra = set(ours) - set(theirs)
+    assert not missing and not extra, f"missing {sorted(missing)}, extra {sorted(extra)}"
+    for key, kv in theirs.items():
+        if key in CONVERTER_ONLY and key not in ours:
+            continue
+        o = ours[key]
+        assert o["type"] == kv["type"] and o["sub_type"] == kv.get("sub_type"), key
+        if key in NAMING_KEYS:
+            continue
+        if kv["type"] == "FLOAT32" or kv.get("sub_type") == "FLOAT32":
+            np.testing.assert_array_equal(np.float32(o["value"]), np.float32(kv["value"]), err_msg=key)
+        else:
+            assert o["value"] == kv["value"], key
+    assert [k for k in ours] == [k for k in theirs if k in ours], "key order differs from the converter's"
