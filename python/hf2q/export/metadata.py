@@ -211,14 +211,18 @@ def text_model(kv: KVList, h: Mapping[str, Any], rp: Mapping[str, Any], block_co
 def qwen35moe(kv: KVList, config: Mapping[str, Any], cfg: Any, outtype: str) -> None:
     """``qwen35moe``: the base keys, then experts, MTP, the linear-attention
     (SSM) sizes, the recurrent layer pattern, the full-attention interval
-    (4 when the file has none), the rotary dimension and, where
+    (always 4: see below), the rotary dimension and, where
     ``mrope_section`` is absent, the sections ``[11, 11, 10, 0]``.
     ``cfg`` is the plan's resolved :class:`~hf2q.models.qwen35.Qwen35Config`
     (its MTP layer count is the one the file's tensors give)."""
+    # The converter reads the config through transformers (defaults filled
+    # in); our parsed config carries the same defaults.
     h = hparams(config)
+    h["layer_types"] = list(cfg.layer_types)
     rp = rope_parameters(h)
+    rp.setdefault("rope_theta", cfg.rope_theta)
     n_mtp = cfg.mtp_num_hidden_layers
-    n_layer = h.get("num_hidden_layers")
+    n_layer = cfg.num_hidden_layers
     text_model(kv, h, rp, cfg.num_hidden_layers + n_mtp, outtype)
     if (v := h.get("moe_intermediate_size")) is not None:
         kv.u32("{arch}.expert_feed_forward_length", v)
@@ -237,7 +241,10 @@ def qwen35moe(kv: KVList, config: Mapping[str, Any], cfg: Any, outtype: str) -> 
             raise ConfigError(f"config.json: layer_types has {len(recurrent)} entries, num_hidden_layers is "
                               f"{n_layer}", key="layer_types")
         kv.array("{arch}.attention.recurrent_layers", recurrent + [False] * n_mtp)
-    kv.u32("{arch}.full_attention_interval", h.get("full_attention_interval", 4))
+    # transformers keeps no full_attention_interval (layer_types carries the
+    # pattern), so the converter always writes its default, 4, whatever the
+    # file says; llama.cpp takes the pattern from recurrent_layers.
+    kv.u32("{arch}.full_attention_interval", 4)
     kv.u32("{arch}.rope.dimension_count", cfg.rotary_dim)
     if "mrope_section" not in rp:
         kv.array("{arch}.rope.dimension_sections", [11, 11, 10, 0])
@@ -248,8 +255,23 @@ def gemma4(kv: KVList, config: Mapping[str, Any], cfg: Any, outtype: str) -> Non
     per-layer inputs, the sliding pattern, full / sliding head sizes, expert
     size, double-wide MLP lengths, per-layer KV heads and rotary sizes.
     ``cfg`` is the parsed :class:`~hf2q.models.gemma4.Gemma4Config`."""
+    # The converter reads the config through transformers (defaults filled
+    # in, the last layer forced to full attention); our parsed config carries
+    # the same values.
     h = hparams(config)
+    h.update(max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+             num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+             head_dim=cfg.head_dim, sliding_window=cfg.sliding_window,
+             final_logit_softcapping=cfg.final_logit_softcapping, num_kv_shared_layers=cfg.num_kv_shared_layers,
+             hidden_size_per_layer_input=cfg.hidden_size_per_layer_input, layer_types=list(cfg.layer_types))
     rp = rope_parameters(h)
+    full = rp.get("full_attention")
+    if isinstance(full, Mapping):
+        rp["full_attention"] = {**full, "rope_theta": cfg.rope_theta_full}
+    else:
+        rp["rope_theta"] = cfg.rope_theta_full
+    sliding = rp.get("sliding_attention")
+    rp["sliding_attention"] = {**(sliding if isinstance(sliding, Mapping) else {}), "rope_theta": cfg.rope_theta_sliding}
     text_model(kv, h, rp, cfg.num_hidden_layers, outtype)
     # Gemma's own defaults (written whether or not the file states them)
     kv.u32("{arch}.context_length", h.get("max_position_embeddings", 131072))
@@ -279,8 +301,7 @@ def gemma4(kv: KVList, config: Mapping[str, Any], cfg: Any, outtype: str) -> Non
     if head_dim_full is None and isinstance(per_layer, Mapping):
         head_dim_full = _per_layer_full(per_layer, layer_types, "head_dim")
     if head_dim_full is None:
-        raise ConfigError("config.json: no global_head_dim (nor a full-attention layer's head_dim)",
-                          key="global_head_dim")
+        head_dim_full = cfg.full_head_dim
     head_dim_swa = h["head_dim"]
     kv.u32("{arch}.attention.key_length", head_dim_full)
     kv.u32("{arch}.attention.value_length", head_dim_full)
