@@ -52,7 +52,7 @@ class ConvertError(Hf2qError):
 
     def __init__(self, message: str, path: Any = None) -> None:
         super().__init__(message)
-        self.path = path
+        self.path = None if path is None else str(path)
 
 
 class OutputExistsError(ConvertError, FileExistsError):
