@@ -83,6 +83,114 @@ def describe(path: Path) -> dict[str, Any]:
             "kv": kvs, "tensors": tensors}
 
 
+# ----------------------------------------------------------------------------- a tiny Qwen3.5 tokenizer
+#: Qwen3.5's split regex (its tokenizer.json's pre_tokenizer; llama.cpp's "qwen35").
+QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+"
+                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+TOKENIZER_DIR = OUT / "qwen35_tokenizer"
+TOKENIZER_BASE = "qwen35moe_causal_lm"  # its checkpoint (vocab_size 128) with this tokenizer
+
+
+def make_qwen_tokenizer(out: Path) -> None:
+    """A byte-level BPE tokenizer with Qwen3.5's pre-tokenizer and added
+    tokens, small enough for a 128-row model: 74 byte symbols, 10 merges, 5
+    added tokens right after them (as in Qwen's), ids 89..127 unused (the
+    converter pads them, as it pads Qwen's 248,320-row embedding)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    def byte_chars() -> dict[int, str]:  # GPT-2's printable stand-in for every byte
+        bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+        cs = bs[:]
+        n = 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + n)
+                n += 1
+        return {b: chr(c) for b, c in zip(bs, cs)}
+
+    bc = byte_chars()
+    symbols = [bc[b] for b in sorted(set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,!?'\n<>|_-"))]
+    vocab = {s_: i for i, s_ in enumerate(symbols)}
+    merges = [("t", "h"), ("th", "e"), (bc[ord(" ")], "the"), ("i", "n"), ("in", "g"), ("e", "r"), ("a", "n"),
+              ("o", "u"), (bc[ord(" ")], "a"), ("r", "e")]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN35_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    specials = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<think>", False),
+                ("</think>", False)]
+    for content, special in specials:
+        tok.add_tokens([AddedToken(content, special=special, normalized=False)])
+    out.mkdir(parents=True, exist_ok=True)
+    j = json.loads(tok.to_str())
+    (out / "tokenizer.json").write_text(json.dumps(j, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    cfg = {
+        "add_bos_token": False, "add_prefix_space": False, "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "unk_token": None, "errors": "replace", "model_max_length": 4096,
+        "split_special_tokens": False, "clean_up_tokenization_spaces": False, "tokenizer_class": "Qwen2Tokenizer",
+        "chat_template": "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + "
+                         "message.content + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}"
+                         "{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}",
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+
+
+def tokenizer_variant(conv: Path, versions: dict[str, str]) -> None:
+    """The converter's whole file for TOKENIZER_BASE's checkpoint with the
+    tiny tokenizer, its real vocabulary step on. Its pre-tokenizer check
+    hashes the tokenization of a fixed text, which names only published
+    vocabularies: for this one it would stop; the name is recorded as
+    "(unrecognised)" instead and the test checks ours separately."""
+    for p_ in (str(conv / "gguf-py"), str(conv)):
+        if p_ not in sys.path:
+            sys.path.insert(0, p_)
+    import conversion.base as base  # noqa: PLC0415 (the extracted converter)
+
+    make_qwen_tokenizer(TOKENIZER_DIR)
+    hf = REPO / "tests" / "data" / "golden" / TOKENIZER_BASE / "hf"
+    rec: dict[str, Any] = {"variant": "qwen35_tokenizer", "family": "qwen35moe",
+                           "checkpoint": str(hf.relative_to(REPO)),
+                           "tokenizer": str(TOKENIZER_DIR.relative_to(REPO)),
+                           "converter": f"llama.cpp convert_hf_to_gguf.py from llama-cpp-python {mg.LLAMA_CPP_PYTHON}",
+                           "versions": versions, "outtypes": {}}
+    orig_pre = base.TextModel.get_vocab_base_pre
+
+    def pre(self: Any, tokenizer: Any) -> str:
+        try:
+            return orig_pre(self, tokenizer)
+        except NotImplementedError:
+            return "(unrecognised)"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / "qwen35_tokenizer"
+        d.mkdir()
+        for f in list(hf.iterdir()) + list(TOKENIZER_DIR.iterdir()):
+            (d / f.name).symlink_to(f)
+        g = Path(tmp) / "out.gguf"
+        mg.convert(conv, hf, "q8_0", Path(tmp) / "warm.gguf", ["--no-mtp"])  # imports and patches the converter
+        mg._reset_converter_state()
+        base.TextModel.set_vocab = base.TextModel._set_vocab_gpt2  # the real vocabulary step
+        base.TextModel.get_vocab_base_pre = pre
+        argv = sys.argv
+        sys.argv = ["convert_hf_to_gguf.py", str(d), "--outtype", "q8_0", "--outfile", str(g), "--no-mtp"]
+        try:
+            import convert_hf_to_gguf  # noqa: PLC0415
+
+            convert_hf_to_gguf.main()
+        finally:
+            sys.argv = argv
+            base.TextModel.get_vocab_base_pre = orig_pre
+        mg._reset_converter_state()
+        rec["outtypes"]["q8_0"] = describe(g)
+    (OUT / "qwen35_tokenizer.json").write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
+    print("qwen35_tokenizer: done", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "hf2q-golden")
@@ -109,6 +217,8 @@ def main() -> None:
                 rec["outtypes"][ot] = describe(g)
         (OUT / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
         print(f"{name}: {sum(len(o['tensors']) for o in rec['outtypes'].values())} tensors", file=sys.stderr)
+    if not args.only or "qwen35_tokenizer" in args.only:
+        tokenizer_variant(conv, versions)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ gguf = pytest.importorskip("gguf")
 
 DATA = Path(__file__).parent / "data"
 GGUF_GOLDEN = DATA / "gguf"
-VARIANTS = sorted(p.stem for p in GGUF_GOLDEN.glob("*.json"))
+TOKENIZER_VARIANT = "qwen35_tokenizer"  # a checkpoint with a tokenizer: its own test below
+VARIANTS = sorted(p.stem for p in GGUF_GOLDEN.glob("*.json") if p.stem != TOKENIZER_VARIANT)
 #: Keys whose values the converter derives from the folder name or a model
 #: card, not from the model (docs/CONVERT.md): present in both, values free.
 NAMING_KEYS = {"general.name"}
@@ -66,8 +67,33 @@ def test_golden_present_and_small() -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_convert_equals_converter_file(tmp_path, variant, outtype) -> None:
     g = golden(variant)
-    want = g["outtypes"][outtype]
     ck = DATA / g["checkpoint"].removeprefix("tests/data/")
+    _check(tmp_path, ck, variant, outtype)
+
+
+def test_tokenizer_equals_converter(tmp_path) -> None:
+    """A Qwen3.5 checkpoint with a (tiny) byte-level BPE tokenizer: tokens,
+    token types (normal, control, user-defined, unused padding), merges,
+    special ids, add-bos/eos flags and chat template as the converter wrote
+    them. The converter could not name this vocabulary's pre-tokenizer (its
+    hash check knows only published vocabularies); hf2q names it from the
+    tokenizer's own regex: qwen35."""
+    g = golden(TOKENIZER_VARIANT)
+    d = tmp_path / "ck"
+    d.mkdir()
+    for f in [*(DATA / g["checkpoint"].removeprefix("tests/data/")).iterdir(),
+              *(DATA / g["tokenizer"].removeprefix("tests/data/")).iterdir()]:
+        (d / f.name).symlink_to(f.resolve())
+    theirs = {kv["key"]: kv["value"] for kv in g["outtypes"]["q8_0"]["kv"]}
+    assert theirs["tokenizer.ggml.pre"] == "(unrecognised)"
+    assert len(theirs["tokenizer.ggml.tokens"]) == 128 and len(theirs["tokenizer.ggml.merges"]) == 10
+    assert {3, 4, 5, 1} <= set(theirs["tokenizer.ggml.token_type"])  # control, user-defined, unused, normal
+    ours = _check(tmp_path, d, TOKENIZER_VARIANT, "q8_0", skip_values={"tokenizer.ggml.pre"})
+    assert ours["tokenizer.ggml.pre"]["value"] == "qwen35"
+
+
+def _check(tmp_path: Path, ck: Path, variant: str, outtype: str, skip_values: set[str] = set()) -> dict[str, Any]:
+    want = golden(variant)["outtypes"][outtype]
     out = tmp_path / "out.gguf"
     summary = hf2q.convert(ck, out, outtype)
     assert summary.tensors == len(want["tensors"]) and summary.bytes == out.stat().st_size
@@ -102,10 +128,29 @@ def test_convert_equals_converter_file(tmp_path, variant, outtype) -> None:
             continue
         o = ours[key]
         assert o["type"] == kv["type"] and o["sub_type"] == kv.get("sub_type"), key
-        if key in NAMING_KEYS:
+        if key in NAMING_KEYS or key in skip_values:
             continue
         if kv["type"] == "FLOAT32" or kv.get("sub_type") == "FLOAT32":
             np.testing.assert_array_equal(np.float32(o["value"]), np.float32(kv["value"]), err_msg=key)
         else:
             assert o["value"] == kv["value"], key
     assert [k for k in ours] == [k for k in theirs if k in ours], "key order differs from the converter's"
+    return ours
+
+
+def test_pre_tokenizer_named_from_its_definition() -> None:
+    from hf2q.export.vocab import PRE_TOKENIZERS, TokenizerError, identify_pre
+
+    tok = json.loads((GGUF_GOLDEN / TOKENIZER_VARIANT / "tokenizer.json").read_text(encoding="utf-8"))
+    assert identify_pre(tok) == "qwen35"
+    split = tok["pre_tokenizer"]["pretokenizers"][0]
+    qwen2 = next(r for r, n in PRE_TOKENIZERS.items() if n == "qwen2")
+    split["pattern"]["Regex"] = qwen2
+    assert identify_pre(tok) == "qwen2"
+    split["pattern"]["Regex"] = qwen2 + "|x"  # any other regex: refused, not guessed
+    with pytest.raises(TokenizerError, match="pre-tokenizer not recognised"):
+        identify_pre(tok)
+    split["pattern"]["Regex"] = qwen2
+    split["behavior"] = "Removed"
+    with pytest.raises(TokenizerError):
+        identify_pre(tok)

@@ -261,6 +261,11 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         md.general(kv, name if name is not None else str(default_name))
         kv_writer(kv, config, cfg, outtype)
         kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
+        if fam.name == "qwen35moe" and (src_path if src_path.is_dir() else src_path.parent).joinpath(
+                "tokenizer.json").is_file():
+            from .vocab import gpt2_vocab
+
+            gpt2_vocab(kv, src_path if src_path.is_dir() else src_path.parent, cfg.vocab_size)
         infos = _tensor_infos(entries)
         try:
             head, _offsets = encode_header(kv.items(), infos, ALIGNMENT)

@@ -1,0 +1,201 @@
+"""The tokenizer key/values of a byte-level BPE (``gpt2``) vocabulary, read
+from ``tokenizer.json`` / ``tokenizer_config.json`` / ``config.json`` the
+way llama.cpp's converter writes them (docs/CONVERT.md, "Tokenizer").
+
+The pre-tokenizer's name (``tokenizer.ggml.pre``) comes from the
+tokenizer's own definition: its split regex, matched against the regexes
+llama.cpp implements for each name. (The converter instead hashes the
+tokenization of a fixed text, which only identifies complete published
+vocabularies.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, read_config_text, parse_config_json
+from .gguf import ValueType as T
+from .metadata import KVList
+
+__all__ = ["PRE_TOKENIZERS", "identify_pre", "gpt2_vocab", "TokenizerError"]
+
+# llama_token_type values (gguf TokenType)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+#: split regex of a ``Sequence[Split(Isolated), ByteLevel]`` pre-tokenizer
+#: -> llama.cpp's name for it (src/llama-vocab.cpp implements each).
+PRE_TOKENIZERS = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
+        "qwen2",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+": "qwen35",
+}
+
+
+class TokenizerError(ConfigError):
+    """A tokenizer file hf2q cannot turn into the converter's vocabulary."""
+
+
+def _read_json(path: Path) -> Any:
+    p, text = read_config_text(path)
+    return parse_config_json(text, f"{p}: cannot read")
+
+
+def identify_pre(tokenizer: Mapping[str, Any], where: str = "tokenizer.json") -> str:
+    """llama.cpp's pre-tokenizer name for ``tokenizer.json``'s
+    ``pre_tokenizer``; a :class:`TokenizerError` for one it has no name for."""
+    pre = tokenizer.get("pre_tokenizer")
+    steps = pre.get("pretokenizers") if isinstance(pre, Mapping) and pre.get("type") == "Sequence" else None
+    if isinstance(steps, list) and len(steps) == 2:
+        split, bl = steps
+        pattern = split.get("pattern") if isinstance(split, Mapping) else None
+        regex = pattern.get("Regex") if isinstance(pattern, Mapping) else None
+        if (isinstance(split, Mapping) and split.get("type") == "Split" and split.get("behavior") == "Isolated"
+                and not split.get("invert") and isinstance(bl, Mapping) and bl.get("type") == "ByteLevel"
+                and not bl.get("use_regex", True) and isinstance(regex, str) and regex in PRE_TOKENIZERS):
+            return PRE_TOKENIZERS[regex]
+    raise TokenizerError(f"{where}: pre-tokenizer not recognised (hf2q knows "
+                         f"{', '.join(sorted(set(PRE_TOKENIZERS.values())))}): {json.dumps(pre)[:300]}",
+                         key="pre_tokenizer")
+
+
+def _looks_special(text: str) -> bool:
+    """The converter's rule for added tokens that should be control tokens."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (text.startswith("<|") and text.endswith("|>"))
+            or (text.startswith("<｜") and text.endswith("｜>")) or (text.startswith("<unused") and text.endswith(">")))
+
+
+def gpt2_vocab(kv: KVList, directory: Path, vocab_size: int) -> None:
+    """Write the ``tokenizer.*`` keys of the byte-level BPE tokenizer in
+    ``directory`` (``tokenizer.json`` required) for a model of
+    ``vocab_size`` rows: ids the tokenizer lacks are ``[PAD<id>]`` (UNUSED)."""
+    tj = directory / "tokenizer.json"
+    tok = _read_json(tj)
+    model = tok.get("model") if isinstance(tok, Mapping) else None
+    if not isinstance(model, Mapping) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), Mapping):
+        raise TokenizerError(f"{tj}: not a BPE tokenizer", key="model")
+    pre = identify_pre(tok, str(tj))
+    added = [a for a in tok.get("added_tokens") or [] if isinstance(a, Mapping)]
+    by_id: dict[int, str] = {}
+    for t, i in model["vocab"].items():
+        by_id[int(i)] = t
+    added_by_id: dict[int, Mapping[str, Any]] = {}
+    for a in added:
+        if isinstance(a.get("id"), int) and isinstance(a.get("content"), str):
+            by_id[a["id"]] = a["content"]
+            added_by_id[a["id"]] = a
+    if by_id and max(by_id) >= vocab_size:
+        raise TokenizerError(f"{tj}: token id {max(by_id)} is not below the model's vocab_size {vocab_size}",
+                             key="vocab_size")
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(vocab_size):
+        t = by_id.get(i)
+        if t is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(UNUSED)
+        elif i in added_by_id:
+            a = added_by_id[i]
+            if a.get("special") or _looks_special(t):
+                types.append(CONTROL)
+            else:
+                t = t.replace("\u2581", " ")  # user-defined tokens pre-normalized, as the converter does
+                types.append(USER_DEFINED)
+            tokens.append(t)
+        else:
+            tokens.append(t)
+            types.append(NORMAL)
+    kv.string("tokenizer.ggml.model", "gpt2")
+    kv.string("tokenizer.ggml.pre", pre)
+    kv.array("tokenizer.ggml.tokens", tokens)
+    kv.set("tokenizer.ggml.token_type", T.ARRAY, types, T.INT32)
+    _special(kv, directory, tok, added)
+
+
+_ID_KEYS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
+            "unk": "tokenizer.ggml.unknown_token_id", "sep": "tokenizer.ggml.seperator_token_id",
+            "pad": "tokenizer.ggml.padding_token_id", "cls": "",
+            "mask": "tokenizer.ggml.mask_token_id"}
+_ADD_KEYS = {"bos": "tokenizer.ggml.add_bos_token", "eos": "tokenizer.ggml.add_eos_token",
+             "sep": "tokenizer.ggml.add_sep_token"}
+
+
+def _special(kv: KVList, directory: Path, tok: Mapping[str, Any], added: list[Mapping[str, Any]]) -> None:
+    """Merges, special token ids, add-bos/eos flags, chat template."""
+    merges = (tok.get("model") or {}).get("merges")
+    if isinstance(merges, list) and merges:
+        if all(isinstance(m, str) for m in merges):
+            kv.array("tokenizer.ggml.merges", merges)
+        elif all(isinstance(m, list) and len(m) == 2 and all(isinstance(s, str) for s in m) for m in merges):
+            # pairs: a space inside a part is written as U+0120 + ... (the converter's chr(ord(" ") + 256))
+            kv.array("tokenizer.ggml.merges", [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part)
+                                                         for part in pair) for pair in merges])
+        else:
+            raise TokenizerError(f"{directory / 'tokenizer.json'}: merges in an unknown form", key="merges")
+    cfg_path = directory / "tokenizer_config.json"
+    tcfg = _read_json(cfg_path) if cfg_path.is_file() else None
+    if tcfg is not None and not isinstance(tcfg, Mapping):
+        raise TokenizerError(f"{cfg_path}: not a JSON object")
+    add: dict[str, bool] = {}
+    pp = tok.get("post_processor")
+    if pp:
+        procs = pp.get("processors", [pp]) if isinstance(pp, Mapping) else None
+        for p in procs or []:
+            ptype = p.get("type") if isinstance(p, Mapping) else None
+            if ptype == "ByteLevel":
+                add.setdefault("bos", False)
+                add.setdefault("eos", False)
+            else:
+                raise TokenizerError(f"{directory / 'tokenizer.json'}: post-processor {ptype!r} not supported "
+                                     "(hf2q reads byte-level BPE tokenizers: Qwen)", key="post_processor")
+    ids: dict[str, int] = {}
+
+    def set_id(typ: str, tid: Any) -> None:
+        if isinstance(tid, int) and not isinstance(tid, bool) and typ not in ids:
+            if tid < 0:
+                raise TokenizerError(f"special token {typ}: invalid id {tid}", key=f"{typ}_token_id")
+            ids[typ] = tid
+
+    template: Any = None
+    if tcfg:
+        alt = None
+        jinja = directory / "chat_template.jinja"
+        cjson = directory / "chat_template.json"
+        if jinja.is_file():
+            if (directory / "additional_chat_templates").is_dir():
+                raise TokenizerError(f"{directory}: additional chat templates are not supported", key="chat_template")
+            alt = jinja.read_text(encoding="utf-8")
+        elif cjson.is_file():
+            alt = (_read_json(cjson) or {}).get("chat_template")
+        template = tcfg.get("chat_template", alt)
+        for typ in _ID_KEYS:
+            flag = tcfg.get(f"add_{typ}_token")
+            if isinstance(flag, bool) and typ not in add:
+                add[typ] = flag
+            entry = tcfg.get(f"{typ}_token")
+            content = entry if isinstance(entry, str) else entry.get("content") if isinstance(entry, Mapping) else None
+            if isinstance(content, str):
+                set_id(typ, next((a.get("id") for a in added if a.get("content") == content), None))
+    cfg_path = directory / "config.json"
+    if cfg_path.is_file():
+        cfg = _read_json(cfg_path)
+        if isinstance(cfg, Mapping):
+            tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else {}
+            for typ in _ID_KEYS:
+                tid = cfg.get(f"{typ}_token_id")
+                if tid is None:
+                    tid = tc.get(f"{typ}_token_id")
+                set_id(typ, tid)
+    for typ, tid in ids.items():
+        if typ != "cls":  # GGUF has no cls key; the converter drops it
+            kv.u32(_ID_KEYS[typ], tid)
+    for typ, flag in add.items():
+        if typ in _ADD_KEYS:
+            kv.set(_ADD_KEYS[typ], T.BOOL, flag)
+    if template is not None:
+        if not isinstance(template, str):
+            raise TokenizerError(f"{directory}: a list of named chat templates is not supported", key="chat_template")
+        kv.string("tokenizer.chat_template", template)
