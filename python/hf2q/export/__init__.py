@@ -261,11 +261,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         md.general(kv, name if name is not None else str(default_name))
         kv_writer(kv, config, cfg, outtype)
         kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
-        if fam.name == "qwen35moe" and (src_path if src_path.is_dir() else src_path.parent).joinpath(
-                "tokenizer.json").is_file():
-            from .vocab import gpt2_vocab
-
-            gpt2_vocab(kv, src_path if src_path.is_dir() else src_path.parent, cfg.vocab_size)
+        tokenizer = _tokenizer(kv, fam.name, src_path if src_path.is_dir() else src_path.parent, cfg)
         infos = _tensor_infos(entries)
         try:
             head, _offsets = encode_header(kv.items(), infos, ALIGNMENT)
@@ -330,7 +326,21 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     return ConvertSummary(output=str(out_path), family=fam.name, architecture=arch, outtype=outtype,
                           tensors=len(entries), bytes=total, data_bytes=sum(t.nbytes for t in infos),
                           source_bytes=plan.source_nbytes, seconds=time.perf_counter() - t0,
-                          extra={"kv_count": len(kv.items())})
+                          extra={"kv_count": len(kv.items()), "tokenizer": tokenizer})
+
+
+def _tokenizer(kv: md.KVList, family: str, directory: Path, cfg: Any) -> str:
+    """Write the tokenizer keys where hf2q reads the family's tokenizer;
+    say what was written (the summary's ``tokenizer``)."""
+    if family != "qwen35moe":
+        return f"not written: hf2q does not read {family} tokenizers yet (docs/CONVERT.md)"
+    if not (directory / "tokenizer.json").is_file():
+        return "not written: no tokenizer.json beside the checkpoint"
+    from .vocab import gpt2_vocab
+
+    gpt2_vocab(kv, directory, cfg.vocab_size)
+    pre = next(k.value for k in kv.items() if k.key == "tokenizer.ggml.pre")
+    return f"gpt2 (pre-tokenizer {pre})"
 
 
 def _fsync_dir(d: Path) -> None:

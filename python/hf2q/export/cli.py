@@ -62,7 +62,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         from .._progress import format_bytes
 
         print(f"{d['output']}: {d['architecture']} ({d['outtype']}), {d['tensors']} tensors, "
-              f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s ({d['gb_per_s']:.2f} GB/s)", file=sys.stdout)
+              f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s ({d['gb_per_s']:.2f} GB/s); "
+              f"tokenizer: {d['tokenizer']}", file=sys.stdout)
     return 0
 
 
