@@ -129,3 +129,22 @@ def test_cli_human_output_and_force(tmp_path, capsys) -> None:
     r = gguf.GGUFReader(out)
     types = {t.name: t.tensor_type.name for t in r.tensors}
     assert types["blk.0.ffn_up_exps.weight"] == "Q8_0" and types["blk.0.attn_qkv.weight"] == "F32"
+
+
+def test_a_file_appearing_meanwhile_is_kept(tmp_path, monkeypatch) -> None:
+    """Without --force, a file created at OUT while converting is not
+    replaced; the finished temporary file is removed."""
+    import hf2q.loader as loader
+
+    out = tmp_path / "m.gguf"
+    real = loader.execute
+
+    def racing(*a, **k):
+        if not out.exists():
+            out.write_bytes(b"someone else's")
+        return real(*a, **k)
+
+    monkeypatch.setattr(loader, "execute", racing)
+    with pytest.raises(OutputExistsError):
+        hf2q.convert(QWEN, out, "f32")
+    assert out.read_bytes() == b"someone else's" and _leftovers(tmp_path) == []

@@ -307,7 +307,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             os.fsync(fd)
             os.close(fd)
             fd = -1
-            os.replace(tmp, out_path)
+            _publish(tmp, out_path, force)
             _fsync_dir(out_path.parent)
             done = True
         finally:
@@ -341,6 +341,26 @@ def _tokenizer(kv: md.KVList, family: str, directory: Path, cfg: Any) -> str:
     gpt2_vocab(kv, directory, cfg.vocab_size)
     pre = next(k.value for k in kv.items() if k.key == "tokenizer.ggml.pre")
     return f"gpt2 (pre-tokenizer {pre})"
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    """Give the finished file its name: replacing ``out`` only with
+    ``force``; without it a file that appeared at ``out`` during the
+    conversion is kept (a hard link fails on an existing name, where the
+    file system has them)."""
+    if force:
+        os.replace(tmp, out)
+        return
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise OutputExistsError(f"{out}: exists (use force=True / --force to replace it)", path=out) from None
+    except OSError:  # no hard links here: check, then rename
+        if os.path.lexists(out):
+            raise OutputExistsError(f"{out}: exists (use force=True / --force to replace it)", path=out) from None
+        os.replace(tmp, out)
+        return
+    os.unlink(tmp)
 
 
 def _fsync_dir(d: Path) -> None:
