@@ -4,7 +4,8 @@ checkpoints: tests/data/gguf/<variant>.json (read by tests/test_convert_golden.p
 
 Not run in CI. For every checkpoint already committed under
 ``tests/data/golden/`` (Qwen3.5 MoE) and ``tests/data/gemma4/`` (Gemma 4),
-and every ``--outtype`` of ``make_golden.OUTTYPES``, the converter from the
+and every ``--outtype`` of ``make_golden.OUTTYPES`` (``--outtypes f16`` adds
+one to the files already there), the converter from the
 pinned llama-cpp-python sdist (``make_golden.fetch_converter``) writes a
 GGUF file, run in this process exactly as ``make_golden.py`` /
 ``make_golden_gemma4.py`` run it (vocabulary step stubbed: these checkpoints
@@ -196,6 +197,8 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "hf2q-golden")
     ap.add_argument("--any-version", action="store_true")
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--outtypes", nargs="*", default=list(mg.OUTTYPES),
+                    help="outtypes to (re)make; others already in a variant's file are kept")
     args = ap.parse_args()
     versions = mg.check_versions(args.any_version)
     conv = mg.fetch_converter(args.cache)
@@ -206,7 +209,9 @@ def main() -> None:
         rec: dict[str, Any] = {"variant": name, "family": fam, "checkpoint": str(hf.relative_to(REPO)),
                                "converter": f"llama.cpp convert_hf_to_gguf.py from llama-cpp-python "
                                             f"{mg.LLAMA_CPP_PYTHON}", "versions": versions, "outtypes": {}}
-        for ot in mg.OUTTYPES:
+        if (OUT / f"{name}.json").is_file():
+            rec["outtypes"] = json.loads((OUT / f"{name}.json").read_text())["outtypes"]
+        for ot in args.outtypes:
             with tempfile.TemporaryDirectory() as tmp:
                 g = Path(tmp) / f"{ot}.gguf"
                 if fam == "qwen35moe":

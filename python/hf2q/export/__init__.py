@@ -39,12 +39,14 @@ __all__ = ["convert", "ConvertSummary", "ConvertError", "OutputExistsError", "Un
 PathLike = Union[str, "os.PathLike[str]"]
 
 #: ``--outtype`` values (llama.cpp's converter's names).
-OUTTYPES = ("f32", "bf16", "q8_0")
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 #: Converted bytes held in host memory at once, besides one tensor larger
 #: than :data:`BATCH_BYTES` (the batch being read plus the one being written).
 MEMORY_BUDGET = 192 << 20
 #: Output bytes per batch (a larger tensor is a batch of its own).
 BATCH_BYTES = 64 << 20
+#: Elements rounded from F32 to F16 at a time (``--outtype f16``).
+HALF_CHUNK = 1 << 22
 
 
 class ConvertError(Hf2qError):
@@ -107,6 +109,21 @@ def _gemma4(ckpt: Any, config: Mapping[str, Any], outtype: str, options: dict[st
     return plan, plan.config
 
 
+def _f16_plan(planner: Any, ckpt: Any, config: Mapping[str, Any],
+              options: dict[str, Any]) -> tuple[LoadPlan, Any, set[str]]:
+    """``--outtype f16``: the families plan F32 / BF16 / Q8_0 only. The
+    tensors that ``--outtype bf16`` makes BF16 (the converter's rule is the
+    same for both) are planned in F32 (exact from BF16 / F16 sources, the
+    families' transforms computed in F32 as the converter computes them) and
+    rounded to F16 (nearest even, numpy's cast, as the converter's) while
+    they are written. Returns the F32 plan and the names to round. The
+    family options given still win for their tensors."""
+    a, cfg = planner(ckpt, config, "f32", options)
+    b, _ = planner(ckpt, config, "bf16", options)
+    to_half = {e.name for e in b if e.dtype == "bf16"}
+    return a, cfg, {e.name for e in a if e.name in to_half and e.dtype == "f32"}
+
+
 #: family -> (GGUF architecture, planner, key/value writer, options the family takes)
 _FAMILIES = {
     "qwen35moe": ("qwen35moe", _qwen35, md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp")),
@@ -115,13 +132,14 @@ _FAMILIES = {
 
 
 # ----------------------------------------------------------------------------- the file
-def _tensor_infos(entries: list[TensorPlan]) -> list[TensorInfo]:
+def _tensor_infos(entries: list[TensorPlan], half: set[str]) -> list[TensorInfo]:
     out = []
     for e in entries:
-        ggml = formats.get(e.dtype).gguf_type
+        dtype = "f16" if e.name in half else e.dtype
+        ggml = formats.get(dtype).gguf_type
         if ggml < 0:
-            raise UnsupportedModelError(f"{e.name}: format {e.dtype} has no GGUF type")
-        out.append(TensorInfo(e.name, tuple(e.shape), ggml, e.nbytes))
+            raise UnsupportedModelError(f"{e.name}: format {dtype} has no GGUF type")
+        out.append(TensorInfo(e.name, tuple(e.shape), ggml, formats.nbytes(e.shape, dtype)))
     return out
 
 
@@ -153,11 +171,12 @@ class _Writer(threading.Thread):
             bufs, nbytes = job
             try:
                 if self.error is None:
-                    for b in bufs:
-                        view = memoryview(b.numpy().reshape(-1).view(np.uint8))
-                        pad = padded(len(view), self.alignment) - len(view)
-                        self._write_all([view, memoryview(zeros)[:pad]] if pad else [view])
-                        self.bar.update(len(view))
+                    for b, half in bufs:
+                        n = self._write_tensor(b, half)
+                        pad = padded(n, self.alignment) - n
+                        if pad:
+                            self._write_all([memoryview(zeros)[:pad]])
+                        self.bar.update(n)
             except BaseException as e:  # handed to the main thread
                 self.error = e
             finally:
@@ -166,6 +185,18 @@ class _Writer(threading.Thread):
                 with self.cond:
                     self.inflight -= nbytes
                     self.cond.notify_all()
+
+    def _write_tensor(self, b: Any, half: bool) -> int:
+        """A buffer's bytes; ``half``: an F32 buffer rounded to F16 a
+        chunk at a time. Returns the bytes written."""
+        if not half:
+            view = memoryview(b.numpy().reshape(-1).view(np.uint8))
+            self._write_all([view])
+            return len(view)
+        x = b.numpy().reshape(-1)
+        for i in range(0, len(x), HALF_CHUNK):
+            self._write_all([memoryview(x[i:i + HALF_CHUNK].astype(np.float16).view(np.uint8))])
+        return 2 * len(x)
 
     def _write_all(self, views: list[memoryview]) -> None:
         while views:
@@ -213,7 +244,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     OUTTYPE`` writes for the checkpoint ``src`` (a directory, file or
     cached Hugging Face repo id, as for :func:`hf2q.load`) to ``out``.
 
-    ``outtype``: ``f32``, ``bf16`` or ``q8_0``, with the converter's meaning
+    ``outtype``: ``f32``, ``f16``, ``bf16`` or ``q8_0``, with the converter's meaning
     (which tensors take it; norms, routers and small tensors stay F32).
     ``options``: the family's own (``expert_dtype``, ``dense_dtype``,
     ``mtp`` for Qwen3.5 MoE) refine it. ``force``: replace an existing
@@ -254,7 +285,11 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     device = Device._isolated("host")
 
     with open_checkpoint(src_path) as ckpt:
-        plan, cfg = planner(ckpt, config, outtype, dict(options))
+        half: set[str] = set()
+        if outtype == "f16":
+            plan, cfg, half = _f16_plan(planner, ckpt, config, dict(options))
+        else:
+            plan, cfg = planner(ckpt, config, outtype, dict(options))
         entries = converter_order(list(plan), ckpt.keys())
         kv = md.KVList(arch)
         kv.string("general.architecture", arch)
@@ -262,7 +297,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         kv_writer(kv, config, cfg, outtype)
         kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
         tokenizer = _tokenizer(kv, fam.name, src_path if src_path.is_dir() else src_path.parent, cfg)
-        infos = _tensor_infos(entries)
+        infos = _tensor_infos(entries, half)
         try:
             head, _offsets = encode_header(kv.items(), infos, ALIGNMENT)
         except GGUFEncodeError as e:
@@ -292,7 +327,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                 if writer.error is not None:
                     break
                 held = execute(LoadPlan(plan.family, batch, plan.config), ckpt, device, _Held)
-                writer.jobs.put(([held.bufs[e.name] for e in batch], nbytes))
+                writer.jobs.put(([(held.bufs[e.name], e.name in half) for e in batch], nbytes))
                 del held
             writer.jobs.put(None)
             writer.join()
