@@ -167,6 +167,18 @@ def tokenizer_variant(conv: Path, versions: dict[str, str]) -> None:
         except NotImplementedError:
             return "(unrecognised)"
 
+    import logging
+
+    seen: list[str] = []
+
+    class Grab(logging.Handler):  # the converter logs its fingerprint ("chkhsh: ...") at debug level
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if msg.startswith("chkhsh: "):
+                seen.append(msg.split()[1])
+
+    grab = Grab(level=logging.DEBUG)
+    conv_log = logging.getLogger("hf-to-gguf")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / "qwen35_tokenizer"
         d.mkdir()
@@ -177,6 +189,9 @@ def tokenizer_variant(conv: Path, versions: dict[str, str]) -> None:
         mg._reset_converter_state()
         base.TextModel.set_vocab = base.TextModel._set_vocab_gpt2  # the real vocabulary step
         base.TextModel.get_vocab_base_pre = pre
+        old_level = conv_log.level
+        conv_log.addHandler(grab)
+        conv_log.setLevel(logging.DEBUG)
         argv = sys.argv
         sys.argv = ["convert_hf_to_gguf.py", str(d), "--outtype", "q8_0", "--outfile", str(g), "--no-mtp"]
         try:
@@ -186,8 +201,11 @@ def tokenizer_variant(conv: Path, versions: dict[str, str]) -> None:
         finally:
             sys.argv = argv
             base.TextModel.get_vocab_base_pre = orig_pre
+            conv_log.removeHandler(grab)
+            conv_log.setLevel(old_level)
         mg._reset_converter_state()
         rec["outtypes"]["q8_0"] = describe(g)
+    rec["converter_fingerprint"] = seen[-1] if seen else None
     (OUT / "qwen35_tokenizer.json").write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
     print("qwen35_tokenizer: done", file=sys.stderr)
 

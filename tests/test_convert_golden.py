@@ -163,3 +163,22 @@ def test_pre_tokenizer_named_from_its_definition() -> None:
     split["behavior"] = "Removed"
     with pytest.raises(TokenizerError):
         identify_pre(tok)
+
+
+def test_fingerprint_is_the_converters_and_only_cross_checks(monkeypatch) -> None:
+    """Our fingerprint of the tiny tokenizer is the one the converter
+    computed (and could not name): a vocabulary outside its table is named by
+    the regex alone; one whose fingerprint names another pre-tokenizer is
+    refused."""
+    pytest.importorskip("tokenizers")
+    from hf2q.export import vocab
+
+    tj = GGUF_GOLDEN / TOKENIZER_VARIANT / "tokenizer.json"
+    h = vocab.fingerprint(tj)
+    assert h == golden(TOKENIZER_VARIANT)["converter_fingerprint"]
+    assert vocab.cross_check(tj, "qwen35") == "unknown"
+    monkeypatch.setitem(vocab.KNOWN_FINGERPRINTS, h, "qwen35")
+    assert vocab.cross_check(tj, "qwen35") == "matched"
+    monkeypatch.setitem(vocab.KNOWN_FINGERPRINTS, h, "qwen2")
+    with pytest.raises(vocab.TokenizerError, match="fingerprint"):
+        vocab.cross_check(tj, "qwen35")

@@ -373,9 +373,9 @@ def _tokenizer(kv: md.KVList, family: str, directory: Path, cfg: Any) -> str:
         return "not written: no tokenizer.json beside the checkpoint"
     from .vocab import gpt2_vocab
 
-    gpt2_vocab(kv, directory, cfg.vocab_size)
+    checked = gpt2_vocab(kv, directory, cfg.vocab_size)
     pre = next(k.value for k in kv.items() if k.key == "tokenizer.ggml.pre")
-    return f"gpt2 (pre-tokenizer {pre})"
+    return f"gpt2 (pre-tokenizer {pre}; fingerprint {checked})"
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:

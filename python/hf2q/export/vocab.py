@@ -34,6 +34,61 @@ PRE_TOKENIZERS = {
     r"|\s+(?!\S)|\s+": "qwen35",
 }
 
+#: The text llama.cpp's converter tokenizes to fingerprint a pre-tokenizer:
+#: the SHA-256 of ``str(token ids)`` names a published vocabulary's
+#: pre-tokenizer in its table. Used here only as a cross-check.
+FINGERPRINT_TEXT = (
+    '\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ '
+    '(multiple emojis concatenated) ✅ 🦙🦙 3 33 333 3333 '
+    '33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់ត'
+    'ែពិសេសអាច😁 ?我想在apple工作1314151天～ ------======= нещо'
+    ' на Български \'\'\'\'\'\'```````""""......!!!!!!?????? '
+    "I've been 'told he's there, 'RE you sure? 'M not s"
+    "ure I'll make it, 'D you like some tea? We'Ve a'lL"
+)
+
+#: Fingerprints of published vocabularies, for the names hf2q identifies
+#: (from the converter's table of llama-cpp-python 0.3.36): Qwen1.5-7B and
+#: Qwen3-Embedding-0.6B (qwen2), Qwen3.5-9B-Instruct and MiniCPM-V-4_6 (qwen35).
+KNOWN_FINGERPRINTS = {
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",
+    "d30d75d9059f1aa2c19359de71047b3ae408c70875e8a3ccf8c5fba56c9d8af4": "qwen35",
+    "1444df51289cfa8063b96f0e62b1125440111bc79a52003ea14b6eac7016fd5f": "qwen35",
+}
+
+
+def fingerprint(tokenizer_json: Path) -> str | None:
+    """The converter's fingerprint of a tokenizer (None without the
+    ``tokenizers`` package, which encodes the text as transformers' fast
+    tokenizer does)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    import hashlib
+
+    ids = Tokenizer.from_file(str(tokenizer_json)).encode(FINGERPRINT_TEXT).ids
+    return hashlib.sha256(str(list(ids)).encode()).hexdigest()
+
+
+def cross_check(tokenizer_json: Path, name: str) -> str:
+    """``"matched"`` when the fingerprint names a published vocabulary with
+    the same pre-tokenizer, ``"unknown"`` when it names none (a vocabulary
+    the converter's table does not list: the regex alone decides),
+    ``"unavailable"`` without ``tokenizers``; a :class:`TokenizerError` when
+    it names another pre-tokenizer."""
+    h = fingerprint(tokenizer_json)
+    if h is None:
+        return "unavailable"
+    other = KNOWN_FINGERPRINTS.get(h)
+    if other is None:
+        return "unknown"
+    if other != name:
+        raise TokenizerError(f"{tokenizer_json}: the pre-tokenizer's regex is {name!r}'s, but the vocabulary's "
+                             f"fingerprint is that of a published {other!r} vocabulary", key="pre_tokenizer")
+    return "matched"
+
 
 class TokenizerError(ConfigError):
     """A tokenizer file hf2q cannot turn into the converter's vocabulary."""
@@ -68,16 +123,18 @@ def _looks_special(text: str) -> bool:
             or (text.startswith("<｜") and text.endswith("｜>")) or (text.startswith("<unused") and text.endswith(">")))
 
 
-def gpt2_vocab(kv: KVList, directory: Path, vocab_size: int) -> None:
+def gpt2_vocab(kv: KVList, directory: Path, vocab_size: int) -> str:
     """Write the ``tokenizer.*`` keys of the byte-level BPE tokenizer in
     ``directory`` (``tokenizer.json`` required) for a model of
-    ``vocab_size`` rows: ids the tokenizer lacks are ``[PAD<id>]`` (UNUSED)."""
+    ``vocab_size`` rows: ids the tokenizer lacks are ``[PAD<id>]`` (UNUSED).
+    Returns the fingerprint cross-check's outcome (:func:`cross_check`)."""
     tj = directory / "tokenizer.json"
     tok = _read_json(tj)
     model = tok.get("model") if isinstance(tok, Mapping) else None
     if not isinstance(model, Mapping) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), Mapping):
         raise TokenizerError(f"{tj}: not a BPE tokenizer", key="model")
     pre = identify_pre(tok, str(tj))
+    checked = cross_check(tj, pre)
     added = [a for a in tok.get("added_tokens") or [] if isinstance(a, Mapping)]
     by_id: dict[int, str] = {}
     for t, i in model["vocab"].items():
@@ -113,6 +170,7 @@ def gpt2_vocab(kv: KVList, directory: Path, vocab_size: int) -> None:
     kv.array("tokenizer.ggml.tokens", tokens)
     kv.set("tokenizer.ggml.token_type", T.ARRAY, types, T.INT32)
     _special(kv, directory, tok, added)
+    return checked
 
 
 _ID_KEYS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
