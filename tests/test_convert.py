@@ -148,3 +148,20 @@ def test_a_file_appearing_meanwhile_is_kept(tmp_path, monkeypatch) -> None:
     with pytest.raises(OutputExistsError):
         hf2q.convert(QWEN, out, "f32")
     assert out.read_bytes() == b"someone else's" and _leftovers(tmp_path) == []
+
+
+def test_no_space_and_unwritable_folder_are_typed_errors(tmp_path, monkeypatch) -> None:
+    class Tiny:
+        f_bavail, f_frsize = 10, 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda p: Tiny())
+    with pytest.raises(ConvertError, match="free on its file system"):
+        hf2q.convert(QWEN, tmp_path / "m.gguf")
+    monkeypatch.undo()
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        with pytest.raises(ConvertError, match="cannot create"):
+            hf2q.convert(QWEN, ro / "m.gguf")
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["ro"])

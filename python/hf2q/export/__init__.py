@@ -307,17 +307,27 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         largest = max((e.nbytes for e in entries), default=0)
         budget = MEMORY_BUDGET + largest
 
+        # No space: fail now, not after minutes of work. (statvfs, not
+        # posix_fallocate: where a file system has no fallocate, glibc
+        # emulates it by writing every block once.)
+        try:
+            st = os.statvfs(out_path.parent)
+            free = st.f_bavail * st.f_frsize
+        except (AttributeError, OSError):
+            free = None
+        if free is not None and free < total:
+            raise ConvertError(f"{out_path}: {total:,} bytes to write, {free:,} free on its file system",
+                               path=out_path)
         tmp = _temp_name(out_path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as e:
+            raise ConvertError(f"{out_path}: cannot create {tmp.name} there: {e.strerror or e}",
+                               path=out_path) from None
         bar = progress_bar(total, "hf2q convert", progress)
         writer = _Writer(fd, ALIGNMENT, bar)
         done = False
         try:
-            try:
-                os.posix_fallocate(fd, 0, total)  # no space: fail now, not after minutes of work
-            except (AttributeError, OSError) as e:
-                if isinstance(e, OSError) and e.errno == 28:
-                    raise ConvertError(f"{out_path}: not enough disk space for {total:,} bytes", path=out_path) from None
             writer._write_all([memoryview(head)])
             bar.update(len(head))
             writer.start()
