@@ -27,7 +27,7 @@ from typing import Any, Union
 import numpy as np
 
 from .. import formats
-from ..errors import ConfigError, Hf2qError
+from ..errors import Hf2qError
 from ..plan import LoadPlan, TensorPlan
 from . import metadata as md
 from .gguf import ALIGNMENT, GGUFEncodeError, TensorInfo, encode_header, padded
