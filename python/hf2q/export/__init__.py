@@ -93,20 +93,18 @@ class ConvertSummary:
 
 
 # ----------------------------------------------------------------------------- families
-def _qwen35(ckpt: Any, config: Mapping[str, Any], outtype: str, options: dict[str, Any]) -> tuple[LoadPlan, Any]:
-    from ..models.qwen35.load import plan_checkpoint, to_load_plan
+def _planner(family: str) -> Any:
+    """The family's plan for one ``outtype``: ``--outtype X`` sets both of
+    its tensor classes (``expert_dtype``, ``dense_dtype``) to X, the options
+    given win for theirs. Returns ``(plan, the plan's resolved config)``."""
+    def plan(ckpt: Any, config: Mapping[str, Any], outtype: str, options: dict[str, Any]) -> tuple[LoadPlan, Any]:
+        from ..models import family as family_row
 
-    opts = {"expert_dtype": outtype, "dense_dtype": outtype, **options}
-    plan = plan_checkpoint(ckpt, config=config, **opts)
-    return to_load_plan(plan, plan.config), plan.config
+        p = family_row(family).impl().plan_checkpoint(
+            ckpt, config=config, **{"expert_dtype": outtype, "dense_dtype": outtype, **options})
+        return p, p.config
 
-
-def _gemma4(ckpt: Any, config: Mapping[str, Any], outtype: str, options: dict[str, Any]) -> tuple[LoadPlan, Any]:
-    from ..models.gemma4 import plan_checkpoint
-
-    opts = {"expert_dtype": outtype, "dense_dtype": outtype, **options}
-    plan = plan_checkpoint(ckpt, config=config, **opts)
-    return plan, plan.config
+    return plan
 
 
 def _f16_plan(planner: Any, ckpt: Any, config: Mapping[str, Any],
@@ -126,8 +124,8 @@ def _f16_plan(planner: Any, ckpt: Any, config: Mapping[str, Any],
 
 #: family -> (GGUF architecture, planner, key/value writer, options the family takes)
 _FAMILIES = {
-    "qwen35moe": ("qwen35moe", _qwen35, md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp")),
-    "gemma4": ("gemma4", _gemma4, md.gemma4, ("expert_dtype", "dense_dtype")),
+    "qwen35moe": ("qwen35moe", _planner("qwen35moe"), md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp")),
+    "gemma4": ("gemma4", _planner("gemma4"), md.gemma4, ("expert_dtype", "dense_dtype")),
 }
 
 

@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, read_config_text, parse_config_json
+from .. import _files
+from .._configfile import parse_config_json
+from ..errors import ConfigError
 from .gguf import ValueType as T
 from .metadata import KVList
 
@@ -94,9 +96,25 @@ class TokenizerError(ConfigError):
     """A tokenizer file hf2q cannot turn into the converter's vocabulary."""
 
 
+#: A tokenizer file read whole: a published tokenizer.json is 7 to 35 MB.
+TOKENIZER_MAX_BYTES = 256 << 20
+
+
 def _read_json(path: Path) -> Any:
-    p, text = read_config_text(path)
-    return parse_config_json(text, f"{p}: cannot read")
+    """A tokenizer / config JSON file: regular files only, size-capped,
+    every failure a :class:`TokenizerError` naming the file."""
+    def error(reason: str, e: OSError | None) -> TokenizerError:
+        return TokenizerError(f"{path}: {reason}")
+
+    raw = _files.read_capped(str(path), TOKENIZER_MAX_BYTES, path.name, error)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TokenizerError(f"{path}: not UTF-8 ({e.reason})") from None
+    try:
+        return parse_config_json(text, str(path))
+    except ConfigError as e:
+        raise TokenizerError(str(e)) from None
 
 
 def identify_pre(tokenizer: Mapping[str, Any], where: str = "tokenizer.json") -> str:
