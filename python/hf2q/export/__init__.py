@@ -188,7 +188,8 @@ class _Writer(threading.Thread):
         """A buffer's bytes; ``half``: an F32 buffer rounded to F16 a
         chunk at a time. Returns the bytes written."""
         if not half:
-            view = memoryview(b.numpy().reshape(-1).view(np.uint8))
+            # the storage bytes as they are (no typed view: a bf16 one would import ml_dtypes)
+            view = memoryview(b._storage_bytes(0, b.byte_len))
             self._write_all([view])
             return len(view)
         x = b.numpy().reshape(-1)
