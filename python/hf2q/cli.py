@@ -1,4 +1,4 @@
-"""The ``hf2q`` command line: inspect, load, demo.
+"""The ``hf2q`` command line: inspect, load, demo, convert.
 
 Layout (each part is one block below): naming a checkpoint (local path or
 Hugging Face repo id), architecture detection, output for people (units: see
@@ -24,7 +24,7 @@ from ._progress import format_bytes
 from .errors import ConfigError, Hf2qError, SafetensorsError
 
 DEFAULT_DEMO_CONFIG = "gemma-4-26B-A4B-it"
-COMMANDS = ("inspect", "load", "demo")
+COMMANDS = ("inspect", "load", "demo", "convert")
 
 # =========================================================================== naming a checkpoint
 
@@ -488,6 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remove", action="store_true", help="delete the demo's cached checkpoint and exit")
     p.add_argument("--config", help=argparse.SUPPRESS)  # another drafter config (tests: tiny); or HF2Q_DEMO_CONFIG
     p.set_defaults(func=cmd_demo)
+
+    from .export.cli import add_parser as add_convert  # the convert subcommand lives with the GGUF writer
+
+    add_convert(sub, _add_source)
     return parser
 
 
