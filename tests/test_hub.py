@@ -160,12 +160,14 @@ def test_download_goes_through_huggingface_hub(hub_cache: Path, monkeypatch: pyt
         return str(hub_cache / "models--z-lab--tiny-DFlash" / "snapshots" / COMMIT_MAIN)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
-    hub.resolve("z-lab/new", "dev", download=True)
-    assert calls == [{"repo_id": "z-lab/new", "revision": "dev", "cache_dir": None,
+    hub.resolve(REPO, "dev", download=True)
+    assert calls == [{"repo_id": REPO, "revision": "dev", "cache_dir": None,
                       "allow_patterns": ["*.json", "*.safetensors", "tokenizer.model"]}]
     calls.clear()
-    hub.resolve("z-lab/new")
-    assert calls[0]["local_files_only"] is True  # offline unless asked
+    with pytest.raises(hub.RepoNotCachedError):
+        hub.resolve("z-lab/new")
+    assert hub.resolve(REPO).name == COMMIT_MAIN
+    assert calls == []  # offline unless asked: the cache is read by hf2q itself
 
 
 def test_download_offline_says_so(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,10 +269,10 @@ def test_gemma4_takes_repo_ids(hub_cache: Path, monkeypatch: pytest.MonkeyPatch)
         return str(snaps / ("e" * 40))
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
-    hf2q.gemma4.load("google/new", dev, progress=False, revision="v1", download=True)
-    hf2q.gemma4.inspect("google/new", download=True)
+    hf2q.gemma4.load(GEMMA_REPO, dev, progress=False, revision="v1", download=True)
+    hf2q.gemma4.inspect(GEMMA_REPO, download=True)
     assert [(c["repo_id"], c["revision"], c["allow_patterns"]) for c in calls] == [
-        ("google/new", "v1", hub.DOWNLOAD_PATTERNS), ("google/new", None, hub.DOWNLOAD_PATTERNS)]
+        (GEMMA_REPO, "v1", hub.DOWNLOAD_PATTERNS), (GEMMA_REPO, None, hub.DOWNLOAD_PATTERNS)]
 
 
 @pytest.mark.parametrize("loader", ["hf2q.load", "dflash.load", "qwen35.load", "qwen35.inspect", "gemma4.load",
@@ -437,25 +439,34 @@ def test_offline_mode_is_not_a_network_failure(hub_cache: Path, monkeypatch: pyt
 def test_a_repo_without_safetensors(hub_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import huggingface_hub
 
-    only_config = tmp_path / "snap"
-    only_config.mkdir()
+    only_config = hub_cache / "models--o--n" / "snapshots" / ("d" * 40)
+    only_config.mkdir(parents=True)
     (only_config / "config.json").write_text("{}")
-    for folder in (only_config, tmp_path / "never-created"):  # (no file matched: huggingface_hub makes no folder)
+    never = hub_cache / "models--o--n" / "snapshots" / ("9" * 40)
+    for folder in (only_config, never):  # (no file matched: huggingface_hub makes no folder)
         monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: str(folder))
         with pytest.raises(hub.HubError, match=r"^o/n: the repo has no .safetensors files at this revision") as ei:
             hub.resolve("o/n", download=True)
         assert not isinstance(ei.value, (hub.HubNetworkError, hub.RepoNotCachedError))
+    shutil.rmtree(hub_cache / "models--o--n")
 
 
-def test_an_incomplete_cached_snapshot(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from huggingface_hub import errors as hub_errors
-
-    if not hasattr(hub_errors, "IncompleteSnapshotError"):
-        pytest.skip("this huggingface_hub has no IncompleteSnapshotError")
-    _failing(monkeypatch, hub_errors.IncompleteSnapshotError("2 file(s) are missing", snapshot_path="/x"))
-    with pytest.raises(hub.RepoNotCachedError, match="the cached snapshot is incomplete.*fetch the rest with: "
-                                                     "hf2q load o/n --download$"):
-        hub.resolve("o/n")
+def test_an_incomplete_cached_snapshot(tmp_path: Path) -> None:
+    """huggingface_hub (newer versions) caches a commit's file listing in trees/<commit>.json; a snapshot
+    that lacks a file of the kinds hf2q downloads is incomplete (a README it lacks is not)."""
+    c = tmp_path / "hub"
+    add_snapshot(c, "o/n", COMMIT_MAIN, make_dflash_checkpoint(tmp_path / "ck", "tiny", seed=1))
+    trees = c / "models--o--n" / "trees"
+    trees.mkdir()
+    listing = {"format_version": 1, "files": {"config.json": {}, "model.safetensors": {}, "README.md": {}}}
+    (trees / f"{COMMIT_MAIN}.json").write_text(json.dumps(listing))
+    assert hub.resolve("o/n", cache_dir=c).name == COMMIT_MAIN
+    listing["files"]["model-00002-of-00002.safetensors"] = {}
+    (trees / f"{COMMIT_MAIN}.json").write_text(json.dumps(listing))
+    with pytest.raises(hub.RepoNotCachedError, match="the cached snapshot is incomplete.*"
+                       r"1 file\(s\) missing \(model-00002-of-00002.safetensors\); "
+                       "fetch the rest with: hf2q load o/n --download$"):
+        hub.resolve("o/n", cache_dir=c)
 
 
 @pytest.mark.parametrize(("error", "status", "kind"), [
