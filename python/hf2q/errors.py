@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from dataclasses import dataclass
@@ -26,8 +27,40 @@ __all__ = [
 ]
 
 
+#: errno values that are this machine failing, not the input being wrong:
+#: out of memory, out of file descriptors, disk or quota full, I/O error. An
+#: error caused by one of them is a system failure (exit 1). Not ENXIO or
+#: ENODEV: opening a socket or a device node in a checkpoint's place gives
+#: those, and that is bad input.
+SYSTEM_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOMEM", "EMFILE", "ENFILE", "ENOSPC", "EDQUOT", "EIO")
+                          if hasattr(errno, n))
+
+
 class Hf2qError(Exception):
-    """Base class of every hf2q error."""
+    """Base class of every hf2q error.
+
+    ``system_failure`` says whose fault it is: False (the default) for bad
+    input, True when this machine failed (``system_errno`` is then the errno
+    behind it where one is known: ``ENOMEM``, ``EMFILE``, ``ENOSPC``, ``EIO``
+    ...; a :class:`DeviceError` and :class:`hf2q.HubNetworkError` always are).
+    The class still says which stage failed; the CLI exits 2 for bad input
+    and 1 for a system failure."""
+
+    system_failure: bool = False
+    system_errno: int | None = None
+
+
+def mark_system_failure(err: BaseException, cause: BaseException | None) -> BaseException:
+    """``err``, marked as a system failure when ``cause`` is an ``OSError``
+    whose errno is in :data:`SYSTEM_ERRNOS` (or a ``MemoryError``)."""
+    if isinstance(err, Hf2qError):
+        if isinstance(cause, MemoryError):
+            err.system_failure = True
+            err.system_errno = errno.ENOMEM
+        elif isinstance(cause, OSError) and cause.errno in SYSTEM_ERRNOS:
+            err.system_failure = True
+            err.system_errno = cause.errno
+    return err
 
 
 class NonFiniteError(Hf2qError, ValueError):
@@ -170,7 +203,10 @@ class ShapeMismatchError(ManifestError):
 
 
 class DeviceError(Hf2qError):
-    """A device could not be opened, or memory could not be allocated or made resident."""
+    """A device could not be opened, or memory could not be allocated or made
+    resident: the machine's own failure (``system_failure`` is True)."""
+
+    system_failure = True
 
 
 #: Deepest nesting of arrays/objects a config.json may have (real ones: 3).
