@@ -202,6 +202,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     path = resolve_source(args)
     if args.drafter:
         return _load_pair(path, args, device)
+    if args.drafter_revision is not None or args.drafter_download:
+        raise UsageError("--drafter-revision and --drafter-download apply to --drafter only")
     model = _load_model(path, device, not args.json and not args.no_progress, args)
     source: dict[str, Any] = {"checkpoint": str(path)}
     if args.path != str(path):  # a repo id
@@ -219,7 +221,11 @@ def _load_pair(path: Path, args: argparse.Namespace, device: Any) -> int:
     loaded as a bound pair (hf2q.pairs); prints both summaries and the pair's."""
     from . import hub, models, pairs
 
-    drafter = hub.resolve(args.drafter, command=args.command)
+    try:
+        drafter = hub.resolve(args.drafter, args.drafter_revision, download=args.drafter_download,
+                              command=args.command)
+    except ValueError as e:  # --drafter-revision/--drafter-download with a local path
+        raise UsageError(str(e).replace("--download", "--drafter-download")) from None
     if not os.path.lexists(drafter):
         raise SafetensorsError(f"{drafter}: no such file or directory", code="Io", path=str(drafter))
     _, config = models.read_config(path)
@@ -616,6 +622,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no progress bar (bars are drawn only on a terminal anyway)")
     p.add_argument("--drafter", metavar="DRAFTER", help="a DFlash drafter (path or repo id) to load bound to this "
                    "target (its embedding and LM head become the target's buffers)")
+    p.add_argument("--drafter-revision", metavar="REV",
+                   help="a drafter repo id: branch, tag or commit hash (default: main; --revision is the target's)")
+    p.add_argument("--drafter-download", action="store_true",
+                   help="a drafter repo id: fetch it into the Hugging Face cache first (--download is the target's)")
     _add_family_options(p)
     p.set_defaults(func=cmd_load)
 

@@ -371,6 +371,31 @@ _NETWORK_ERRNOS = frozenset(getattr(errno, n) for n in ("ENETUNREACH", "ENETDOWN
                                                          "ETIMEDOUT", "ENETRESET") if hasattr(errno, n))
 
 
+def _hub_class(name: str) -> Any:
+    """huggingface_hub's exception class ``name`` wherever this version keeps
+    it (``huggingface_hub.errors`` since 0.24, ``huggingface_hub.utils``
+    before; ``EntryNotFoundError`` is named ``RemoteEntryNotFoundError`` in
+    newer ones), or ``()``, which ``isinstance`` never matches, when this
+    version has no such class."""
+    import importlib
+
+    names = {"EntryNotFoundError": ("EntryNotFoundError", "RemoteEntryNotFoundError"),
+             "RemoteEntryNotFoundError": ("RemoteEntryNotFoundError", "EntryNotFoundError")}.get(name, (name,))
+    found = []
+    for module in ("huggingface_hub.errors", "huggingface_hub.utils", "huggingface_hub"):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        for n in names:
+            cls = getattr(mod, n, None)
+            if isinstance(cls, type) and issubclass(cls, BaseException) and cls not in found:
+                found.append(cls)
+        if found:
+            break
+    return tuple(found) if found else ()
+
+
 def _chain(e: BaseException) -> list[BaseException]:
     """``e`` and what caused it (``__cause__``, else ``__context__``), without cycles."""
     out: list[BaseException] = []
@@ -398,17 +423,17 @@ def _network_cause(e: BaseException) -> BaseException | None:
     4xx other than 408/429 is the request's fault); a transport error (no
     connection, timeout, DNS, TLS, proxy, a dropped stream) is the network's.
     huggingface_hub's offline switch is not a failure of the network."""
-    from huggingface_hub import errors as hub_errors
-
-    offline = getattr(hub_errors, "OfflineModeIsEnabled", ())
-    xet = getattr(hub_errors, "XetDownloadError", ())
+    offline = _hub_class("OfflineModeIsEnabled")
+    xet = _hub_class("XetDownloadError")
     for x in _chain(e):
         if offline and isinstance(x, offline):
             return None
         status = _status(x)
         if status is not None:
             return x if status >= 500 or status in _RETRY_STATUSES else None
-        if isinstance(x, hub_errors.HfHubHTTPError):  # an HTTP error without a status: no answer came
+        if isinstance(x, _hub_class("LocalEntryNotFoundError")):
+            continue  # "not cached": its cause says why (before 0.24 it was also a requests HTTPError)
+        if isinstance(x, _hub_class("HfHubHTTPError")):  # an HTTP error without a status: no answer came
             return x
         if isinstance(x, (ConnectionError, TimeoutError, socket.gaierror)) or (xet and isinstance(x, xet)):
             return x
@@ -421,9 +446,7 @@ def _network_cause(e: BaseException) -> BaseException | None:
 
 def _offline(e: BaseException) -> bool:
     from huggingface_hub import constants
-    from huggingface_hub import errors as hub_errors
-
-    offline = getattr(hub_errors, "OfflineModeIsEnabled", ())
+    offline = _hub_class("OfflineModeIsEnabled")
     return bool(getattr(constants, "HF_HUB_OFFLINE", False)) or any(offline and isinstance(x, offline)
                                                                    for x in _chain(e))
 
@@ -433,26 +456,24 @@ def _classify(e: Exception, *, repo_id: str, revision: str | None, where: str, h
     """The :class:`HubError` that says why ``snapshot_download`` failed, or
     None to let ``e`` through (an ``OSError`` of this machine, or anything
     that is not a Hub failure)."""
-    from huggingface_hub import errors as hub_errors
-
     ids: dict[str, Any] = {"repo_id": repo_id, "revision": revision}
-    local_missing = hub_errors.LocalEntryNotFoundError
+    local_missing = _hub_class("LocalEntryNotFoundError")
     # What the repo is: bad input, whatever the transport said on the way.
-    if isinstance(e, getattr(hub_errors, "GatedRepoError", ())):
+    if isinstance(e, _hub_class("GatedRepoError")):
         return HubError(f"{repo_id}: a gated repo: request access on its Hugging Face page, then log in with "
                         "`hf auth login` (or set HF_TOKEN) as an account that has it", **ids)
-    if isinstance(e, hub_errors.RepositoryNotFoundError):
+    if isinstance(e, _hub_class("RepositoryNotFoundError")):
         return HubError(f"{repo_id}: no such repo on the Hub (or it is private/gated: log in with `hf auth login`)",
                         **ids)
-    if isinstance(e, hub_errors.RevisionNotFoundError):
+    if isinstance(e, _hub_class("RevisionNotFoundError")):
         return HubError(f"{where}: the Hub has no revision {revision!r} of this repo", **ids)
-    if isinstance(e, getattr(hub_errors, "DisabledRepoError", ())):
+    if isinstance(e, _hub_class("DisabledRepoError")):
         return HubError(f"{repo_id}: the repo is disabled on the Hub", **ids)
-    if isinstance(e, hub_errors.EntryNotFoundError) and not isinstance(e, local_missing):
+    if isinstance(e, _hub_class("EntryNotFoundError")) and not isinstance(e, local_missing):
         return HubError(f"{where}: a file the repo lists is missing on the Hub: {_first_line(e)}", **ids)
     if isinstance(e, local_missing):
         if not download:
-            if isinstance(e, getattr(hub_errors, "IncompleteSnapshotError", ())):
+            if isinstance(e, _hub_class("IncompleteSnapshotError")):
                 return RepoNotCachedError(f"{where}: the cached snapshot is incomplete (an interrupted download?); "
                                           f"fetch the rest with: {hint}", **ids, hint=hint)
             return RepoNotCachedError(
