@@ -287,8 +287,10 @@ Device::~Device() {
 
 std::size_t Device::alloc_len_for(const std::vector<std::int64_t>& shape, DType dtype, std::size_t* byte_len) const {
   *byte_len = tensor_byte_len(dtype, shape);
-  if (*byte_len == 0) throw std::invalid_argument("cannot allocate a zero-size buffer (shape has a 0 dimension)");
   const std::size_t page = info().page_size;
+  // A tensor with a 0 dimension (legal in safetensors) is an empty buffer; it still gets one page, so
+  // that it has an address like every other buffer (DLPack, residency sets and backends never see 0).
+  if (*byte_len == 0) return page;
   std::size_t padded = 0;
   if (!ops::checked_add(*byte_len, page - 1, &padded)) throw std::overflow_error("buffer size overflows");
   const std::size_t alloc_len = padded / page * page;

@@ -69,6 +69,10 @@ class NonFiniteError(Hf2qError, ValueError):
     ``index`` is the smallest flat (row-major) element index, ``multi_index`` the
     same position in the input's shape, ``value_class`` one of ``"nan"``,
     ``"+inf"``, ``"-inf"`` and ``tensor`` the tensor's name when known.
+    ``step`` says where it appeared: ``"file"`` (the checkpoint holds it),
+    ``"transform"`` (a load-time transform made it, e.g. Qwen's
+    ``-exp(A_log)``), ``"conversion SRC->DST"`` (a narrowing conversion
+    overflowed, e.g. ``f32->f16``), or None where not known.
     """
 
     def __init__(
@@ -79,12 +83,14 @@ class NonFiniteError(Hf2qError, ValueError):
         multi_index: tuple[int, ...] | None = None,
         value_class: str = "nan",
         tensor: str | None = None,
+        step: str | None = None,
     ) -> None:
         super().__init__(message)
         self.index = index
         self.multi_index = multi_index
         self.value_class = value_class
         self.tensor = tensor
+        self.step = step
 
 
 class ScaleOverflowWarning(UserWarning):
