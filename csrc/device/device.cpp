@@ -687,7 +687,14 @@ std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& j
 std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchItem>& items) {
   std::vector<UploadResult> out;
   out.reserve(items.size());
-  for (const FileBatchItem& it : items) out.push_back(read_file_segments(it.dst, it.segments));
+  for (const FileBatchItem& it : items) {
+    try {
+      out.push_back(read_file_segments(it.dst, it.segments));
+    } catch (FileReadError& e) {
+      if (e.job < 0) e.job = static_cast<long>(out.size());  // the job that failed, not the batch's first
+      throw;
+    }
+  }
   return out;
 }
 

@@ -181,8 +181,13 @@ def _file_groups(ckpt: Checkpoint, pieces: tuple[Piece, ...] | list[Piece]
 
 def _read_error(ckpt: Checkpoint, e: FileReadError,
                 groups: list[tuple[int, list[tuple[tuple[int, int, int], Piece]]]]) -> Exception:
-    """The failed read as a SafetensorsError naming the first piece its file
-    no longer holds (truncated), else the first piece."""
+    """The failed read as a SafetensorsError naming the job that failed (the
+    device says which where it knows), else the first piece its file no
+    longer holds (truncated), else the first piece."""
+    job = getattr(e, "job", -1)
+    if isinstance(job, int) and 0 <= job < len(groups) and groups[job][1]:
+        p = groups[job][1][0][1]
+        return file_read_error(e, ckpt[p.tensor].path, p.tensor)
     sizes: dict[int, int] = {}
     for fd, segs in groups:
         size = sizes.setdefault(fd, os.fstat(fd).st_size)

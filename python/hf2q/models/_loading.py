@@ -18,7 +18,11 @@ def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsErro
     code (``FileTruncated`` / ``Io``) is the one the native reader set."""
     reason = getattr(e, "reason", str(e))
     code = getattr(e, "code", "Io")
-    return SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code=code, path=path, tensor=tensor)
+    err = SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code=code, path=path, tensor=tensor)
+    if getattr(e, "system_failure", False):  # an I/O error of the machine (EIO): exit 1, not bad input
+        err.system_failure = True
+        err.system_errno = getattr(e, "system_errno", None)
+    return err
 
 
 @dataclass
