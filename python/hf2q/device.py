@@ -45,12 +45,8 @@ DTYPES = formats.DEVICE_FORMATS
 _NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16", np.dtype(np.int32): "i32"}
 
 
-class FileReadError(Hf2qError, OSError):
-    """A file could not be read completely (I/O error, or the file shrank or
-    was rewritten while being read). ``code`` is ``"FileTruncated"`` (end of
-    file before the bytes expected) or ``"Io"``, as the native reader says."""
-
-    code: str = "Io"
+# With the other errors (hf2q.errors, data only); the native reader raises it by this name.
+from .errors import FileReadError  # noqa: E402
 
 
 def _dtype_name(dtype: str) -> str:
@@ -598,7 +594,8 @@ class Device:
         from one tensor to the next (a loader's run of tensors); elsewhere the
         jobs run one after another. Every job is checked before any byte is
         read. Errors as for :meth:`write_from_file_segments`: a read that
-        fails names the first job whose ranges the file no longer holds (else
+        fails names the job that failed (where the backend says which: the host
+        always; else the first job whose ranges the file no longer holds, else
         the first job); non-finite input names the first job, in order, that
         holds it."""
         planned = []
