@@ -267,7 +267,7 @@ def test_load_without_config_or_path(capsys: pytest.CaptureFixture[str], bare: P
 @pytest.mark.skipif(sys.platform == "darwin", reason="Metal may exist on macOS")
 def test_load_metal_on_linux(capsys: pytest.CaptureFixture[str], tiny: Path) -> None:
     rc, out, err = run(capsys, "load", "--device", "metal", str(tiny))
-    assert rc == 2 and out == ""
+    assert rc == 1 and out == ""  # a device that cannot be opened: the machine's failure (issue 26)
     assert err.startswith("hf2q load: error:") and "Metal" in err and "Traceback" not in err
 
 

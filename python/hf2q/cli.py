@@ -213,6 +213,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     path = resolve_source(args)
     if args.drafter:
         return _load_pair(path, args, device)
+    if args.drafter_revision is not None or args.drafter_download:
+        raise UsageError("--drafter-revision and --drafter-download apply to --drafter only")
     model = _load_model(path, device, not args.json and not args.no_progress, args)
     source: dict[str, Any] = {"checkpoint": str(path)}
     if args.path != str(path):  # a repo id
@@ -230,7 +232,11 @@ def _load_pair(path: Path, args: argparse.Namespace, device: Any) -> int:
     loaded as a bound pair (hf2q.pairs); prints both summaries and the pair's."""
     from . import hub, models, pairs
 
-    drafter = hub.resolve(args.drafter, command=args.command)
+    try:
+        drafter = hub.resolve(args.drafter, args.drafter_revision, download=args.drafter_download,
+                              command=args.command)
+    except ValueError as e:  # --drafter-revision/--drafter-download with a local path
+        raise UsageError(str(e).replace("--download", "--drafter-download")) from None
     if not os.path.lexists(drafter):
         raise SafetensorsError(f"{drafter}: no such file or directory", code="Io", path=str(drafter))
     _, config = models.read_config(path)
@@ -283,6 +289,134 @@ def _remove_hint(args: argparse.Namespace) -> str:
     return f"hf2q demo --remove{extra}"
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived while ``hf2q demo`` was writing its cache: raised so
+    that the temporary folder is removed on the way out (exit 143)."""
+
+
+def _terminate_as_exception() -> Any:
+    """A context in which SIGTERM raises :class:`Terminated` (main thread
+    only; the previous handler is put back after)."""
+    import contextlib
+    import signal
+    import threading
+
+    @contextlib.contextmanager
+    def ctx() -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            raise Terminated("terminated (SIGTERM)")
+
+        old = signal.signal(signal.SIGTERM, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
+    return ctx()
+
+
+def _demo_lock(target: Path, create: bool = True) -> Any:
+    """An exclusive ``flock`` on the cache folder that holds the demo's
+    folder (a directory can be locked; no lock file is left behind): demos
+    writing into the same cache folder, and ``--remove``, run one after the
+    other. Released when the process ends, however it ends. (Not POSIX: no
+    lock.)"""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx() -> Any:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            yield
+            return
+        if not create and not target.parent.is_dir():  # --remove with no cache folder: nothing to guard
+            yield
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(target.parent), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    return ctx()
+
+
+def _remove_stale_temporaries(target: Path) -> list[str]:
+    """Remove ``<target>.tmp*`` folders (under the lock no other run writes
+    one); their names."""
+    if not target.parent.is_dir():
+        return []
+    gone = []
+    for stale in sorted(target.parent.glob(target.name + ".tmp*")):
+        if stale.is_symlink() or not stale.is_dir():
+            stale.unlink()
+        else:
+            shutil.rmtree(stale)
+        gone.append(str(stale))
+    return gone
+
+
+def _remove_demo(target: Path) -> dict[str, Any]:
+    """``hf2q demo --remove``: what was there and what was done, in words
+    (``did``) and fields. A symbolic link is removed, never followed (what it
+    points to is not the demo's to delete); a failure to remove raises."""
+    temporaries = _remove_stale_temporaries(target)
+    report: dict[str, Any] = {"removed": str(target), "existed": os.path.lexists(target), "symlink": False,
+                              "temporaries_removed": temporaries}
+    if os.path.islink(target):
+        dest = os.readlink(target)
+        os.unlink(target)
+        report.update(symlink=True, link_target=dest)
+        did = f"removed the symbolic link {target} (it pointed to {dest}, which was left as it is)"
+    elif os.path.isdir(target):
+        shutil.rmtree(target)
+        did = f"removed {target}"
+    elif os.path.lexists(target):
+        os.unlink(target)
+        did = f"removed {target} (a file, not the demo's folder)"
+    else:
+        did = f"nothing to remove: {target} does not exist"
+    if temporaries:
+        did += f"; removed {len(temporaries)} temporary folder(s) of an interrupted run"
+    report["did"] = did
+    return report
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file under ``folder``, then each folder (deepest first)."""
+    dirs = []
+    for root, subdirs, files in os.walk(folder):
+        dirs.append(Path(root))
+        for f in files:
+            _fsync_path(Path(root) / f)
+    for d in reversed(dirs):
+        _fsync_path(d)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Write a synthetic drafter once into ``<cache>/demo-<config>-dflash``
     (``<cache>``: ``--cache-dir``, else :func:`demo_cache_dir`) and load it.
@@ -294,40 +428,48 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cache folder itself."""
     target, config = demo_target(args)
     if args.remove:
-        existed = target.exists()
-        shutil.rmtree(target, ignore_errors=True)
-        for stale in target.parent.glob(target.name + ".tmp*") if target.parent.is_dir() else ():
-            shutil.rmtree(stale, ignore_errors=True)
+        with _demo_lock(target, create=False):
+            report = _remove_demo(target)
         if args.json:
-            emit_json({"removed": str(target), "existed": existed})
+            emit_json(report)
         else:
-            note(args, f"removed {target}" if existed else f"nothing to remove: {target} does not exist")
+            note(args, report["did"])
         return 0
     device = open_device(args.device)  # before writing anything
     from . import dflash
     from .dflash import DFlashConfig, expected_total_data_bytes
 
     size = format_bytes(expected_total_data_bytes(DFlashConfig.from_dict(dflash.DRAFTER_CONFIGS[config])))
-    if (target / ".complete").is_file():
-        note(args, f"using the cached synthetic drafter ({size}) in {target}; remove it with: {_remove_hint(args)}")
-    else:
-        from . import testing
+    with _demo_lock(target):  # one writer at a time; a second run waits, then finds it cached
+        stale = _remove_stale_temporaries(target)  # left by a run that was killed (SIGKILL, power loss)
+        if stale:
+            note(args, f"removed {len(stale)} temporary folder(s) left by an interrupted run: {', '.join(stale)}")
+        if (target / ".complete").is_file():
+            note(args, f"using the cached synthetic drafter ({size}) in {target}; remove it with: {_remove_hint(args)}")
+        else:
+            from . import testing
 
-        what = (f"the full-size synthetic gemma-4-26B-A4B DFlash drafter ({size})" if config == DEFAULT_DEMO_CONFIG
-                else f"the synthetic {config} DFlash drafter ({size})")
-        note(args, f"writing {what} to {target} (once)")
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            testing.make_dflash_checkpoint(tmp, None if config == DEFAULT_DEMO_CONFIG else config,
-                                           progress=not args.json)
-            (tmp / ".complete").write_text("ok\n")
-            shutil.rmtree(target, ignore_errors=True)
-            tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        note(args, f"cached in {target}; remove it with: {_remove_hint(args)}")
+            what = (f"the full-size synthetic gemma-4-26B-A4B DFlash drafter ({size})"
+                    if config == DEFAULT_DEMO_CONFIG else f"the synthetic {config} DFlash drafter ({size})")
+            note(args, f"writing {what} to {target} (once)")
+            tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+            try:
+                with _terminate_as_exception():
+                    testing.make_dflash_checkpoint(tmp, None if config == DEFAULT_DEMO_CONFIG else config,
+                                                   progress=not args.json)
+                    _sync_tree(tmp)  # the data is on disk before anything says it is complete
+                    _write_synced(tmp / ".complete", b"ok\n")
+                    _fsync_path(tmp)
+                    if os.path.islink(target) or os.path.isfile(target):
+                        os.unlink(target)
+                    else:
+                        shutil.rmtree(target, ignore_errors=True)  # an incomplete earlier copy
+                    os.replace(tmp, target)
+                    _fsync_path(target.parent)  # the rename itself
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            note(args, f"cached in {target}; remove it with: {_remove_hint(args)}")
     model = dflash.load(target, device=device, progress=not args.json)
     d = load_report(model, not args.no_verify, checkpoint=str(target))
     if args.json:
@@ -355,7 +497,8 @@ def error_object(e: BaseException) -> dict[str, Any]:
     ``revision``, ``hint`` where the error has them (``type``: the exception
     class name, e.g. ``SafetensorsError``; ``"UsageError"`` for a wrong
     command line)."""
-    err: dict[str, Any] = {"type": type(e).__name__, "message": str(e)}
+    err: dict[str, Any] = {"type": type(e).__name__, "message": str(e) or ("out of memory" if isinstance(
+        e, MemoryError) else type(e).__name__)}
     if isinstance(e, OSError) and not isinstance(e, Hf2qError):  # the system's error: say which file
         err["message"] = str(e.strerror or e)
         if e.filename:
@@ -364,6 +507,8 @@ def error_object(e: BaseException) -> dict[str, Any]:
         v = getattr(e, attr, None)
         if isinstance(v, (str, int)) and not isinstance(v, bool) and attr not in err:
             err[attr] = v
+    if exit_code(e) == 1:  # the machine's own failure, not the input: may work elsewhere or later
+        err["system_failure"] = True
     problems = getattr(e, "problems", None)
     if problems:
         err["problems"] = [{"kind": p.kind, "tensor": p.tensor, "expected": p.expected, "actual": p.actual}
@@ -372,14 +517,17 @@ def error_object(e: BaseException) -> dict[str, Any]:
 
 
 def exit_code(e: BaseException) -> int:
-    """2 for bad input or a wrong command line, 1 for anything else (the
-    system: a cache folder that cannot be written, a download that failed on
-    the network or the server, :class:`hf2q.hub.HubNetworkError`)."""
-    from .hub import HubNetworkError
-
-    if isinstance(e, HubNetworkError):
-        return 1
-    return 2 if isinstance(e, (Hf2qError, UsageError)) else 1
+    """The one rule (README, docs/RELIABILITY.md): 2 for bad input or a wrong
+    command line (a :class:`UsageError`, an :class:`Hf2qError` that is not a
+    ``system_failure``); 1 for the machine's own failure (out of memory, out
+    of file descriptors, a full disk, an I/O error, a device that cannot be
+    opened, a download that failed on the network or the server, any other
+    ``OSError``)."""
+    if isinstance(e, UsageError):
+        return 2
+    if isinstance(e, Hf2qError):
+        return 1 if e.system_failure else 2
+    return 1
 
 
 def report_error(command: str | None, e: BaseException, as_json: bool) -> int:
@@ -392,6 +540,8 @@ def report_error(command: str | None, e: BaseException, as_json: bool) -> int:
     elif isinstance(e, OSError) and not isinstance(e, Hf2qError):
         where = f"{e.filename}: " if e.filename else ""
         print(f"hf2q {command}: error: {where}{e.strerror or e}", file=sys.stderr)
+    elif isinstance(e, MemoryError):
+        print(f"hf2q {command}: error: out of memory{': ' + str(e) if str(e) else ''}", file=sys.stderr)
     else:
         print(f"hf2q {command}: error: {e}", file=sys.stderr)
     return exit_code(e)
@@ -405,6 +555,13 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, self.format_usage())
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse's own swallows OSError: `hf2q --version | (exec <&-)` would exit 0 having printed
+        # nothing; here a broken pipe reaches main(), which exits 141 like every other command.
+        file = file or sys.stderr
+        if message and file is not None:
+            file.write(message)
 
 
 def _add_source(p: argparse.ArgumentParser, what: str) -> None:
@@ -472,6 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no progress bar (bars are drawn only on a terminal anyway)")
     p.add_argument("--drafter", metavar="DRAFTER", help="a DFlash drafter (path or repo id) to load bound to this "
                    "target (its embedding and LM head become the target's buffers)")
+    p.add_argument("--drafter-revision", metavar="REV",
+                   help="a drafter repo id: branch, tag or commit hash (default: main; --revision is the target's)")
+    p.add_argument("--drafter-download", action="store_true",
+                   help="a drafter repo id: fetch it into the Hugging Face cache first (--download is the target's)")
     _add_family_options(p)
     p.set_defaults(func=cmd_load)
 
@@ -498,30 +659,144 @@ def build_parser() -> argparse.ArgumentParser:
 # =========================================================================== main
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    as_json = "--json" in argv
+#: Exit status when stdout's reader went away (``hf2q inspect ... | head``):
+#: 128 + SIGPIPE, what a shell reports for a program SIGPIPE ended.
+EXIT_BROKEN_PIPE = 128 + 13
+#: Exit status when interrupted (SIGINT): 128 + SIGINT.
+EXIT_INTERRUPTED = 128 + 2
+#: Exit status when ``demo`` is ended by SIGTERM while writing: 128 + SIGTERM.
+EXIT_TERMINATED = 128 + 15
+
+
+def _path_safe(exc: UnicodeEncodeError) -> tuple[bytes | str, int]:
+    """Encoding error handler of the CLI's stdout: a file name with bytes
+    that are not UTF-8 (held as ``surrogateescape`` surrogates) is written
+    back as those bytes; any other character the stream cannot encode as a
+    backslash escape. So any path prints, on any locale."""
+    out = bytearray()
+    for ch in exc.object[exc.start:exc.end]:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:
+            out.append(o - 0xDC00)
+        else:
+            out += ch.encode("ascii", "backslashreplace")
+    return bytes(out), exc.end
+
+
+_HANDLER = "hf2q.path_safe"
+
+
+class _Streams:
+    """stdout with :func:`_path_safe` for the duration of ``main`` (the
+    caller's stream settings are put back after)."""
+
+    def __enter__(self) -> _Streams:
+        import codecs
+
+        try:
+            codecs.lookup_error(_HANDLER)
+        except LookupError:
+            codecs.register_error(_HANDLER, _path_safe)
+        self.old: str | None = None
+        out = sys.stdout
+        if out is not None and hasattr(out, "reconfigure"):
+            try:
+                self.old = out.errors
+                out.reconfigure(errors=_HANDLER)
+            except (AttributeError, ValueError, OSError):
+                self.old = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        out = sys.stdout
+        if self.old is not None and out is not None:
+            try:
+                out.reconfigure(errors=self.old)
+            except (AttributeError, ValueError, OSError):
+                pass
+
+
+def _stdout_gone() -> int:
+    """stdout's reader left: point fd 1 at /dev/null so that what is still
+    buffered, flushed at interpreter exit, goes nowhere instead of raising
+    there ("Exception ignored ... BrokenPipeError"); say nothing."""
     try:
-        args = parser.parse_args(argv)
-    except UsageError as e:
-        command = next((a for a in argv if not a.startswith("-")), None)
-        return report_error(command if command in COMMANDS else None, e, as_json)
-    if args.command is None:
-        parser.print_help()
-        return 0
-    as_json = bool(getattr(args, "json", False))
-    try:
-        return int(args.func(args))
-    except BrokenPipeError:  # `hf2q inspect ... | head`: the reader left; say nothing
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so that the exit-time flush does not fail again
-        return 1
-    except (Hf2qError, UsageError, OSError) as e:
-        return report_error(args.command, e, as_json)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, ValueError, OSError):  # not a real file (a test's capture): nothing to redirect
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def _broken_pipe(e: BaseException) -> bool:
+    import errno
+
+    return isinstance(e, BrokenPipeError) or (isinstance(e, OSError) and e.errno == errno.EPIPE)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``hf2q`` command. Returns the exit status (see the README): 0, 2
+    for bad input, 1 for the machine's own failure, 130 when interrupted,
+    141 when stdout's reader went away (nothing printed then)."""
+    with _Streams():
+        try:
+            try:
+                code = _main(argv)
+            except SystemExit:  # argparse's --version/--help: printed, then exit
+                _flush_stdout()
+                raise
+            _flush_stdout()  # here, where a failure can be handled, not at interpreter exit
+            return code
+        except OSError as e:
+            if not _broken_pipe(e):
+                raise
+            return _stdout_gone()
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        sys.stdout.flush()
+
+
+def _interrupted(command: str | None, as_json: bool, what: str = "interrupted", status: int = 0) -> int:
+    """SIGINT (SIGTERM while ``demo`` writes): under ``--json`` still the one
+    error object on stdout (and nothing on stderr), else one line on stderr;
+    status 130 (143)."""
+    if as_json:
+        kind = "KeyboardInterrupt" if what == "interrupted" else "Terminated"
+        emit_json({"error": {"type": kind, "message": what}})
+    else:
+        print(f"hf2q{' ' + command if command else ''}: {what}", file=sys.stderr)
+    return status or EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    command = next((a for a in argv if a in COMMANDS), None)
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except UsageError as e:
+            command = next((a for a in argv if not a.startswith("-")), None)
+            return report_error(command if command in COMMANDS else None, e, as_json)
+        if args.command is None:
+            parser.print_help()
+            return 0
+        command = args.command
+        as_json = bool(getattr(args, "json", False))
+        try:
+            return int(args.func(args))
+        except (Hf2qError, UsageError, OSError, MemoryError) as e:
+            if _broken_pipe(e) and not isinstance(e, Hf2qError):
+                raise  # stdout went away: main() handles it
+            return report_error(args.command, e, as_json)
     except KeyboardInterrupt:
-        print(f"hf2q {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(command, as_json)
+    except Terminated:
+        return _interrupted(command, as_json, "terminated", EXIT_TERMINATED)
 
 
 if __name__ == "__main__":  # pragma: no cover

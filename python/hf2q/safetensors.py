@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, Union, cast
+from typing import Any, Sequence, TypeVar, Union, cast
 
 import numpy as np
 
@@ -670,17 +670,40 @@ class SafetensorsFile:
         dt = _numpy_dtype(info.dtype)
         if dt is None:
             raise TypeError(f"tensor '{name}' has dtype {info.dtype}, which has no numpy equivalent")
-        if any(d > np.iinfo(np.intp).max for d in info.shape) or len(info.shape) > 64:
+        if not numpy_representable(info.shape, dt.itemsize):
             # Valid safetensors (a zero-element tensor may have a 2^64-1
             # dimension), but numpy cannot build the array.
             raise _err(NOT_REPRESENTABLE, str(self._path),
-                       f"shape {list(info.shape)} cannot be a numpy array (dimensions must be < 2^63, rank <= 64)", name)
+                       f"shape {list(info.shape)} cannot be a numpy array ({REPRESENTABLE_RULE})", name)
         arr = np.empty(info.shape, dtype=dt)
         self.read_into(name, arr)
         return arr
 
     def _read_range(self, dest: memoryview, offset: int, what: str) -> None:
         _pread_exact(self._fd, dest, offset, str(self._path), what)
+
+
+#: What numpy (and so a device buffer's view) can hold, in words.
+REPRESENTABLE_RULE = ("dimensions < 2^63, rank <= 64, and the non-zero dimensions times the item size < 2^63, "
+                      "zero-element tensors included")
+
+
+def numpy_representable(shape: Sequence[int], itemsize: int) -> bool:
+    """Whether numpy can make an array of ``shape`` (:data:`REPRESENTABLE_RULE`):
+    it refuses a size over 2^63 - 1 bytes counted without the zero dimensions,
+    so ``[0, 2^62]`` of float32 is refused though it has no element."""
+    if len(shape) > 64:
+        return False
+    limit = np.iinfo(np.intp).max
+    size = max(1, itemsize)
+    for d in shape:
+        if d < 0 or d > limit:
+            return False
+        if d:
+            size *= d
+            if size > limit:
+                return False
+    return True
 
 
 def open(path: PathLike) -> SafetensorsFile:

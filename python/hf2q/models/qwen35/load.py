@@ -118,12 +118,13 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
 
 
 def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
-            revision: str | None = None) -> dict[str, Any]:
-    """The load plan of a checkpoint (or cached Hugging Face repo id), without
-    reading tensor bytes."""
+            revision: str | None = None, download: bool = False) -> dict[str, Any]:
+    """The load plan of a checkpoint (or Hugging Face repo id, as for
+    :func:`load`: ``download=True`` fetches it first), without reading tensor
+    bytes."""
     from ...hub import resolve
 
-    with open_checkpoint(resolve(path, revision)) as ckpt:
+    with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
         return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
 
 
