@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from ._progress import format_bytes
-from .errors import ConfigError, Hf2qError, SafetensorsError
+from .errors import ConfigError, DeviceError, Hf2qError, SafetensorsError
 
 DEFAULT_DEMO_CONFIG = "gemma-4-26B-A4B-it"
 COMMANDS = ("inspect", "load", "demo")
@@ -65,14 +65,14 @@ def _seconds(s: float) -> str:
 
 
 def print_summary(d: dict[str, Any]) -> None:
-    """The load summary (``LoadSummary.as_dict()`` plus ``verify``) for people."""
+    """The load summary (``LoadSummary.as_dict()`` plus ``verify``) for people:
+    one ``label: value`` line each, the values in one column as wide as the
+    longest label needs."""
     res = d["residency"]
-    print(f"model:            {d['model']}")
-    print(f"device:           {d['device']}")
-    print(f"tensors:          {d['tensors']}")
-    print(f"resident bytes:   {d['resident_bytes']:,} ({format_bytes(d['resident_bytes'])})")
-    print(f"load time:        {_seconds(d['seconds'])} ({d['gb_per_s']:.2f} GB/s of checkpoint data, "
-          f"{format_bytes(d['data_bytes'])})")
+    lines = [("model", d["model"]), ("device", d["device"]), ("tensors", d["tensors"]),
+             ("resident bytes", f"{d['resident_bytes']:,} ({format_bytes(d['resident_bytes'])})"),
+             ("load time", f"{_seconds(d['seconds'])} ({d['gb_per_s']:.2f} GB/s of checkpoint data, "
+                           f"{format_bytes(d['data_bytes'])})")]
     if not res["enabled"]:
         state = "off (HF2Q_NO_RESIDENCY=1)" if os.environ.get("HF2Q_NO_RESIDENCY") == "1" else "off"
     else:
@@ -80,15 +80,18 @@ def print_summary(d: dict[str, Any]) -> None:
                  f"{format_bytes(res['allocated_bytes'])} allocated, {format_bytes(res['locked_bytes'])} locked")
         if res["unwired_bytes"]:
             state += f", {format_bytes(res['unwired_bytes'])} over the wired budget"
-    print(f"residency:        {state}")
+    lines.append(("residency", state))
     for k, v in d.items():
         if k not in ("model", "device", "tensors", "resident_bytes", "data_bytes", "seconds", "gb_per_s",
                      "residency", "verify"):
-            print(f"{k.replace('_', ' ') + ':':<18}{v}")
+            lines.append((k.replace("_", " "), v))
     if "verify" in d:
         v = d["verify"]
-        print(f"verify:           {v['buffers']} buffers read back through the device, "
-              f"{v['groups']:,} checksum groups equal ({_seconds(v['seconds'])})")
+        lines.append(("verify", f"{v['buffers']} buffers read back through the device, "
+                                f"{v['groups']:,} checksum groups equal ({_seconds(v['seconds'])})"))
+    width = max(18, *(len(label) + 2 for label, _ in lines))  # label, colon, at least one space
+    for label, value in lines:
+        print(f"{label + ':':<{width}}{value}")
 
 
 def note(args: argparse.Namespace, text: str) -> None:
@@ -121,12 +124,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         report["repo_id"] = args.path
         report["revision"] = args.revision or "main"
     device_dtypes = plan.pop("device_dtypes", None)
+    gguf_names = plan.pop("gguf_names", None)  # families that plan GGUF tensors (Qwen3.5 MoE, Gemma 4)
     if "gpu_resident_bytes" in plan:  # the model API's name; the report says what it is
         plan["resident_bytes"] = plan.pop("gpu_resident_bytes")
     report.update(plan)
-    if device_dtypes is not None:
-        for r in rows:
-            r["device_dtype"] = device_dtypes.get(r["name"])
+    for r in rows:
+        if device_dtypes is not None:
+            r["device_dtype"] = device_dtypes.get(r["name"])  # None: not loaded (skipped)
+        if gguf_names is not None:
+            r["gguf_names"] = gguf_names.get(r["name"], [])
     report["tensor_list"] = rows
     if args.json:
         emit_json(report)
@@ -137,8 +143,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"resident bytes: {report['resident_bytes']:,} ({format_bytes(report['resident_bytes'])})")
     width = max((len(r["name"]) for r in rows), default=4)
     for r in rows:
-        dev = f"  -> {r['device_dtype']}" if r.get("device_dtype") else ""
-        print(f"  {r['name']:<{width}}  {r['dtype']:<5} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}{dev}")
+        line = f"  {r['name']:<{width}}  {r['dtype']:<5} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}"
+        if "device_dtype" in r:  # the device dtype column, then the GGUF tensor(s) it goes into
+            line += f"  -> {r['device_dtype'] or 'skipped':<7}"
+            if r.get("gguf_names"):
+                line += " " + ", ".join(r["gguf_names"])
+        print(line.rstrip())
     return 0
 
 
@@ -150,7 +160,17 @@ def open_device(kind: str | None) -> Any:
     is none fails here, with nothing written or read)."""
     from .device import Device
 
-    return Device.default() if kind in (None, "auto") else Device(kind)
+    if kind in (None, "auto"):
+        return Device.default()
+    try:
+        return Device(kind)
+    except DeviceError as e:
+        if kind == "host":
+            raise
+        hint = "use --device host (the weights in this machine's memory) or --device auto (the first one available)"
+        err = DeviceError(f"{e}; {hint}")
+        err.hint = hint  # type: ignore[attr-defined]  # --json's "hint"
+        raise err from None
 
 
 #: The family options the command line offers (``inspect`` and ``load``), as loader keywords.
@@ -296,15 +316,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from . import dflash
     from .dflash import DFlashConfig, expected_total_data_bytes
 
+    # With --json the lines for people wait until the demo succeeded: a
+    # failure prints its error object and nothing on stderr.
+    held: list[str] = []
+    say = held.append if args.json else (lambda text: note(args, text))
     size = format_bytes(expected_total_data_bytes(DFlashConfig.from_dict(dflash.DRAFTER_CONFIGS[config])))
     if (target / ".complete").is_file():
-        note(args, f"using the cached synthetic drafter ({size}) in {target}; remove it with: {_remove_hint(args)}")
+        say(f"using the cached synthetic drafter ({size}) in {target}; remove it with: {_remove_hint(args)}")
     else:
         from . import testing
 
         what = (f"the full-size synthetic gemma-4-26B-A4B DFlash drafter ({size})" if config == DEFAULT_DEMO_CONFIG
                 else f"the synthetic {config} DFlash drafter ({size})")
-        note(args, f"writing {what} to {target} (once)")
+        say(f"writing {what} to {target} (once)")
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
@@ -313,17 +337,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
             (tmp / ".complete").write_text("ok\n")
             shutil.rmtree(target, ignore_errors=True)
             tmp.rename(target)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise DemoCacheError(target.parent, e, args) from e
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        note(args, f"cached in {target}; remove it with: {_remove_hint(args)}")
+        say(f"cached in {target}; remove it with: {_remove_hint(args)}")
     model = dflash.load(target, device=device, progress=not args.json)
     d = load_report(model, not args.no_verify, checkpoint=str(target))
+    for text in held:
+        note(args, text)
     if args.json:
         emit_json(d)
     else:
         print_summary(d)
     return 0
+
+
+class DemoCacheError(OSError):
+    """The demo's cache folder cannot be written: the system's failure (exit
+    status 1), named by the folder the user chose (``--cache-dir``,
+    ``HF2Q_CACHE`` or the default), not by the temporary folder inside it,
+    with a hint to choose another."""
+
+    def __init__(self, cache: Path, cause: OSError, args: argparse.Namespace) -> None:
+        why = cause.strerror or str(cause)
+        blocker = next((p for p in (cache, *cache.parents) if os.path.lexists(p)), None)
+        if blocker is not None and blocker != cache and not blocker.is_dir():
+            why = f"{why} ({blocker} is a file, not a folder)"
+        source = ("--cache-dir" if args.cache_dir else
+                  "HF2Q_CACHE" if os.environ.get("HF2Q_CACHE") else "the default cache folder")
+        self.hint = "choose a folder that can be written with --cache-dir DIR or HF2Q_CACHE=DIR"
+        self.path = str(cache)  # --json's "path"; the message names it already
+        super().__init__(cause.errno, f"cannot write the demo checkpoint in {cache} ({source}): {why}; {self.hint}")
 
 
 # =========================================================================== errors
@@ -363,10 +410,11 @@ def error_object(e: BaseException) -> dict[str, Any]:
 def exit_code(e: BaseException) -> int:
     """2 for bad input or a wrong command line, 1 for anything else (the
     system: a cache folder that cannot be written, a download that failed on
-    the network or the server, :class:`hf2q.hub.HubNetworkError`)."""
+    the network or the server, :class:`hf2q.hub.HubNetworkError`, a device
+    that cannot be opened, :class:`hf2q.DeviceError`)."""
     from .hub import HubNetworkError
 
-    if isinstance(e, HubNetworkError):
+    if isinstance(e, (HubNetworkError, DeviceError)):  # the machine's own failure (a device that cannot be opened)
         return 1
     return 2 if isinstance(e, (Hf2qError, UsageError)) else 1
 
@@ -400,8 +448,11 @@ def _add_source(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("path", metavar="PATH_OR_REPO", help=what)
     p.add_argument("--revision", metavar="REV",
                    help="repo ids: branch, tag or commit hash in the Hugging Face cache (default: main)")
+    from .hub import DOWNLOAD_PATTERNS  # what --download fetches: said from the list the code uses
+
+    fetched = ", ".join(DOWNLOAD_PATTERNS[:-1]) + " and " + DOWNLOAD_PATTERNS[-1]
     p.add_argument("--download", action="store_true",
-                   help="repo ids: fetch the repo's *.json and *.safetensors files into the Hugging Face cache "
+                   help=f"repo ids: fetch the repo's {fetched} files into the Hugging Face cache "
                         "first (otherwise hf2q never downloads)")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object on stdout (on failure: {"error": {...}})')
@@ -496,9 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         command = next((a for a in argv if not a.startswith("-")), None)
         return report_error(command if command in COMMANDS else None, e, as_json)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:  # argparse's convention for a missing command: usage on stderr, status 2
+        return report_error(None, UsageError("a command is required (inspect, load, demo); hf2q --help lists "
+                                             "them", parser.format_usage()), as_json)
     as_json = bool(getattr(args, "json", False))
     try:
         return int(args.func(args))

@@ -21,6 +21,18 @@ def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsErro
     return SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code=code, path=path, tensor=tensor)
 
 
+def gguf_names_by_source(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """Checkpoint tensor -> the GGUF tensors it feeds, in plan order, from
+    ``(checkpoint name, GGUF name)`` pairs (``hf2q inspect``'s listing; a
+    fused ``gate_up_proj`` feeds two: its gate and up halves)."""
+    out: dict[str, list[str]] = {}
+    for src, gguf in pairs:
+        names = out.setdefault(src, [])
+        if gguf not in names:
+            names.append(gguf)
+    return out
+
+
 @dataclass
 class LoadSummary:
     """What a load did, for the CLI and benchmarks."""

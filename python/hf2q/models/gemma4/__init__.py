@@ -19,6 +19,7 @@ from typing import Any, Union
 
 from ...device import Buffer, Device
 from ...loader import execute
+from .._loading import gguf_names_by_source
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan
 from ...safetensors import Checkpoint, open_checkpoint
@@ -146,6 +147,7 @@ def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, ex
     return {"planned_tensors": len(plan), "gpu_resident_bytes": plan.nbytes, "resident_bytes_by_kind": by_kind,
             # by checkpoint name (the CLI's listing); the GGUF side in gguf_tensors
             "device_dtypes": {p.tensor: e.dtype for e in plan for p in e.sources},
+            "gguf_names": gguf_names_by_source((p.tensor, e.name) for e in plan for p in e.sources),
             "gguf_tensors": [{"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "kind": e.kind}
                              for e in plan],
             "skipped": list(plan.skipped), **plan.extra}

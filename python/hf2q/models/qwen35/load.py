@@ -20,6 +20,7 @@ from typing import Any, Union
 from ... import formats
 from ...device import Buffer, Device
 from ...loader import execute
+from .._loading import gguf_names_by_source
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, Piece, TensorPlan
 from ...safetensors import Checkpoint, open_checkpoint
@@ -197,9 +198,13 @@ def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, de
         "gpu_resident_bytes": plan.nbytes,
         "resident_bytes_by_kind": plan.nbytes_by_kind(),
         "skipped": list(plan.skipped),
+        # by checkpoint name (the CLI's listing); the GGUF side in gguf_tensors
+        "device_dtypes": {sp.name: pt.dtype for pt in plan for sp in pt.sources},
+        "gguf_names": gguf_names_by_source((sp.name, pt.gguf_name) for pt in plan for sp in pt.sources),
         "gguf_tensors": [{"name": pt.gguf_name, "shape": list(pt.shape), "dtype": pt.dtype, "kind": pt.kind}
                          for pt in plan],
     }
+
 
 
 # ----------------------------------------------------------------------------- family interface
