@@ -196,7 +196,10 @@ def test_os_error_is_reported_not_raised(capsys: pytest.CaptureFixture[str], tmp
     assert rc == 1 and "hf2q demo: error:" in err and "Traceback" not in err
     rc, out, err = run(capsys, "demo", "--json", "--device", "host", "--config", "tiny", "--cache-dir",
                        str(blocker / "sub"))
-    assert rc == 1 and json.loads(out)["error"]["type"] in ("NotADirectoryError", "FileExistsError", "OSError")
+    e = json.loads(out)["error"]
+    assert rc == 1 and err == "" and e["type"] == "DemoCacheError" and e["path"] == str(blocker / "sub")
+    assert f"{blocker} is a file" in e["message"] and "--cache-dir" in e["hint"] and "HF2Q_CACHE" in e["hint"]
+    assert ".tmp" not in out  # the user's folder, not the temporary one inside it
 
 
 def test_demo_says_where_its_cache_is_and_removes_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
