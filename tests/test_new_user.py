@@ -213,3 +213,35 @@ def test_mypy_sees_the_lazy_api(tmp_path: Path) -> None:
     assert errors == [], out
     assert re.search(r'Revealed type is "def \(path:.*-> hf2q\.model\.LoadedModel"', out), out
     assert re.search(r'Revealed type is "def \(path:.*-> hf2q\.models\.dflash\.model\.DFlashModelTensors"', out), out
+
+
+# --------------------------------------------------------------------------- folders that are not what we expect
+
+
+def test_folder_with_pickles_or_other_safetensors_says_what_to_do(tmp_path: Path) -> None:
+    drafter = make_dflash_checkpoint(tmp_path / "d", "tiny")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "pytorch_model.bin").write_bytes(b"\x80\x02")
+    p = hf2q_cli("load", "--device", "host", str(pickled))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "it has pytorch_model.bin, but PyTorch pickle weights (.bin, .pt, .pth) are not supported" in p.stderr
+    mistral = tmp_path / "mistral"
+    mistral.mkdir()
+    (drafter / "model.safetensors").rename(mistral / "consolidated.safetensors")
+    p = hf2q_cli("inspect", "--json", str(mistral))
+    e = json.loads(p.stdout)["error"]
+    assert p.returncode == 2 and e["code"] == "NoCheckpoint"
+    assert f"it has consolidated.safetensors: pass the file's path instead (e.g. {mistral / 'consolidated.safetensors'})" \
+        in e["message"]
+    p = hf2q_cli("inspect", "--json", str(mistral / "consolidated.safetensors"))  # ... and that works
+    assert p.returncode == 0 and json.loads(p.stdout)["tensors"] == 25
+
+
+def test_truncated_file_says_re_download(tmp_path: Path) -> None:
+    drafter = make_dflash_checkpoint(tmp_path / "d", "tiny")
+    f = drafter / "model.safetensors"
+    with open(f, "r+b") as fh:
+        fh.truncate(f.stat().st_size - 1000)
+    p = hf2q_cli("load", "--device", "host", str(drafter))
+    assert p.returncode == 2 and "but the file is" in p.stderr and p.stderr.rstrip().endswith("re-download it")
