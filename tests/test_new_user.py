@@ -245,3 +245,22 @@ def test_truncated_file_says_re_download(tmp_path: Path) -> None:
         fh.truncate(f.stat().st_size - 1000)
     p = hf2q_cli("load", "--device", "host", str(drafter))
     assert p.returncode == 2 and "but the file is" in p.stderr and p.stderr.rstrip().endswith("re-download it")
+
+
+# --------------------------------------------------------------------------- non-finite weights
+
+
+def test_check_finite_flag(tmp_path: Path) -> None:
+    drafter = make_dflash_checkpoint(tmp_path / "d", "tiny")
+    with hf2q.open_checkpoint(drafter) as ck:
+        t = ck["hidden_norm.weight"]  # BF16, decoded to F32 at load: kept as it is by default
+        where = t.offset + 2 * 5
+    with open(t.path, "r+b") as f:
+        f.seek(where)
+        f.write((0x7FC0).to_bytes(2, "little"))  # a BF16 NaN
+    p = hf2q_cli("load", "--device", "host", "--json", str(drafter))
+    assert p.returncode == 0, p.stdout  # the default: the file's bytes
+    p = hf2q_cli("load", "--device", "host", "--json", "--check-finite", str(drafter))
+    e = json.loads(p.stdout)["error"]
+    assert p.returncode == 2 and e["type"] == "NonFiniteError" and e["tensor"] == "hidden_norm.weight", e
+    assert "--check-finite" in README and "check_finite=True" in README

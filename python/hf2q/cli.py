@@ -204,7 +204,7 @@ def _load_model(path: Path, device: Any, progress: bool, args: argparse.Namespac
 
     _, config = models.read_config(path)
     fam = models.detect(config)
-    return models.load_with(path, config, fam, device, progress=progress,
+    return models.load_with(path, config, fam, device, progress=progress, check_finite=args.check_finite,
                             **_options_for(fam, path, args))  # config.json read once
 
 
@@ -245,7 +245,7 @@ def _load_pair(path: Path, args: argparse.Namespace, device: Any) -> int:
     _, config = models.read_config(path)
     fam = models.detect(config)
     pair = pairs.load_pair_with(path, config, fam, drafter, device, progress=not args.json and not args.no_progress,
-                                **_options_for(fam, path, args))  # config.json read once, the target planned once
+                                check_finite=args.check_finite, **_options_for(fam, path, args))  # config.json read once, the target planned once
     verify = pair.verify() if args.verify else None
     target = {**pair.target.summary.as_dict(), "checkpoint": str(path)}
     drafted = {**pair.drafter.summary.as_dict(), "checkpoint": str(drafter)}
@@ -514,6 +514,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read every buffer back through the device and compare with a CPU decode")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (bars are drawn only on a terminal anyway)")
+    p.add_argument("--check-finite", action="store_true",
+                   help="refuse a NaN/Inf weight that would be kept as it is (copied or decoded), naming the tensor "
+                        "and element (quantized tensors refuse them always); off by default: the bytes are the "
+                        "file's")
     p.add_argument("--drafter", metavar="DRAFTER", help="a DFlash drafter (path or repo id) to load bound to this "
                    "target (its embedding and LM head become the target's buffers)")
     _add_family_options(p)
