@@ -264,3 +264,50 @@ def test_check_finite_flag(tmp_path: Path) -> None:
     e = json.loads(p.stdout)["error"]
     assert p.returncode == 2 and e["type"] == "NonFiniteError" and e["tensor"] == "hidden_norm.weight", e
     assert "--check-finite" in README and "check_finite=True" in README
+
+
+# --------------------------------------------------------------------------- --version --verbose, hf2q cache
+
+
+def test_version_verbose() -> None:
+    from hf2q import _core, ops
+
+    p = hf2q_cli("--version", "--verbose")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    lines = dict(ln.split(":", 1) for ln in p.stdout.splitlines()[1:])
+    assert p.stdout.startswith(f"hf2q {hf2q.__version__}\n")
+    assert lines["SIMD"].split()[0] == ops.simd_isa() and f"best on this CPU: {ops.best_isa()}" in lines["SIMD"]
+    for kind in _core.backend_kinds():
+        assert lines[f"backend {kind}"].strip().startswith(("available", "unavailable: "))
+    assert lines["backend host"].strip() == "available"
+    import numpy
+
+    assert f"numpy {numpy.__version__}" in lines["dependencies"]
+    p = hf2q_cli("--version", "--verbose", "--json")
+    r = json.loads(p.stdout)
+    assert r["version"] == hf2q.__version__ and r["backends"]["host"] == "available"
+    assert set(r["dependencies"]) == {"numpy", "ml_dtypes", "safetensors", "tqdm", "huggingface_hub"}
+    assert all(r["dependencies"].values())  # installed, so each has a version
+    p = hf2q_cli("--version", "--verbose", env={**ENV, "HF2Q_FORCE_SCALAR": "1"})
+    assert "scalar (best on this CPU" in p.stdout and "HF2Q_FORCE_SCALAR=1" in p.stdout
+
+
+def test_cache_lists_and_clears_only_hf2qs_folders(tmp_path: Path) -> None:
+    env = {**ENV, "HF2Q_CACHE": str(tmp_path / "demo"), "HF2Q_CACHE_DIR": str(tmp_path / "kc"),
+           "HF2Q_DEMO_CONFIG": "tiny"}
+    p = hf2q_cli("cache", env=env)
+    assert p.returncode == 0 and p.stdout == "nothing cached\n"
+    assert hf2q_cli("demo", "--device", "host", "--no-verify", env=env).returncode == 0
+    (tmp_path / "kc" / "cuda").mkdir(parents=True)
+    (tmp_path / "kc" / "cuda" / "sm_90.cubin").write_bytes(b"k" * 1000)
+    (tmp_path / "kc" / "mine.txt").write_text("not hf2q's")
+    (tmp_path / "demo" / "notes.txt").write_text("not hf2q's")
+    p = hf2q_cli("cache", "--json", env=env)
+    entries = json.loads(p.stdout)["entries"]
+    assert [(e["what"], e["path"]) for e in entries] == [
+        ("demo checkpoint", str(tmp_path / "demo" / "demo-tiny-dflash")), ("CUDA kernels", str(tmp_path / "kc" / "cuda"))]
+    assert entries[1]["bytes"] == 1000
+    p = hf2q_cli("cache", "--clear", env=env)
+    assert p.returncode == 0 and "removed CUDA kernels: " + str(tmp_path / "kc" / "cuda") in p.stdout
+    assert sorted(os.listdir(tmp_path / "kc")) == ["mine.txt"] and sorted(os.listdir(tmp_path / "demo")) == ["notes.txt"]
+    assert "hf2q cache --clear" in README

@@ -24,7 +24,7 @@ from ._progress import format_bytes
 from .errors import ConfigError, DeviceError, Hf2qError, SafetensorsError
 
 DEFAULT_DEMO_CONFIG = "gemma-4-26B-A4B-it"
-COMMANDS = ("inspect", "load", "demo")
+COMMANDS = ("inspect", "load", "demo", "cache")
 
 # =========================================================================== naming a checkpoint
 
@@ -373,6 +373,131 @@ class DemoCacheError(OSError):
         super().__init__(cause.errno, f"cannot write the demo checkpoint in {cache} ({source}): {why}; {self.hint}")
 
 
+# =========================================================================== version, cache
+
+#: Packages whose versions ``hf2q --version --verbose`` reports (read from their
+#: installed metadata, none imported): the dependencies, then the optional ones.
+_DEPENDENCIES = ("numpy", "ml_dtypes", "safetensors", "tqdm", "huggingface_hub")
+_OPTIONAL = ("torch", "transformers", "gguf", "nvidia-cuda-nvrtc")
+
+
+def _package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_report() -> dict[str, Any]:
+    """What ``hf2q --version --verbose`` prints: the build, the kernels'
+    instruction set, each backend this build has and whether it opens here
+    (with the reason when not), the dependencies' versions and the caches."""
+    import platform
+
+    from . import _core, _cuda
+    from ._version import __version__
+    from .device import Device
+
+    backends: dict[str, str] = {}
+    for kind in _core.backend_kinds():
+        try:
+            Device(kind)
+            backends[kind] = "available"
+        except (DeviceError, OSError) as e:
+            backends[kind] = f"unavailable: {e}"
+    forced = not _core.simd_enabled()
+    return {
+        "version": __version__,
+        "python": f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})",
+        "platform": f"{platform.system()} {platform.machine()}",
+        "native_core": str(getattr(_core, "__file__", "")),
+        "simd": {"in_use": _core.simd_isa(), "best": _core.best_isa(),
+                 "forced_scalar": forced},  # HF2Q_FORCE_SCALAR=1
+        "threads": int(_core.get_num_threads()),
+        "backends": backends,
+        "dependencies": {n: _package_version(n) for n in _DEPENDENCIES},
+        "optional": {n: _package_version(n) for n in _OPTIONAL},
+        "caches": {"demo": str(demo_cache_dir()), "cuda_kernels": _cuda.cache_dir() or None},
+    }
+
+
+def print_version(verbose: bool, as_json: bool) -> int:
+    from ._version import __version__
+
+    if not verbose:
+        print(json.dumps({"version": __version__}) if as_json else f"hf2q {__version__}")
+        return 0
+    r = version_report()
+    if as_json:
+        emit_json(r)
+        return 0
+    simd = r["simd"]
+    lines = [
+        ("python", r["python"]), ("platform", r["platform"]), ("native core", r["native_core"]),
+        ("SIMD", f"{simd['in_use']} (best on this CPU: {simd['best']}"
+                 + ("; scalar forced by HF2Q_FORCE_SCALAR=1)" if simd["forced_scalar"] else ")")),
+        ("threads", r["threads"]),
+        *((f"backend {k}", v) for k, v in r["backends"].items()),
+        ("dependencies", ", ".join(f"{k} {v or 'missing'}" for k, v in r["dependencies"].items())),
+        ("optional", ", ".join(f"{k} {v or '-'}" for k, v in r["optional"].items())),
+        ("demo cache", r["caches"]["demo"]),
+        ("CUDA kernel cache", r["caches"]["cuda_kernels"] or "off (HF2Q_CACHE_DIR is empty)"),
+    ]
+    print(f"hf2q {r['version']}")
+    width = max(len(label) for label, _ in lines) + 2
+    for label, value in lines:
+        print(f"{label + ':':<{width}}{value}")
+    return 0
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def cache_entries() -> list[tuple[str, Path]]:
+    """What hf2q itself keeps on disk: the demo's checkpoints
+    (``<demo cache>/demo-*-dflash``, with interrupted ``.tmp*`` copies) and
+    the CUDA kernel cache (``$HF2Q_CACHE_DIR/cuda``). Nothing else in those
+    folders is hf2q's."""
+    from . import _cuda
+
+    out: list[tuple[str, Path]] = []
+    demo = demo_cache_dir()
+    if demo.is_dir():
+        out += [("demo checkpoint", p) for p in sorted(demo.glob("demo-*-dflash*")) if p.is_dir()]
+    cuda = _cuda.cache_dir()
+    if cuda and os.path.isdir(cuda):
+        out.append(("CUDA kernels", Path(cuda)))
+    return out
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``hf2q cache``: list what hf2q keeps on disk; ``--clear`` removes it."""
+    entries = [(what, path, _tree_bytes(path)) for what, path in cache_entries()]
+    if args.clear:
+        for _, path, _ in entries:
+            shutil.rmtree(path)
+    rows = [{"what": what, "path": str(path), "bytes": n} for what, path, n in entries]
+    if args.json:
+        emit_json({"entries": rows, "cleared": bool(args.clear)})
+        return 0
+    if not rows:
+        print("nothing cached")
+    for r in rows:
+        verb = "removed " if args.clear else ""
+        print(f"{verb}{r['what']}: {r['path']} ({format_bytes(r['bytes'])})")
+    return 0
+
+
 # =========================================================================== errors
 
 
@@ -489,8 +614,11 @@ def build_parser() -> argparse.ArgumentParser:
                "HF2Q_CACHE, HF2Q_CACHE_DIR, and Hugging Face's HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, "
                "HF_HUB_DISABLE_PROGRESS_BARS (see the README).",
     )
-    parser.add_argument("--version", action="version", version=f"hf2q {__version__}",
-                        help="print the version and exit")
+    parser.add_argument("--version", action="store_true",
+                        help=f"print the version ({__version__}) and exit; with --verbose also the SIMD path, the "
+                             "backends and whether each opens here, the dependencies' versions and the caches")
+    parser.add_argument("--verbose", action="store_true", help="with --version: the details")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # with --version
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("inspect", help="list a checkpoint's tensors, dtypes, shapes and bytes",
@@ -536,6 +664,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remove", action="store_true", help="delete the demo's cached checkpoint and exit")
     p.add_argument("--config", help=argparse.SUPPRESS)  # another drafter config (tests: tiny); or HF2Q_DEMO_CONFIG
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("cache", help="list (or --clear) what hf2q keeps on disk: demo checkpoints, CUDA kernels",
+                       description="List what hf2q keeps on disk, with sizes: the demo's synthetic checkpoints "
+                                   "(in $HF2Q_CACHE, else $XDG_CACHE_HOME/hf2q or ~/.cache/hf2q) and the compiled "
+                                   "CUDA kernels (in $HF2Q_CACHE_DIR/cuda, same default root). Nothing else in "
+                                   "those folders is touched.")
+    p.add_argument("--clear", action="store_true", help="remove them")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object on stdout (on failure: {"error": {...}})')
+    p.set_defaults(func=cmd_cache)
     return parser
 
 
@@ -551,11 +689,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         command = next((a for a in argv if not a.startswith("-")), None)
         return report_error(command if command in COMMANDS else None, e, as_json)
-    if args.command is None:  # argparse's convention for a missing command: usage on stderr, status 2
+    if args.command is None and not args.version:  # argparse's convention: usage on stderr, status 2
         return report_error(None, UsageError("a command is required (inspect, load, demo); hf2q --help lists "
                                              "them", parser.format_usage()), as_json)
     as_json = bool(getattr(args, "json", False))
     try:
+        if args.version:
+            return print_version(args.verbose, as_json)
         return int(args.func(args))
     except BrokenPipeError:  # `hf2q inspect ... | head`: the reader left; say nothing
         devnull = os.open(os.devnull, os.O_WRONLY)
