@@ -234,7 +234,7 @@ def test_residency_is_the_models_own(capsys: pytest.CaptureFixture[str], tiny: P
 
 def _byte_lens(tiny: Path) -> list[int]:
     m = hf2q.dflash.load(tiny, hf2q.Device._isolated("host"), progress=False)
-    return [b.byte_len for b in m.named_buffers().values()]
+    return [b.byte_len for b in m.buffers_by_name().values()]
 
 
 def test_one_unit_convention() -> None:

@@ -311,3 +311,25 @@ def test_cache_lists_and_clears_only_hf2qs_folders(tmp_path: Path) -> None:
     assert p.returncode == 0 and "removed CUDA kernels: " + str(tmp_path / "kc" / "cuda") in p.stdout
     assert sorted(os.listdir(tmp_path / "kc")) == ["mine.txt"] and sorted(os.listdir(tmp_path / "demo")) == ["notes.txt"]
     assert "hf2q cache --clear" in README
+
+
+# --------------------------------------------------------------------------- named_buffers as torch has it
+
+
+def test_named_buffers_yields_pairs_like_torch(tmp_path: Path) -> None:
+    from collections.abc import Iterator
+
+    dev = hf2q.Device("host")
+    drafter = hf2q.dflash.load(make_dflash_checkpoint(tmp_path / "d", "tiny"), dev, progress=False)
+    qwen = hf2q.qwen35.load(make_qwen35_moe_checkpoint(tmp_path / "q", "tiny"), dev, progress=False)
+    for model in (drafter, qwen):
+        pairs = model.named_buffers()
+        assert isinstance(pairs, Iterator)
+        listed = list(pairs)
+        assert all(isinstance(n, str) and isinstance(b, hf2q.Buffer) for n, b in listed)
+        by_name = model.buffers_by_name()
+        assert listed == list(by_name.items()) and [n for n, _ in listed] == model.names()
+        by_name.clear()  # a copy: the model keeps its buffers
+        assert len(model) == len(listed)
+    drafter.layers[0].q_proj = drafter.layers[1].q_proj  # a family view: reassigned fields are what it yields
+    assert dict(drafter.named_buffers())["layers.0.self_attn.q_proj.weight"] is drafter.layers[1].q_proj
