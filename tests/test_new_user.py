@@ -333,3 +333,53 @@ def test_named_buffers_yields_pairs_like_torch(tmp_path: Path) -> None:
         assert len(model) == len(listed)
     drafter.layers[0].q_proj = drafter.layers[1].q_proj  # a family view: reassigned fields are what it yields
     assert dict(drafter.named_buffers())["layers.0.self_attn.q_proj.weight"] is drafter.layers[1].q_proj
+
+
+# --------------------------------------------------------------------------- the load line, the progress bar
+
+
+def test_load_summary_says_what_the_time_went_on(tmp_path: Path) -> None:
+    drafter = make_dflash_checkpoint(tmp_path / "d", "tiny")
+    p = hf2q_cli("load", "--device", "host", "--json", str(drafter))
+    d = json.loads(p.stdout)
+    assert d["cpu_seconds"] >= d["system_seconds"] >= 0 and d["page_faults"] >= 0
+    p = hf2q_cli("load", "--device", "host", str(drafter))
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("load time went on:"))
+    assert re.search(r"CPU \d+\.\d\d s over all threads \(\d+\.\d\d s in the kernel: .*[\d,]+ page faults\)", line)
+
+
+def test_progress_bar_moves_during_a_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a bar is drawn, batches end every BAR_BATCH_BYTES, so the bar is
+    updated during the read, not once when one batch of the whole model is
+    done (a batch updates the bar when it ends)."""
+    from hf2q import loader
+    from hf2q.device import Device
+
+    events: list[str] = []
+
+    class Bar:
+        def update(self, n: int) -> None:
+            events.append("update")
+
+        def close(self) -> None:
+            events.append("close")
+
+    real_batch = Device.write_from_file_batch
+
+    def batch(self, jobs, **kw):  # type: ignore[no-untyped-def]
+        events.append(f"batch{len(jobs)}")
+        return real_batch(self, jobs, **kw)
+
+    monkeypatch.setattr(Device, "write_from_file_batch", batch)
+    monkeypatch.setattr(loader, "progress_bar", lambda *a, **k: Bar())
+    drafter = make_dflash_checkpoint(tmp_path / "d", "tiny")
+    dev = hf2q.Device("host")
+    hf2q.dflash.load(drafter, dev, progress=False)  # no bar: one batch for the whole model
+    assert [e for e in events if e.startswith("batch")] == ["batch25"]
+    events.clear()
+    monkeypatch.setattr(loader, "progress_enabled", lambda *a, **k: True)
+    monkeypatch.setattr(loader, "BAR_BATCH_BYTES", 20_000)
+    hf2q.dflash.load(drafter, dev, progress=True)
+    batches = [i for i, e in enumerate(events) if e.startswith("batch")]
+    assert len(batches) >= 5  # 164,736 bytes in batches of about 20 kB
+    assert all("update" in events[a:b] for a, b in zip(batches, batches[1:]))  # the bar moves between batches

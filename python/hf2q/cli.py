@@ -73,6 +73,12 @@ def print_summary(d: dict[str, Any]) -> None:
              ("resident bytes", f"{d['resident_bytes']:,} ({format_bytes(d['resident_bytes'])})"),
              ("load time", f"{_seconds(d['seconds'])} ({d['gb_per_s']:.2f} GB/s of checkpoint data, "
                            f"{format_bytes(d['data_bytes'])})")]
+    if d.get("cpu_seconds") is not None:  # what the time went on (a fresh process: mostly the kernel)
+        spent = (f"CPU {_seconds(d['cpu_seconds'])} over all threads ({_seconds(d['system_seconds'])} in the "
+                 f"kernel: file pages copied in, fresh memory faulted in, {d['page_faults']:,} page faults)")
+        if d["seconds"] > d["cpu_seconds"]:  # no thread on a CPU for at least this long
+            spent += f"; at least {_seconds(d['seconds'] - d['cpu_seconds'])} waiting (disk, other processes)"
+        lines.append(("load time went on", spent))
     if not res["enabled"]:
         state = "off (HF2Q_NO_RESIDENCY=1)" if os.environ.get("HF2Q_NO_RESIDENCY") == "1" else "off"
     else:
@@ -83,7 +89,7 @@ def print_summary(d: dict[str, Any]) -> None:
     lines.append(("residency", state))
     for k, v in d.items():
         if k not in ("model", "device", "tensors", "resident_bytes", "data_bytes", "seconds", "gb_per_s",
-                     "residency", "verify"):
+                     "cpu_seconds", "system_seconds", "page_faults", "residency", "verify"):
             lines.append((k.replace("_", " "), v))
     if "verify" in d:
         v = d["verify"]
