@@ -383,3 +383,21 @@ def test_progress_bar_moves_during_a_batch(tmp_path: Path, monkeypatch: pytest.M
     batches = [i for i, e in enumerate(events) if e.startswith("batch")]
     assert len(batches) >= 5  # 164,736 bytes in batches of about 20 kB
     assert all("update" in events[a:b] for a, b in zip(batches, batches[1:]))  # the bar moves between batches
+
+
+# --------------------------------------------------------------------------- the suite's own output
+
+
+def test_one_skip_summary_line_per_reason(tmp_path: Path) -> None:
+    """tests/conftest.py folds skips of one reason into one ``-ra`` line (the
+    module-level CUDA skip gave one line per test)."""
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n"
+        "pytestmark = pytest.mark.skipif(True, reason='no such device here')\n"
+        + "".join(f"def test_{i}():\n    pass\n\n" for i in range(5))
+        + "@pytest.mark.skipif(True, reason='another reason')\ndef test_other():\n    pass\n")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider", "-p", "no:randomly",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    skipped = [ln for ln in p.stdout.splitlines() if ln.startswith("SKIPPED")]
+    assert skipped == ["SKIPPED [5] test_x.py: no such device here", "SKIPPED [1] test_x.py: another reason"], p.stdout
