@@ -56,7 +56,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Buffer": ("hf2q.device", "Buffer"),
     "Residency": ("hf2q.device", "Residency"),
     "VerifyReport": ("hf2q.device", "VerifyReport"),
-    "FileReadError": ("hf2q.device", "FileReadError"),
+    "FileReadError": ("hf2q.errors", "FileReadError"),
     "register_weight_buffer": ("hf2q.device", "register_weight_buffer"),
     "open_checkpoint": ("hf2q.safetensors", "open_checkpoint"),
     "HubError": ("hf2q.hub", "HubError"),

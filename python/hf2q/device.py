@@ -45,12 +45,8 @@ DTYPES = formats.DEVICE_FORMATS
 _NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16", np.dtype(np.int32): "i32"}
 
 
-class FileReadError(Hf2qError, OSError):
-    """A file could not be read completely (I/O error, or the file shrank or
-    was rewritten while being read). ``code`` is ``"FileTruncated"`` (end of
-    file before the bytes expected) or ``"Io"``, as the native reader says."""
-
-    code: str = "Io"
+# With the other errors (hf2q.errors, data only); the native reader raises it by this name.
+from .errors import FileReadError  # noqa: E402
 
 
 def _dtype_name(dtype: str) -> str:

@@ -10,6 +10,8 @@ if _typing.TYPE_CHECKING:
     from .models.dflash.manifest import *  # noqa: F403
     from .models.dflash.model import *  # noqa: F403
     from .models.dflash.plan import *  # noqa: F403
+    from .models.dflash.load import *  # noqa: F403
+    from .models.dflash import FAMILY as FAMILY, DFlashFamily as DFlashFamily
 else:
     from .models.dflash import *  # noqa: F403
 from .models.dflash import __all__  # noqa: F401

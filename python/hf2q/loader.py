@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 
 from . import formats
-from .device import Buffer, Device, FileReadError
-from .errors import NonFiniteError
-from ._progress import progress_enabled
-from .models._loading import (LoadSummary, detached, file_read_error, process_usage, progress_bar,
-                              residency_state)
+from ._progress import progress_bar, progress_enabled
+from .device import Buffer, Device
+from .device import _detached as detached
+from .errors import FileReadError, NonFiniteError, SafetensorsError
 from .plan import LoadPlan, Piece, TensorPlan
 from .safetensors import Checkpoint
 
-__all__ = ["execute", "STAGING_BYTES", "BATCH_BYTES", "BATCH_ENTRIES"]
+__all__ = ["execute", "LoadSummary", "STAGING_BYTES", "BATCH_BYTES", "BATCH_ENTRIES"]
 
 #: Bytes of source data an ``elementwise`` entry stages at a time (at most).
 STAGING_BYTES = 16 << 20
@@ -44,6 +44,93 @@ BATCH_ENTRIES = 256
 BAR_BATCH_BYTES = 128 << 20
 
 M = TypeVar("M")
+
+
+def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
+    """The native read error as a SafetensorsError naming file and tensor; its
+    code (``FileTruncated`` / ``Io``) is the one the native reader set."""
+    reason = getattr(e, "reason", str(e))
+    code = getattr(e, "code", "Io")
+    return SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code=code, path=path, tensor=tensor)
+
+
+@dataclass
+class LoadSummary:
+    """What a load did, for the CLI and benchmarks."""
+
+    model: str
+    device: str
+    tensors: int
+    resident_bytes: int
+    data_bytes: int
+    seconds: float
+    residency: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: What ``seconds`` was spent on, from ``getrusage`` over the load (all
+    #: of the process's threads; None where unavailable): CPU time (user +
+    #: kernel), the kernel's part of it, and page faults. The kernel's part
+    #: is the file's pages copied in and every page of fresh memory zeroed
+    #: (on some machines compacted) on first touch: most of a first load in a
+    #: fresh process. Wall time beyond the CPU time was spent waiting: for
+    #: the disk (a cold page cache) or for cores other processes held.
+    cpu_seconds: float | None = None
+    system_seconds: float | None = None
+    page_faults: int | None = None
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.data_bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "tensors": self.tensors,
+            "resident_bytes": self.resident_bytes,
+            "data_bytes": self.data_bytes,
+            "seconds": round(self.seconds, 3),
+            "gb_per_s": round(self.gb_per_s, 2),
+            **({} if self.cpu_seconds is None else {"cpu_seconds": round(self.cpu_seconds, 3),
+                                                    "system_seconds": round(self.system_seconds or 0.0, 3),
+                                                    "page_faults": self.page_faults}),
+            "residency": self.residency,
+            **self.extra,
+        }
+
+
+def process_usage() -> tuple[float, float, int] | None:
+    """(CPU seconds, of them in the kernel, page faults) of this process so
+    far, all threads (the native readers' included); None without
+    ``resource`` (not POSIX)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Linux and macOS have it
+        return None
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime, ru.ru_stime, ru.ru_minflt + ru.ru_majflt
+
+
+def residency_state(device: Device, buffers: Iterable[Buffer]) -> dict[str, Any]:
+    """Residency of one model's ``buffers`` (not of everything else on the
+    device): how many are in a residency set, their page-rounded bytes, how
+    many of those bytes are locked, and bytes left out over the wired budget."""
+    enabled = bool(device.residency_enabled)
+    count = allocated = locked = unwired = 0
+    for b in buffers:
+        if b.registered:
+            count += 1
+            allocated += b.alloc_len
+            if b.locked:
+                locked += b.alloc_len
+        elif enabled:
+            unwired += b.alloc_len
+    return {
+        "enabled": enabled,
+        "buffers": count,
+        "allocated_bytes": allocated,
+        "locked_bytes": locked,
+        "unwired_bytes": unwired,
+    }
 
 
 def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callable[[dict[str, Buffer]], M], *,
@@ -73,8 +160,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     bufs: dict[str, Buffer] = {}
     bar = progress_bar(plan.source_nbytes, "hf2q load", progress)
     # A batch updates the bar once, when it is done: while a bar is drawn,
-    # batches end every BAR_BATCH_BYTES so that it moves (one batch held 89 %
-    # of the full-size drafter: the bar sat at 11 % for the whole read).
+    # batches end every BAR_BATCH_BYTES so that it moves (one batch held the
+    # whole full-size drafter: the bar was updated only when the read ended).
     batch_bytes = BAR_BATCH_BYTES if progress_enabled(progress) else BATCH_BYTES
     group: object = object()
     pending: list[TensorPlan] = []  # streamed entries not yet read
@@ -169,9 +256,13 @@ def _file_groups(ckpt: Checkpoint, pieces: tuple[Piece, ...] | list[Piece]
     """The segments of ``pieces`` by (file descriptor, source format): each
     group is one device call's worth (one conversion, one file)."""
     groups: dict[tuple[int, str], list[tuple[tuple[int, int, int], Piece]]] = {}
+    names: dict[str, str] = {}  # a piece's format as the device names it (the table takes either spelling)
     for piece in pieces:
         fd = ckpt.file_for(piece.tensor).fileno()
-        groups.setdefault((fd, piece.dtype), []).extend((seg, piece) for seg in _segments(ckpt, piece))
+        name = names.get(piece.dtype)
+        if name is None:
+            name = names[piece.dtype] = formats.get(piece.dtype).name
+        groups.setdefault((fd, name), []).extend((seg, piece) for seg in _segments(ckpt, piece))
     return groups
 
 

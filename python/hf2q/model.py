@@ -57,7 +57,7 @@ def check_layout(buffers: Mapping[str, Buffer], layout: Mapping[str, tuple[str, 
 class LoadedModel:
     """Weights resident on ``device``, addressable by name (``model[name]``);
     iteration yields the names in load order. ``config`` is the family's
-    parsed config, ``summary`` the :class:`~hf2q.models._loading.LoadSummary`
+    parsed config, ``summary`` the :class:`~hf2q.loader.LoadSummary`
     of the load that made it."""
 
     family: str = "model"

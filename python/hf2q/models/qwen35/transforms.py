@@ -22,7 +22,7 @@ import numpy as np
 from ... import formats
 from ..._arrays import BF16, F16, F32, U16
 from .names import Transform as T  # noqa: N817
-from .plan import DEVICE_DTYPES, SOURCE_DTYPES
+from .names import DEVICE_DTYPES, SOURCE_DTYPES
 
 if TYPE_CHECKING:
     from .config import Qwen35Config
