@@ -24,6 +24,9 @@ import pytest
 
 from hf2q import reference
 
+# slow (compiles the Metal shaders as C++ and sweeps every f16/bf16 pattern); run in every suite, CI included
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "u8": 3, "i32": 4, "q8_0": 5}  # csrc/device/dtype.h
 SOURCES = ["csrc/kernels/scalar.cpp", "csrc/kernels/dispatch.cpp", "csrc/kernels/thread_pool.cpp",
