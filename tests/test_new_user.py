@@ -344,7 +344,7 @@ def test_load_summary_says_what_the_time_went_on(tmp_path: Path) -> None:
     d = json.loads(p.stdout)
     assert d["cpu_seconds"] >= d["system_seconds"] >= 0 and d["page_faults"] >= 0
     p = hf2q_cli("load", "--device", "host", str(drafter))
-    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("load time went on:"))
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("time spent:"))
     assert re.search(r"CPU \d+\.\d\d s over all threads \(\d+\.\d\d s in the kernel: .*[\d,]+ page faults\)", line)
 
 

@@ -78,7 +78,7 @@ def print_summary(d: dict[str, Any]) -> None:
                  f"kernel: file pages copied in, fresh memory faulted in, {d['page_faults']:,} page faults)")
         if d["seconds"] > d["cpu_seconds"]:  # no thread on a CPU for at least this long
             spent += f"; at least {_seconds(d['seconds'] - d['cpu_seconds'])} waiting (disk, other processes)"
-        lines.append(("load time went on", spent))
+        lines.append(("time spent", spent))
     if not res["enabled"]:
         state = "off (HF2Q_NO_RESIDENCY=1)" if os.environ.get("HF2Q_NO_RESIDENCY") == "1" else "off"
     else:
