@@ -65,15 +65,13 @@ void f16_to_f32(const void* src, std::size_t src_bytes, void* dst, std::size_t d
   kernels::f16_to_f32(static_cast<const std::uint16_t*>(src), static_cast<float*>(dst), src_bytes / 2);
 }
 
-kernels::Q8Result quantize_q8_0(kernels::SrcType type, const void* src, std::size_t src_bytes,
+kernels::Q8Result quantize_q8_0(DType type, const void* src, std::size_t src_bytes,
                                 void* dst, std::size_t dst_bytes) {
-  std::size_t elem = 0;
-  switch (type) {
-    case kernels::SrcType::F32: elem = 4; break;
-    case kernels::SrcType::F16:
-    case kernels::SrcType::BF16: elem = 2; break;
-    default: fail("unknown source type");
+  const int t = static_cast<int>(type);
+  if (t < 0 || t >= kNumDTypes || (format_of(DType::Q8_0).sources & dtype_bit(type)) == 0) {
+    fail("unknown source type");
   }
+  const std::size_t elem = kFormats[t].block_bytes;
   if (src_bytes % elem != 0) fail("src byte length is not a multiple of the element size");
   const std::size_t numel = src_bytes / elem;
   const std::size_t need = q8_0_bytes(numel);
@@ -100,6 +98,63 @@ void dequantize_q8_0(const void* src, std::size_t src_bytes, void* dst, std::siz
   require_aligned(dst, 4, "out");
   require_disjoint(src, src_bytes, dst, dst_bytes);
   kernels::dequantize_q8_0(static_cast<const std::uint8_t*>(src), static_cast<float*>(dst), nblocks);
+}
+
+namespace {
+
+const FormatRow& device_row(DType t) {
+  const int i = static_cast<int>(t);
+  if (i < 0 || i >= kNumDTypes) fail("unknown dtype id " + std::to_string(i));
+  return kFormats[i];
+}
+
+// Elements in `bytes` of format `r` (whole blocks, checked).
+std::size_t elems_in(const FormatRow& r, std::size_t bytes, const char* what) {
+  if (bytes % r.block_bytes != 0) {
+    fail(std::string(what) + " holds " + std::to_string(bytes) + " bytes: not a whole number of " + r.name +
+         " blocks of " + std::to_string(r.block_bytes));
+  }
+  std::size_t n = 0;
+  if (!checked_mul(bytes / r.block_bytes, r.block_elems, &n)) fail("element count overflows");
+  return n;
+}
+
+// Alignment the kernels read `r`'s data at: its element (plain formats), or 1.
+std::size_t read_align(const FormatRow& r) { return r.block_elems == 1 ? r.block_bytes : 1; }
+
+}  // namespace
+
+void to_f32(DType src_type, const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes) {
+  const FormatRow& s = device_row(src_type);
+  const std::size_t n = elems_in(s, src_bytes, "src");
+  std::size_t need = 0;
+  if (!checked_mul(n, sizeof(float), &need)) fail("output size overflows");
+  if (dst_bytes != need) {
+    fail("out holds " + std::to_string(dst_bytes / 4) + " float32 elements, expected " + std::to_string(n));
+  }
+  require_aligned(src, read_align(s), "src");
+  require_aligned(dst, 4, "out");
+  require_disjoint(src, src_bytes, dst, dst_bytes);
+  kernels::to_f32(src_type, static_cast<const std::uint8_t*>(src), static_cast<float*>(dst), n);
+}
+
+kernels::EncodeResult encode(DType dst_type, DType src_type, const void* src, std::size_t src_bytes, void* dst,
+                             std::size_t dst_bytes) {
+  const FormatRow& s = device_row(src_type);
+  const FormatRow& d = device_row(dst_type);
+  const std::size_t n = elems_in(s, src_bytes, "src");
+  if (n % d.block_elems != 0) {
+    fail(std::string(d.name) + " needs a multiple of " + std::to_string(d.block_elems) + " elements, got " +
+         std::to_string(n));
+  }
+  const std::size_t need = n / d.block_elems * d.block_bytes;  // checked below against dst_bytes
+  if (n / d.block_elems != 0 && need / d.block_bytes != n / d.block_elems) fail("output size overflows");
+  if (dst_bytes != need) {
+    fail("out holds " + std::to_string(dst_bytes) + " bytes, expected " + std::to_string(need));
+  }
+  require_aligned(src, read_align(s), "src");
+  require_disjoint(src, src_bytes, dst, dst_bytes);
+  return kernels::encode(dst_type, src_type, src, static_cast<std::uint8_t*>(dst), n / d.block_elems);
 }
 
 }  // namespace hf2q::ops

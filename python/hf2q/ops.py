@@ -15,8 +15,6 @@ import numpy as np
 
 from . import _core, formats
 from ._arrays import (
-    BF16,
-    F16,
     F32,
     U8,
     check_out,
@@ -38,7 +36,6 @@ __all__ = [
     "set_simd_enabled",
 ]
 
-_SRC_TYPE = {F32: _core.SRC_F32, F16: _core.SRC_F16, BF16: _core.SRC_BF16}
 _Q8 = formats.get("q8_0")
 
 
@@ -93,7 +90,9 @@ def quantize_q8_0(src: np.ndarray, out: np.ndarray | None = None, *, name: str |
     nbytes = _Q8.storage_bytes(arr.size)
     result = np.empty(q8_0_shape(arr.shape), dtype=U8) if out is None else check_out(out, U8, nbytes)
     raw = _aligned(arr.reshape(-1).view(U8), dtype.itemsize)
-    first_bad, inf_scales = _core.quantize_q8_0(raw, _SRC_TYPE[dtype], result.reshape(-1))
+    src_format = formats.from_numpy(dtype)
+    assert src_format is not None  # quant_source admits f32 / f16 / bf16 only
+    first_bad, inf_scales = _core.quantize_q8_0(raw, src_format.name, result.reshape(-1))
     if first_bad >= 0:
         raise nonfinite_error(arr, first_bad, name)
     if inf_scales:

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -34,6 +35,7 @@
 #include "cuda_api.h"
 #include "device/backend.h"
 #include "hf2q_cuda_source.h"
+#include "kernels/format_kernels.h"
 #include "kernels/thread_pool.h"
 
 namespace hf2q::device {
@@ -41,12 +43,9 @@ namespace {
 
 using namespace cuda;
 
-constexpr std::size_t kSlotBytes = 8u << 20;  // a multiple of 32 elements of every source dtype
+constexpr std::size_t kSlotBytes = 8u << 20;  // default; a multiple of 32 elements of every source dtype
 constexpr int kStatusCells = 256;             // concurrent converting uploads before one waits
 constexpr unsigned kBlock = 256;
-// Q8_0 blocks one thread block of kBlock threads quantizes per step (8 warps,
-// each 4 (f32) or 8 (16-bit) blocks: shaders/cuda_kernels.cu).
-constexpr std::size_t kQ8BlocksPerCta = 32;
 
 std::uint32_t cpu_default_nan_bits() {
   volatile float zero = 0.0f;
@@ -262,6 +261,7 @@ class CudaBackend final : public Backend {
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
       return res;
     }
+    const CUfunction kernel = kernel_for(p);
     const std::vector<int> cells = take_status_cells(1);
     const int cell = cells[0];
     try {
@@ -269,9 +269,9 @@ class CudaBackend final : public Backend {
       check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
       check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
       CUdeviceptr to = out;
-      unsigned long long nblocks = n / kQ8BlockElems, base = 0;
+      unsigned long long nblocks = n / dtype_block_elems(p.dst_dtype), base = 0;
       void* args[] = {&from, &to, &nblocks, &base, &status};
-      launch(kernel_for(p), grid_for(nblocks, kQ8BlocksPerCta), misc_, args);
+      launch(kernel, grid_for(nblocks, encode_blocks_per_cta(p)), misc_, args);
       std::uint64_t* h = status_host_ + cell * 2;
       check(d_->cuMemcpyDtoHAsync(h, status, 16, misc_), "cuMemcpyDtoHAsync");
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
@@ -295,16 +295,18 @@ class CudaBackend final : public Backend {
                  std::size_t ngroups) override {
     if (ngroups == 0) return;
     if (ngroups != (numel + kVerifyGroup - 1) / kVerifyGroup) throw DeviceError("GPU checksums: bad arguments");
+    const int dt = static_cast<int>(dtype);
+    const CUfunction fn = dt >= 0 && dt < kNumDTypes ? fn_verify_[dt] : nullptr;
+    if (fn == nullptr) throw DeviceError("GPU checksums: no CUDA read-back kernel for dtype " + std::to_string(dt));
     Ctx c(*this);
     CUdeviceptr sums = 0;
     check(d_->cuMemAlloc(&sums, ngroups * sizeof(std::uint32_t)), "cuMemAlloc (checksums)");
     try {
       CUdeviceptr data = dptr(ptr);
-      int dt = static_cast<int>(dtype);
       unsigned long long n = numel, g = ngroups;
       unsigned nan = default_nan_;
-      void* args[] = {&data, &dt, &n, &sums, &g, &nan};
-      launch(fn_checksums_, grid_for(ngroups, 1), misc_, args);
+      void* args[] = {&data, &n, &sums, &g, &nan};
+      launch(fn, grid_for(ngroups, 1), misc_, args);
       check(d_->cuMemcpyDtoHAsync(out, sums, ngroups * sizeof(std::uint32_t), misc_), "cuMemcpyDtoHAsync");
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
     } catch (...) {
@@ -316,7 +318,7 @@ class CudaBackend final : public Backend {
 
  private:
   struct Slot {
-    void* host = nullptr;       // pinned staging, kSlotBytes (a part of the ring's memory)
+    void* host = nullptr;       // pinned staging, slot_bytes_ (a part of the ring's memory)
     CUdeviceptr scratch = 0;    // device copy of the staged source, for conversions
     CUstream stream = nullptr;
     CUevent done = nullptr;     // recorded after the slot's last copy / kernel
@@ -436,21 +438,31 @@ class CudaBackend final : public Backend {
     return bind_functions(why);
   }
 
+  // The kernels the format table names (format_kernels.h), for the
+  // conversions it allows: each source's decode into f32, each format's
+  // encode from each of its sources, each format's read-back.
   bool bind_functions(std::string* why) {
-    const struct {
-      const char* name;
-      CUfunction* fn;
-    } table[] = {{"hf2q_bf16_to_f32", &fn_bf16_},
-                 {"hf2q_f16_to_f32", &fn_f16_},
-                 {"hf2q_quantize_q8_0_f32", &fn_q8_f32_},
-                 {"hf2q_quantize_q8_0_f16", &fn_q8_f16_},
-                 {"hf2q_quantize_q8_0_bf16", &fn_q8_bf16_},
-                 {"hf2q_checksums", &fn_checksums_}};
-    for (const auto& e : table) {
-      const CUresult r = d_->cuModuleGetFunction(e.fn, module_, e.name);
+    auto bind = [&](const std::string& name, CUfunction* fn) {
+      const CUresult r = d_->cuModuleGetFunction(fn, module_, name.c_str());
       if (r != CUDA_SUCCESS) {
-        *why = "the compiled kernels lack " + std::string(e.name) + ": " + describe(*d_, "cuModuleGetFunction", r);
+        *why = "the compiled kernels lack " + name + ": " + describe(*d_, "cuModuleGetFunction", r);
         return false;
+      }
+      return true;
+    };
+    for (int d = 0; d < kNumDTypes; ++d) {
+      const FormatRow& row = kFormats[d];
+      if (row.kernels == nullptr) continue;  // no kernels: every conversion and read-back is refused
+      const kernels::FormatKernels& k = *row.kernels;
+      if (k.cuda_verify != nullptr && !bind(k.cuda_verify, &fn_verify_[d])) return false;
+      for (int s = 0; s < kNumDTypes; ++s) {
+        if ((row.sources & dtype_bit(static_cast<DType>(s))) == 0 || kFormats[s].kernels == nullptr) continue;
+        const kernels::FormatKernels& from = *kFormats[s].kernels;
+        if (d == static_cast<int>(DType::F32)) {
+          if (from.cuda_to_f32 != nullptr && !bind(from.cuda_to_f32, &fn_to_f32_[s])) return false;
+        } else if (k.cuda_encode != nullptr) {
+          if (!bind(std::string(k.cuda_encode) + "_" + kFormats[s].name, &fn_encode_[d][s])) return false;
+        }
       }
     }
     return true;
@@ -458,14 +470,46 @@ class CudaBackend final : public Backend {
 
   // ---------------------------------------------------------- staging ring
 
+  // The staging ring (docs/CUDA.md, "Uploads"): 16 slots of 8 MiB (128
+  // MiB of pinned memory), fewer where that would pass 1/64 of the host's
+  // memory. On the H200 machine (16 threads) 128 MiB loaded a 71 GB
+  // checkpoint faster than 256 MiB, 512 MiB or 1 GiB. HF2Q_CUDA_STAGING_MIB
+  // sets the ring's size and HF2Q_CUDA_SLOT_MIB (1, 2, 4 or 8) the slots'
+  // (benchmarks).
+  static long env_long(const char* name) {
+    const char* env = std::getenv(name);
+    if (env == nullptr || *env == '\0') return 0;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    return *end == '\0' && v > 0 ? v : 0;
+  }
+
+  static std::size_t slot_bytes_from_env() {
+    const long mib = env_long("HF2Q_CUDA_SLOT_MIB");
+    return mib == 1 || mib == 2 || mib == 4 || mib == 8 ? static_cast<std::size_t>(mib) << 20 : kSlotBytes;
+  }
+
+  static int ring_slots(std::size_t slot_bytes) {
+    if (const long mib = env_long("HF2Q_CUDA_STAGING_MIB")) {
+      const long n = (mib << 20) / static_cast<long>(slot_bytes);
+      return static_cast<int>(std::min<long>(1024, std::max<long>(2, n)));
+    }
+    std::size_t n = (128u << 20) / slot_bytes;
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) {
+      const std::size_t host = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+      n = std::min(n, std::max<std::size_t>(4, host / 64 / slot_bytes));
+    }
+    return static_cast<int>(n);
+  }
+
   void ensure_ring() {
     std::lock_guard<std::mutex> lk(ring_mu_);
     if (!slots_.empty()) return;
-    // Two slots per thread, at most 16 (128 MiB pinned): on the H200 machine
-    // 12, 24 and 32 slots all loaded slower than 16 with 16 threads.
-    const int n = std::min(16, std::max(4, 2 * get_num_threads()));
+    const std::size_t slot_bytes = slot_bytes_from_env();
+    const int n = ring_slots(slot_bytes);
     std::vector<Slot> slots(static_cast<std::size_t>(n));
-    const std::size_t len = static_cast<std::size_t>(n) * kSlotBytes;
+    const std::size_t len = static_cast<std::size_t>(n) * slot_bytes;
     try {
       // The slots' memory is one mapping of transparent huge pages, pinned
       // by cuMemHostRegister: on the H200 machine 18 ms for 128 MiB (28 ms
@@ -490,7 +534,7 @@ class CudaBackend final : public Backend {
       }
       for (std::size_t i = 0; i < slots.size(); ++i) {
         Slot& s = slots[i];
-        s.host = static_cast<std::uint8_t*>(ring_host_) + i * kSlotBytes;
+        s.host = static_cast<std::uint8_t*>(ring_host_) + i * slot_bytes;
         check(d_->cuStreamCreate(&s.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         check(d_->cuEventCreate(&s.done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
       }
@@ -504,6 +548,7 @@ class CudaBackend final : public Backend {
     }
     slots_ = std::move(slots);
     ring_len_ = len;
+    slot_bytes_ = slot_bytes;
     for (int i = 0; i < n; ++i) free_slots_.push_back(i);
   }
 
@@ -606,12 +651,25 @@ class CudaBackend final : public Backend {
     return srcs;
   }
 
+  // The conversion kernel of a planned upload (null for raw copies); a
+  // conversion the table allows but this backend has no kernel for is
+  // refused, never run as another.
   CUfunction kernel_for(const UploadPlan& p) const {
-    if (p.op == UploadOp::Decode) return p.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_;
-    if (p.op == UploadOp::Quantize) {
-      return p.src_dtype == DType::F32 ? fn_q8_f32_ : p.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
+    if (p.op == UploadOp::Raw) return nullptr;
+    const int s = static_cast<int>(p.src_dtype), d = static_cast<int>(p.dst_dtype);
+    CUfunction fn = nullptr;
+    if (s >= 0 && s < kNumDTypes && d >= 0 && d < kNumDTypes) {
+      fn = p.op == UploadOp::Decode ? fn_to_f32_[s] : fn_encode_[d][s];
     }
-    return nullptr;
+    if (fn == nullptr) {
+      throw DeviceError(std::string("the CUDA backend has no kernel converting ") + dtype_name(p.src_dtype) + " to " +
+                        dtype_name(p.dst_dtype));
+    }
+    return fn;
+  }
+
+  static unsigned encode_blocks_per_cta(const UploadPlan& p) {
+    return std::max(1u, format_of(p.dst_dtype).kernels->cuda_encode_blocks_per_cta);
   }
 
   UploadResult upload(const UploadTarget& dst, const Source* srcs, std::size_t nsrcs) {
@@ -654,7 +712,7 @@ class CudaBackend final : public Backend {
       for (; end < items.size(); ++end) {
         const auto& segs = items[end].segments;
         if (segs.empty()) continue;
-        if (segs[0].plan.op == UploadOp::Quantize) {
+        if (segs[0].plan.op == UploadOp::Encode) {
           if (quantizing == kQuantizeJobsPerRun) break;
           ++quantizing;
         }
@@ -692,7 +750,7 @@ class CudaBackend final : public Backend {
     std::size_t quantizing = 0;
     for (std::size_t j = 0; j < njobs; ++j) {
       for (std::size_t i = 0; i < jobs[j].nsrcs; ++i) total += jobs[j].srcs[i].plan->src_bytes;
-      if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Quantize) ++quantizing;
+      if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Encode) ++quantizing;
     }
     if (total == 0) return;
     Ctx c(*this);
@@ -702,7 +760,7 @@ class CudaBackend final : public Backend {
     constexpr std::size_t kGranule = 64u << 10;
     const std::size_t threads = static_cast<std::size_t>(get_num_threads());
     std::size_t chunk = (total / (2 * threads) + kGranule - 1) / kGranule * kGranule;
-    chunk = std::min(kSlotBytes, std::max<std::size_t>(1u << 20, chunk));
+    chunk = std::min(slot_bytes_, std::max<std::size_t>(std::min<std::size_t>(1u << 20, slot_bytes_), chunk));
     // A piece is one staging slot's worth: a part of a large source, or a
     // run of whole small sources that lie back to back in the buffer (an
     // expert stack gathered from per-expert tensors), read one after another
@@ -759,7 +817,7 @@ class CudaBackend final : public Backend {
     {
       std::size_t k = 0;
       for (std::size_t j = 0; j < njobs; ++j) {
-        if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Quantize) jobs[j].cell = cells[k++];
+        if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Encode) jobs[j].cell = cells[k++];
       }
     }
     if (!cells.empty()) {
@@ -804,21 +862,21 @@ class CudaBackend final : public Backend {
           if (p.op == UploadOp::Raw) {
             check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
           } else {
-            if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, kSlotBytes), "cuMemAlloc (scratch)");
+            if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, slot_bytes_), "cuMemAlloc (scratch)");
             check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
             CUdeviceptr from = s.scratch;
             const unsigned long long elems = pc.len / p.src_elem, first = pc.off / p.src_elem;
             if (p.op == UploadOp::Decode) {
-              CUdeviceptr to = out + first * 4;
+              CUdeviceptr to = out + element_byte_offset(p.dst_dtype, first);
               unsigned long long n = elems;
               void* args[] = {&from, &to, &n};
               launch(job.kernel, grid_for(elems, kBlock), s.stream, args);
             } else {
-              CUdeviceptr to = out + element_byte_offset(DType::Q8_0, first);
+              CUdeviceptr to = out + element_byte_offset(p.dst_dtype, first);
               CUdeviceptr status = status_dev_ + static_cast<std::size_t>(job.cell) * 16;
-              unsigned long long nblocks = elems / kQ8BlockElems, base = src.base_elem + first;
+              unsigned long long nblocks = elems / dtype_block_elems(p.dst_dtype), base = src.base_elem + first;
               void* args[] = {&from, &to, &nblocks, &base, &status};
-              launch(job.kernel, grid_for(nblocks, kQ8BlocksPerCta), s.stream, args);
+              launch(job.kernel, grid_for(nblocks, encode_blocks_per_cta(p)), s.stream, args);
             }
           }
           check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
@@ -875,8 +933,10 @@ class CudaBackend final : public Backend {
   pid_t pid_;  // the process that opened the device (fork: see cuda::kForkedChild)
   CUstream misc_ = nullptr;  // allocation zeroing, status words, read-back
   CUmodule module_ = nullptr;
-  CUfunction fn_bf16_ = nullptr, fn_f16_ = nullptr, fn_q8_f32_ = nullptr, fn_q8_f16_ = nullptr,
-             fn_q8_bf16_ = nullptr, fn_checksums_ = nullptr;
+  // Bound from the format table by bind_functions; null where it names none.
+  CUfunction fn_to_f32_[kNumDTypes] = {};             // by source dtype
+  CUfunction fn_encode_[kNumDTypes][kNumDTypes] = {};  // by destination, source
+  CUfunction fn_verify_[kNumDTypes] = {};             // by buffer dtype
 
   // Uploads left in flight (raw, widening) and how many of them a
   // wait_uploads() has seen finish: equal when nothing is in flight.
@@ -889,6 +949,7 @@ class CudaBackend final : public Backend {
   std::deque<int> free_slots_;  // FIFO
   void* ring_host_ = nullptr;   // the slots' pinned memory
   std::size_t ring_len_ = 0;
+  std::size_t slot_bytes_ = kSlotBytes;  // set with the ring, before any upload reads it
   bool ring_mapped_ = false;    // mmap'ed and registered (else cuMemHostAlloc)
 
   std::mutex status_mu_;
