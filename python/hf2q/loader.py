@@ -165,15 +165,16 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     usage0 = process_usage()
     bufs: dict[str, Buffer] = {}
     bar = progress_bar(plan.source_nbytes, "hf2q load", progress)
-    # A batch updates the bar once, when it is done: while a bar is drawn,
-    # batches end every BAR_BATCH_BYTES so that it moves (one batch held the
-    # whole full-size drafter: the bar was updated only when the read ended).
-    batch_bytes = BAR_BATCH_BYTES if progress_enabled(progress) else BATCH_BYTES
     group: object = object()
     pending: list[TensorPlan] = []  # streamed entries not yet read
     pending_sizes: list[int] = []
     pending_bytes = 0
     batch_bytes = BATCH_BYTES if device._native.cpu_visible else GPU_BATCH_BYTES
+    if progress_enabled(progress):
+        # A batch updates the bar once, when it is done: while a bar is drawn,
+        # batches end every BAR_BATCH_BYTES so that it moves (one batch held the
+        # whole full-size drafter: the bar was updated only when the read ended).
+        batch_bytes = min(batch_bytes, BAR_BATCH_BYTES)
 
     def flush() -> None:
         nonlocal pending_bytes
