@@ -24,6 +24,9 @@ import pytest
 
 from hf2q import formats, reference
 
+# slow (compiles the Metal shaders as C++ and sweeps every f16/bf16 pattern); run in every suite, CI included
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {name: formats.get(name).id for name in formats.DEVICE_FORMATS}  # native DType ids
 # The portable kernels as CMakeLists.txt globs them (every csrc/kernels/*.cpp but the AVX2 file).

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from ._progress import format_bytes
-from .errors import ConfigError, Hf2qError, SafetensorsError
+from .errors import ConfigError, DeviceError, Hf2qError, SafetensorsError
 
 DEFAULT_DEMO_CONFIG = "gemma-4-26B-A4B-it"
-COMMANDS = ("inspect", "load", "demo", "convert")
+COMMANDS = ("inspect", "load", "demo", "convert", "cache")
 
 # =========================================================================== naming a checkpoint
 
@@ -65,14 +65,20 @@ def _seconds(s: float) -> str:
 
 
 def print_summary(d: dict[str, Any]) -> None:
-    """The load summary (``LoadSummary.as_dict()`` plus ``verify``) for people."""
+    """The load summary (``LoadSummary.as_dict()`` plus ``verify``) for people:
+    one ``label: value`` line each, the values in one column as wide as the
+    longest label needs."""
     res = d["residency"]
-    print(f"model:            {d['model']}")
-    print(f"device:           {d['device']}")
-    print(f"tensors:          {d['tensors']}")
-    print(f"resident bytes:   {d['resident_bytes']:,} ({format_bytes(d['resident_bytes'])})")
-    print(f"load time:        {_seconds(d['seconds'])} ({d['gb_per_s']:.2f} GB/s of checkpoint data, "
-          f"{format_bytes(d['data_bytes'])})")
+    lines = [("model", d["model"]), ("device", d["device"]), ("tensors", d["tensors"]),
+             ("resident bytes", f"{d['resident_bytes']:,} ({format_bytes(d['resident_bytes'])})"),
+             ("load time", f"{_seconds(d['seconds'])} ({d['gb_per_s']:.2f} GB/s of checkpoint data, "
+                           f"{format_bytes(d['data_bytes'])})")]
+    if d.get("cpu_seconds") is not None:  # what the time went on (a fresh process: mostly the kernel)
+        spent = (f"CPU {_seconds(d['cpu_seconds'])} over all threads ({_seconds(d['system_seconds'])} in the "
+                 f"kernel: file pages copied in, fresh memory faulted in, {d['page_faults']:,} page faults)")
+        if d["seconds"] > d["cpu_seconds"]:  # no thread on a CPU for at least this long
+            spent += f"; at least {_seconds(d['seconds'] - d['cpu_seconds'])} waiting (disk, other processes)"
+        lines.append(("time spent", spent))
     if not res["enabled"]:
         state = "off (HF2Q_NO_RESIDENCY=1)" if os.environ.get("HF2Q_NO_RESIDENCY") == "1" else "off"
     else:
@@ -80,15 +86,18 @@ def print_summary(d: dict[str, Any]) -> None:
                  f"{format_bytes(res['allocated_bytes'])} allocated, {format_bytes(res['locked_bytes'])} locked")
         if res["unwired_bytes"]:
             state += f", {format_bytes(res['unwired_bytes'])} over the wired budget"
-    print(f"residency:        {state}")
+    lines.append(("residency", state))
     for k, v in d.items():
         if k not in ("model", "device", "tensors", "resident_bytes", "data_bytes", "seconds", "gb_per_s",
-                     "residency", "verify"):
-            print(f"{k.replace('_', ' ') + ':':<18}{v}")
+                     "cpu_seconds", "system_seconds", "page_faults", "residency", "verify"):
+            lines.append((k.replace("_", " "), v))
     if "verify" in d:
         v = d["verify"]
-        print(f"verify:           {v['buffers']} buffers read back through the device, "
-              f"{v['groups']:,} checksum groups equal ({_seconds(v['seconds'])})")
+        lines.append(("verify", f"{v['buffers']} buffers read back through the device, "
+                                f"{v['groups']:,} checksum groups equal ({_seconds(v['seconds'])})"))
+    width = max(18, *(len(label) + 2 for label, _ in lines))  # label, colon, at least one space
+    for label, value in lines:
+        print(f"{label + ':':<{width}}{value}")
 
 
 def note(args: argparse.Namespace, text: str) -> None:
@@ -121,12 +130,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         report["repo_id"] = args.path
         report["revision"] = args.revision or "main"
     device_dtypes = plan.pop("device_dtypes", None)
+    gguf_names = plan.pop("gguf_names", None)  # families that plan GGUF tensors (Qwen3.5 MoE, Gemma 4)
     if "gpu_resident_bytes" in plan:  # the model API's name; the report says what it is
         plan["resident_bytes"] = plan.pop("gpu_resident_bytes")
     report.update(plan)
-    if device_dtypes is not None:
-        for r in rows:
-            r["device_dtype"] = device_dtypes.get(r["name"])
+    for r in rows:
+        if device_dtypes is not None:
+            r["device_dtype"] = device_dtypes.get(r["name"])  # None: not loaded (skipped)
+        if gguf_names is not None:
+            r["gguf_names"] = gguf_names.get(r["name"], [])
     report["tensor_list"] = rows
     if args.json:
         emit_json(report)
@@ -137,8 +149,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"resident bytes: {report['resident_bytes']:,} ({format_bytes(report['resident_bytes'])})")
     width = max((len(r["name"]) for r in rows), default=4)
     for r in rows:
-        dev = f"  -> {r['device_dtype']}" if r.get("device_dtype") else ""
-        print(f"  {r['name']:<{width}}  {r['dtype']:<5} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}{dev}")
+        line = f"  {r['name']:<{width}}  {r['dtype']:<5} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}"
+        if "device_dtype" in r:  # the device dtype column, then the GGUF tensor(s) it goes into
+            line += f"  -> {r['device_dtype'] or 'skipped':<7}"
+            if r.get("gguf_names"):
+                line += " " + ", ".join(r["gguf_names"])
+        print(line.rstrip())
     return 0
 
 
@@ -150,7 +166,17 @@ def open_device(kind: str | None) -> Any:
     is none fails here, with nothing written or read)."""
     from .device import Device
 
-    return Device.default() if kind in (None, "auto") else Device(kind)
+    if kind in (None, "auto"):
+        return Device.default()
+    try:
+        return Device(kind)
+    except DeviceError as e:
+        if kind == "host":
+            raise
+        hint = "use --device host (the weights in this machine's memory) or --device auto (the first one available)"
+        err = DeviceError(f"{e}; {hint}")
+        err.hint = hint  # type: ignore[attr-defined]  # --json's "hint"
+        raise err from None
 
 
 def _cli_options() -> dict[str, Any]:
@@ -195,7 +221,7 @@ def _load_model(path: Path, device: Any, progress: bool, args: argparse.Namespac
 
     _, config = models.read_config(path)
     fam = models.detect(config)
-    return models.load_with(path, config, fam, device, progress=progress,
+    return models.load_with(path, config, fam, device, progress=progress, check_finite=args.check_finite,
                             **_options_for(fam, path, args))  # config.json read once
 
 
@@ -242,7 +268,7 @@ def _load_pair(path: Path, args: argparse.Namespace, device: Any) -> int:
     _, config = models.read_config(path)
     fam = models.detect(config)
     pair = pairs.load_pair_with(path, config, fam, drafter, device, progress=not args.json and not args.no_progress,
-                                **_options_for(fam, path, args))  # config.json read once, the target planned once
+                                check_finite=args.check_finite, **_options_for(fam, path, args))  # config.json read once, the target planned once
     verify = pair.verify() if args.verify else None
     target = {**pair.target.summary.as_dict(), "checkpoint": str(path)}
     drafted = {**pair.drafter.summary.as_dict(), "checkpoint": str(drafter)}
@@ -439,19 +465,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from . import dflash
     from .dflash import DFlashConfig, expected_total_data_bytes
 
+    # With --json the lines for people wait until the demo succeeded: a
+    # failure prints its error object and nothing on stderr.
+    held: list[str] = []
+    say = held.append if args.json else (lambda text: note(args, text))
     size = format_bytes(expected_total_data_bytes(DFlashConfig.from_dict(dflash.DRAFTER_CONFIGS[config])))
     with _demo_lock(target):  # one writer at a time; a second run waits, then finds it cached
         stale = _remove_stale_temporaries(target)  # left by a run that was killed (SIGKILL, power loss)
         if stale:
-            note(args, f"removed {len(stale)} temporary folder(s) left by an interrupted run: {', '.join(stale)}")
+            say(f"removed {len(stale)} temporary folder(s) left by an interrupted run: {', '.join(stale)}")
         if (target / ".complete").is_file():
-            note(args, f"using the cached synthetic drafter ({size}) in {target}; remove it with: {_remove_hint(args)}")
+            say(f"using the cached synthetic drafter ({size}) in {target}; remove it with: {_remove_hint(args)}")
         else:
             from . import testing
 
             what = (f"the full-size synthetic gemma-4-26B-A4B DFlash drafter ({size})"
                     if config == DEFAULT_DEMO_CONFIG else f"the synthetic {config} DFlash drafter ({size})")
-            note(args, f"writing {what} to {target} (once)")
+            say(f"writing {what} to {target} (once)")
             tmp = target.with_name(target.name + f".tmp{os.getpid()}")
             try:
                 with _terminate_as_exception():
@@ -466,16 +496,164 @@ def cmd_demo(args: argparse.Namespace) -> int:
                         shutil.rmtree(target, ignore_errors=True)  # an incomplete earlier copy
                     os.replace(tmp, target)
                     _fsync_path(target.parent)  # the rename itself
+            except OSError as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise DemoCacheError(target.parent, e, args) from e
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            note(args, f"cached in {target}; remove it with: {_remove_hint(args)}")
+            say(f"cached in {target}; remove it with: {_remove_hint(args)}")
     model = dflash.load(target, device=device, progress=not args.json)
     d = load_report(model, not args.no_verify, checkpoint=str(target))
+    for text in held:
+        note(args, text)
     if args.json:
         emit_json(d)
     else:
         print_summary(d)
+    return 0
+
+
+class DemoCacheError(OSError):
+    """The demo's cache folder cannot be written: the system's failure (exit
+    status 1), named by the folder the user chose (``--cache-dir``,
+    ``HF2Q_CACHE`` or the default), not by the temporary folder inside it,
+    with a hint to choose another."""
+
+    def __init__(self, cache: Path, cause: OSError, args: argparse.Namespace) -> None:
+        why = cause.strerror or str(cause)
+        blocker = next((p for p in (cache, *cache.parents) if os.path.lexists(p)), None)
+        if blocker is not None and blocker != cache and not blocker.is_dir():
+            why = f"{why} ({blocker} is a file, not a folder)"
+        source = ("--cache-dir" if args.cache_dir else
+                  "HF2Q_CACHE" if os.environ.get("HF2Q_CACHE") else "the default cache folder")
+        self.hint = "choose a folder that can be written with --cache-dir DIR or HF2Q_CACHE=DIR"
+        self.path = str(cache)  # --json's "path"; the message names it already
+        super().__init__(cause.errno, f"cannot write the demo checkpoint in {cache} ({source}): {why}; {self.hint}")
+
+
+# =========================================================================== version, cache
+
+#: Packages whose versions ``hf2q --version --verbose`` reports (read from their
+#: installed metadata, none imported): the dependencies, then the optional ones.
+_DEPENDENCIES = ("numpy", "ml_dtypes", "safetensors", "tqdm", "huggingface_hub")
+_OPTIONAL = ("torch", "transformers", "gguf", "nvidia-cuda-nvrtc")
+
+
+def _package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_report() -> dict[str, Any]:
+    """What ``hf2q --version --verbose`` prints: the build, the kernels'
+    instruction set, each backend this build has and whether it opens here
+    (with the reason when not), the dependencies' versions and the caches."""
+    import platform
+
+    from . import _core, _cuda
+    from ._version import __version__
+    from .device import Device
+
+    backends: dict[str, str] = {}
+    for kind in _core.backend_kinds():
+        try:
+            Device(kind)
+            backends[kind] = "available"
+        except (DeviceError, OSError) as e:
+            backends[kind] = f"unavailable: {e}"
+    forced = not _core.simd_enabled()
+    return {
+        "version": __version__,
+        "python": f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})",
+        "platform": f"{platform.system()} {platform.machine()}",
+        "native_core": str(getattr(_core, "__file__", "")),
+        "simd": {"in_use": _core.simd_isa(), "best": _core.best_isa(),
+                 "forced_scalar": forced},  # HF2Q_FORCE_SCALAR=1
+        "threads": int(_core.get_num_threads()),
+        "backends": backends,
+        "dependencies": {n: _package_version(n) for n in _DEPENDENCIES},
+        "optional": {n: _package_version(n) for n in _OPTIONAL},
+        "caches": {"demo": str(demo_cache_dir()), "cuda_kernels": _cuda.cache_dir() or None},
+    }
+
+
+def print_version(verbose: bool, as_json: bool) -> int:
+    from ._version import __version__
+
+    if not verbose:
+        print(json.dumps({"version": __version__}) if as_json else f"hf2q {__version__}")
+        return 0
+    r = version_report()
+    if as_json:
+        emit_json(r)
+        return 0
+    simd = r["simd"]
+    lines = [
+        ("python", r["python"]), ("platform", r["platform"]), ("native core", r["native_core"]),
+        ("SIMD", f"{simd['in_use']} (best on this CPU: {simd['best']}"
+                 + ("; scalar forced by HF2Q_FORCE_SCALAR=1)" if simd["forced_scalar"] else ")")),
+        ("threads", r["threads"]),
+        *((f"backend {k}", v) for k, v in r["backends"].items()),
+        ("dependencies", ", ".join(f"{k} {v or 'missing'}" for k, v in r["dependencies"].items())),
+        ("optional", ", ".join(f"{k} {v or '-'}" for k, v in r["optional"].items())),
+        ("demo cache", r["caches"]["demo"]),
+        ("CUDA kernel cache", r["caches"]["cuda_kernels"] or "off (HF2Q_CACHE_DIR is empty)"),
+    ]
+    print(f"hf2q {r['version']}")
+    width = max(len(label) for label, _ in lines) + 2
+    for label, value in lines:
+        print(f"{label + ':':<{width}}{value}")
+    return 0
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def cache_entries() -> list[tuple[str, Path]]:
+    """What hf2q itself keeps on disk: the demo's checkpoints
+    (``<demo cache>/demo-*-dflash``, with interrupted ``.tmp*`` copies) and
+    the CUDA kernel cache (``$HF2Q_CACHE_DIR/cuda``). Nothing else in those
+    folders is hf2q's."""
+    from . import _cuda
+
+    out: list[tuple[str, Path]] = []
+    demo = demo_cache_dir()
+    if demo.is_dir():
+        out += [("demo checkpoint", p) for p in sorted(demo.glob("demo-*-dflash*")) if p.is_dir()]
+    cuda = _cuda.cache_dir()
+    if cuda and os.path.isdir(cuda):
+        out.append(("CUDA kernels", Path(cuda)))
+    return out
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``hf2q cache``: list what hf2q keeps on disk; ``--clear`` removes it."""
+    entries = [(what, path, _tree_bytes(path)) for what, path in cache_entries()]
+    if args.clear:
+        for _, path, _ in entries:
+            shutil.rmtree(path)
+    rows = [{"what": what, "path": str(path), "bytes": n} for what, path, n in entries]
+    if args.json:
+        emit_json({"entries": rows, "cleared": bool(args.clear)})
+        return 0
+    if not rows:
+        print("nothing cached")
+    for r in rows:
+        verb = "removed " if args.clear else ""
+        print(f"{verb}{r['what']}: {r['path']} ({format_bytes(r['bytes'])})")
     return 0
 
 
@@ -568,8 +746,11 @@ def _add_source(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("path", metavar="PATH_OR_REPO", help=what)
     p.add_argument("--revision", metavar="REV",
                    help="repo ids: branch, tag or commit hash in the Hugging Face cache (default: main)")
+    from .hub import DOWNLOAD_PATTERNS  # what --download fetches: said from the list the code uses
+
+    fetched = ", ".join(DOWNLOAD_PATTERNS[:-1]) + " and " + DOWNLOAD_PATTERNS[-1]
     p.add_argument("--download", action="store_true",
-                   help="repo ids: fetch the repo's *.json and *.safetensors files into the Hugging Face cache "
+                   help=f"repo ids: fetch the repo's {fetched} files into the Hugging Face cache "
                         "first (otherwise hf2q never downloads)")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object on stdout (on failure: {"error": {...}})')
@@ -602,8 +783,11 @@ def build_parser() -> argparse.ArgumentParser:
                "HF2Q_HUGEPAGES, HF2Q_CUDA_STAGING_MIB, HF2Q_CUDA_SLOT_MIB, HF2Q_CACHE, HF2Q_CACHE_DIR, and "
                "Hugging Face's HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_HUB_DISABLE_PROGRESS_BARS (see the README).",
     )
-    parser.add_argument("--version", action="version", version=f"hf2q {__version__}",
-                        help="print the version and exit")
+    parser.add_argument("--version", action="store_true",
+                        help=f"print the version ({__version__}) and exit; with --verbose also the SIMD path, the "
+                             "backends and whether each opens here, the dependencies' versions and the caches")
+    parser.add_argument("--verbose", action="store_true", help="with --version: the details")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # with --version
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("inspect", help="list a checkpoint's tensors, dtypes, shapes and bytes",
@@ -627,6 +811,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read every buffer back through the device and compare with a CPU decode")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (bars are drawn only on a terminal anyway)")
+    p.add_argument("--check-finite", action="store_true",
+                   help="refuse a NaN/Inf weight that would be kept as it is (copied or decoded), naming the tensor "
+                        "and element (quantized tensors refuse them always); off by default: the bytes are the "
+                        "file's")
     p.add_argument("--drafter", metavar="DRAFTER", help="a DFlash drafter (path or repo id) to load bound to this "
                    "target (its embedding and LM head become the target's buffers)")
     p.add_argument("--drafter-revision", metavar="REV",
@@ -653,6 +841,16 @@ def build_parser() -> argparse.ArgumentParser:
     from .export.cli import add_parser as add_convert  # the convert subcommand lives with the GGUF writer
 
     add_convert(sub, _add_source)
+
+    p = sub.add_parser("cache", help="list (or --clear) what hf2q keeps on disk: demo checkpoints, CUDA kernels",
+                       description="List what hf2q keeps on disk, with sizes: the demo's synthetic checkpoints "
+                                   "(in $HF2Q_CACHE, else $XDG_CACHE_HOME/hf2q or ~/.cache/hf2q) and the compiled "
+                                   "CUDA kernels (in $HF2Q_CACHE_DIR/cuda, same default root). Nothing else in "
+                                   "those folders is touched.")
+    p.add_argument("--clear", action="store_true", help="remove them")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object on stdout (on failure: {"error": {...}})')
+    p.set_defaults(func=cmd_cache)
     return parser
 
 
@@ -782,12 +980,14 @@ def _main(argv: Sequence[str] | None) -> int:
         except UsageError as e:
             command = next((a for a in argv if not a.startswith("-")), None)
             return report_error(command if command in COMMANDS else None, e, as_json)
-        if args.command is None:
-            parser.print_help()
-            return 0
+        if args.command is None and not args.version:  # argparse's convention: usage on stderr, status 2
+            return report_error(None, UsageError("a command is required (inspect, load, demo, convert, cache); "
+                                                 "hf2q --help lists them", parser.format_usage()), as_json)
         command = args.command
         as_json = bool(getattr(args, "json", False))
         try:
+            if args.version:
+                return print_version(args.verbose, as_json)
             return int(args.func(args))
         except (Hf2qError, UsageError, OSError, MemoryError) as e:
             if _broken_pipe(e) and not isinstance(e, Hf2qError):

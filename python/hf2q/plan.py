@@ -160,3 +160,16 @@ class LoadPlan(Sequence[TensorPlan]):
     def layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """name -> (device format, logical shape), for the layout check."""
         return {e.name: (e.dtype, tuple(e.shape)) for e in self.entries}
+
+
+def destinations_by_source(plan: LoadPlan) -> dict[str, list[str]]:
+    """Checkpoint tensor -> the planned tensors it feeds, in plan order
+    (``hf2q inspect``'s listing of GGUF names; a fused ``gate_up_proj``
+    feeds two: its gate and up halves)."""
+    out: dict[str, list[str]] = {}
+    for e in plan:
+        for p in e.sources:
+            names = out.setdefault(p.tensor, [])
+            if e.name not in names:
+                names.append(e.name)
+    return out

@@ -399,7 +399,9 @@ def _validate_header(
         raise _err(
             METADATA_INCOMPLETE_BUFFER,
             path,
-            f"header + tensors end at byte {expected} but the file is {file_size} bytes long",
+            f"header + tensors end at byte {expected} but the file is {file_size} bytes long"
+            + ("; the file is cut short (an interrupted download or copy?): re-download it"
+               if file_size < expected else ""),
         )
     return metadata, entries
 
@@ -421,7 +423,7 @@ def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -
         code = FILE_TRUNCATED if getattr(e, "code", IO_ERROR) == FILE_TRUNCATED else IO_ERROR
         if code == FILE_TRUNCATED:
             msg = (f"{path}: file shrank/truncated while reading {what} "
-                   f"(bytes {offset}..{offset + total}): {e}")
+                   f"(bytes {offset}..{offset + total}): {e}; re-download it")
         else:
             msg = f"{path}: reading {what} at offset {offset}: {e}"
         raise SafetensorsError(msg, code=code, path=path) from None
@@ -967,6 +969,28 @@ def open_checkpoint(path: PathLike) -> Checkpoint:
         raise SafetensorsError(f"{p}: {e.strerror or e}", code=IO_ERROR, path=str(p)) from None
 
 
+def _no_checkpoint_message(p: Path) -> str:
+    """Why the folder ``p`` is not a checkpoint, and what to do about the
+    files it has instead: other ``.safetensors`` files (Mistral's
+    ``consolidated.safetensors``, say) can be passed by path; PyTorch pickles
+    (``pytorch_model.bin``, ``.pt``, ``.pth``) are not read at all."""
+    msg = f"{p}: directory holds neither {INDEX_FILE_NAME} nor {SINGLE_FILE_NAME}"
+    try:
+        names = sorted(e.name for e in os.scandir(p) if e.is_file())
+    except OSError:
+        return msg
+    others = [n for n in names if n.endswith(".safetensors")]
+    pickles = [n for n in names if n.endswith((".bin", ".pt", ".pth"))]
+    if others:
+        listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        msg += f"; it has {listed}: pass the file's path instead (e.g. {p / others[0]})"
+    if pickles:
+        listed = ", ".join(pickles[:3]) + (", ..." if len(pickles) > 3 else "")
+        msg += (f"; it has {listed}, but PyTorch pickle weights (.bin, .pt, .pth) are not supported, only "
+                ".safetensors (transformers' save_pretrained writes them)")
+    return msg
+
+
 def _open_checkpoint(p: Path) -> Checkpoint:
     if p.is_dir():
         index = p / INDEX_FILE_NAME
@@ -976,11 +1000,7 @@ def _open_checkpoint(p: Path) -> Checkpoint:
         if single.exists():
             f = open(single)
             return Checkpoint([f], p)
-        raise SafetensorsError(
-            f"{p}: directory holds neither {INDEX_FILE_NAME} nor {SINGLE_FILE_NAME}",
-            code=NO_CHECKPOINT,
-            path=str(p),
-        )
+        raise SafetensorsError(_no_checkpoint_message(p), code=NO_CHECKPOINT, path=str(p))
     if not p.exists():
         raise SafetensorsError(f"{p}: no such file or directory", code=IO_ERROR, path=str(p))
     if p.name == "config.json":  # the usual slip: the model's config instead of its folder

@@ -19,6 +19,7 @@ from typing import Any, Union
 
 from ...device import Buffer, Device
 from ...model import LoadedModel, check_layout
+from ...plan import destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily, Option
 from .config import FULL_ATTENTION, Qwen35Config
@@ -181,6 +182,9 @@ class Qwen35Family(ModelFamily):
             "gpu_resident_bytes": plan.nbytes,
             "resident_bytes_by_kind": plan.nbytes_by_kind(),
             "skipped": list(plan.skipped),
+            # by checkpoint name (the CLI's listing); the GGUF side in gguf_tensors
+            "device_dtypes": {p.tensor: pt.dtype for pt in plan for p in pt.sources},
+            "gguf_names": destinations_by_source(plan),
             "gguf_tensors": [{"name": pt.gguf_name, "shape": list(pt.shape), "dtype": pt.dtype, "kind": pt.kind}
                              for pt in plan],
         }
