@@ -94,9 +94,13 @@ def test_block_formats_need_whole_blocks_in_the_last_axis() -> None:
         formats.nbytes((64, 33), "q8_0")
     with pytest.raises(ValueError, match="multiple of 32"):
         formats.nbytes((), "q8_0")
+    with pytest.raises(ValueError, match="multiple of 256"):
+        formats.nbytes((4, 128), "q4_k")
     with pytest.raises(ValueError, match="unknown dtype"):
-        formats.get("q4_k")
+        formats.get("q3_k")
     assert formats.storage_shape((4, 64), "q8_0") == (4, 68)
+    assert formats.storage_shape((4, 512), "q6_k") == (4, 420)
+    assert formats.nbytes((3, 256), "q4_k") == 3 * 144
 
 
 def test_nbytes_of_every_format() -> None:

@@ -76,6 +76,29 @@ NB_MODULE(_core, m) {
       },
       "src"_a.noconvert(), "out"_a.noconvert());
   m.def(
+      "quantize_blocks",
+      [](RoBytes src, int src_type, const std::string& format, RwBytes out) {
+        hf2q::kernels::Q8Result r;
+        {
+          hf2q::bindings::ReleaseGil nogil;
+          r = hf2q::ops::quantize_blocks(format.c_str(), static_cast<hf2q::kernels::SrcType>(src_type),
+                                         src.data(), src.size(), out.data(), out.size());
+        }
+        const long long first = r.first_nonfinite == hf2q::kernels::kNoIndex
+                                    ? -1
+                                    : static_cast<long long>(r.first_nonfinite);
+        return std::make_pair(first, static_cast<unsigned long long>(r.inf_scales));
+      },
+      "src"_a.noconvert(), "src_type"_a, "format"_a, "out"_a.noconvert(),
+      "Q4_0/Q4_K/Q5_K/Q6_K; returns (first non-finite flat index or -1, blocks with an Inf scale).");
+  m.def(
+      "dequantize_blocks",
+      [](RoBytes src, const std::string& format, RwBytes out) {
+        hf2q::bindings::ReleaseGil nogil;
+        hf2q::ops::dequantize_blocks(format.c_str(), src.data(), src.size(), out.data(), out.size());
+      },
+      "src"_a.noconvert(), "format"_a, "out"_a.noconvert());
+  m.def(
       "f32_to_f16_rne",
       [](RoU32 src, RwU16 out) {
         if (src.size() != out.size()) throw std::invalid_argument("src and out sizes differ");

@@ -58,10 +58,24 @@ inline constexpr FormatRow kFormats[] = {
     {"f4", -1, 2, 1, "", "F4", -1},
     {"f6_e2m3", -1, 4, 3, "", "F6_E2M3", -1},
     {"f6_e3m2", -1, 4, 3, "", "F6_E3M2", -1},
+    // ggml's 4/5/6-bit block formats (docs/KQUANTS.md): hf2q.ops quantizes
+    // to them and dequantizes them; not device formats yet.
+    {"q4_0", -1, 32, 18, "", "", 2},
+    {"q4_k", -1, 256, 144, "", "", 12},
+    {"q5_k", -1, 256, 176, "", "", 13},
+    {"q6_k", -1, 256, 210, "", "", 14},
 };
 inline constexpr std::size_t kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
 
 constexpr const FormatRow& format_of(DType t) { return kFormats[static_cast<int>(t)]; }
+
+// The row called `name` (compile time; kFormats[0] if there is none).
+constexpr const FormatRow& format_named(std::string_view name) {
+  for (const FormatRow& r : kFormats) {
+    if (name == r.name) return r;
+  }
+  return kFormats[0];
+}
 
 // Block constants of Q8_0 for the kernels, read from the table.
 inline constexpr std::size_t kQ8BlockElems = format_of(DType::Q8_0).block_elems;

@@ -257,11 +257,17 @@ void qk_affine_superblock(const float* x, std::uint8_t* y, std::uint8_t* L, int 
 
 }  // namespace
 
-const BlockGeometry& block_geometry(BlockFormat f) {
-  static constexpr BlockGeometry geometry[kNumBlockFormats] = {
-      {"q4_0", 32, 18}, {"q4_k", 256, 144}, {"q5_k", 256, 176}, {"q6_k", 256, 210}};
-  return geometry[static_cast<int>(f)];
-}
+namespace {
+constexpr const FormatRow* kRows[kNumBlockFormats] = {&format_named("q4_0"), &format_named("q4_k"),
+                                                      &format_named("q5_k"), &format_named("q6_k")};
+// The layouts below hard-code these offsets (ggml's block_q4_0 / _K structs).
+static_assert(kRows[0]->block_elems == 32 && kRows[0]->block_bytes == 18, "block_q4_0: f16 d + 16 bytes");
+static_assert(kRows[1]->block_elems == 256 && kRows[1]->block_bytes == 144, "block_q4_K: 2 f16 + 12 + 128");
+static_assert(kRows[2]->block_elems == 256 && kRows[2]->block_bytes == 176, "block_q5_K: 2 f16 + 12 + 32 + 128");
+static_assert(kRows[3]->block_elems == 256 && kRows[3]->block_bytes == 210, "block_q6_K: 128 + 64 + 16 + f16");
+}  // namespace
+
+const FormatRow& block_geometry(BlockFormat f) { return *kRows[static_cast<int>(f)]; }
 
 // ---------------------------------------------------------------- Q4_0
 // Block: f16 d, then 16 bytes; byte j holds element j (low nibble) and
@@ -504,7 +510,7 @@ constexpr std::size_t kElemsPerChunk = 1u << 14;
 
 Q8Result quantize_blocks_range(BlockFormat f, SrcType type, const void* src, std::uint8_t* dst,
                                std::size_t nblocks) {
-  const BlockGeometry& g = block_geometry(f);
+  const FormatRow& g = block_geometry(f);
   const RowQuant quant = kQuant[static_cast<int>(f)];
   Q8Result result;
   float x[kQK];
@@ -537,12 +543,12 @@ Q8Result quantize_blocks_range(BlockFormat f, SrcType type, const void* src, std
 }
 
 void dequantize_blocks_range(BlockFormat f, const std::uint8_t* src, float* dst, std::size_t nblocks) {
-  const BlockGeometry& g = block_geometry(f);
+  const FormatRow& g = block_geometry(f);
   kDequant[static_cast<int>(f)](src, dst, static_cast<std::int64_t>(nblocks * g.block_elems));
 }
 
 Q8Result quantize_blocks(BlockFormat f, SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
-  const BlockGeometry& g = block_geometry(f);
+  const FormatRow& g = block_geometry(f);
   const std::size_t elem_size = type == SrcType::F32 ? 4 : 2;
   const auto* base = static_cast<const std::uint8_t*>(src);
   std::atomic<std::size_t> first_bad{kNoIndex};
@@ -565,7 +571,7 @@ Q8Result quantize_blocks(BlockFormat f, SrcType type, const void* src, std::uint
 }
 
 void dequantize_blocks(BlockFormat f, const std::uint8_t* src, float* dst, std::size_t nblocks) {
-  const BlockGeometry& g = block_geometry(f);
+  const FormatRow& g = block_geometry(f);
   parallel_for(nblocks, kElemsPerChunk / g.block_elems, [&](std::size_t b, std::size_t e) {
     dequantize_blocks_range(f, src + b * g.block_bytes, dst + b * g.block_elems, e - b);
   });

@@ -21,13 +21,8 @@ namespace hf2q::kernels {
 enum class BlockFormat : int { Q4_0 = 0, Q4_K = 1, Q5_K = 2, Q6_K = 3 };
 inline constexpr int kNumBlockFormats = 4;
 
-struct BlockGeometry {
-  const char* name;
-  std::size_t block_elems;
-  std::size_t block_bytes;
-};
-
-const BlockGeometry& block_geometry(BlockFormat f);
+// The format's row in the format table (name, block_elems, block_bytes).
+const FormatRow& block_geometry(BlockFormat f);
 
 // One row of `n` float32 values (a multiple of the block) on the calling
 // thread. Finite input only: callers check (quantize_blocks_range does).
