@@ -56,8 +56,19 @@ def test_table_rows(fmt: str) -> None:
     assert f.is_block
 
 
+@pytest.fixture(params=["simd", "scalar"])
+def isa(request):
+    """Run a test on the best vector path and on the forced scalar path."""
+    old = hf2q.ops._core.simd_enabled()
+    ops.set_simd_enabled(request.param == "simd")
+    try:
+        yield request.param
+    finally:
+        ops.set_simd_enabled(old)
+
+
 @pytest.mark.parametrize("fmt", FMTS)
-def test_rows_byte_identical_to_ggml(golden, meta, fmt: str) -> None:
+def test_rows_byte_identical_to_ggml(golden, meta, fmt: str, isa: str) -> None:
     rows = golden["rows"]
     got = _quiet_quantize(rows, fmt)
     assert got.shape == golden[fmt].shape
@@ -65,7 +76,7 @@ def test_rows_byte_identical_to_ggml(golden, meta, fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_one_row_at_a_time_and_thread_counts(golden, meta, fmt: str) -> None:
+def test_one_row_at_a_time_and_thread_counts(golden, meta, fmt: str, isa: str) -> None:
     rows = golden["rows"]
     names = _row_names(meta)
     one = np.stack([_quiet_quantize(np.ascontiguousarray(r), fmt) for r in rows[:40]])
@@ -84,7 +95,7 @@ def test_one_row_at_a_time_and_thread_counts(golden, meta, fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_half_sources_widen_exactly(golden, fmt: str) -> None:
+def test_half_sources_widen_exactly(golden, fmt: str, isa: str) -> None:
     rows = golden["rows"]
     finite = np.all(np.isfinite(rows.astype(ml_dtypes.bfloat16).astype(np.float32)), axis=1)
     x = rows[finite].astype(ml_dtypes.bfloat16)

@@ -199,22 +199,62 @@ inline void get_scale_min_k4(int j, const std::uint8_t* q, std::uint8_t* d, std:
   }
 }
 
-// The shared part of Q4_K and Q5_K: per group weights, the affine fits,
-// 6-bit scales and mins, the two half scales, and the final levels in L.
-// Writes d, dmin and scales into `y` (bytes 0..15).
-void qk_affine_superblock(const float* x, std::uint8_t* y, std::uint8_t* L, int nmax, float rmin, int nstep) {
+}  // namespace
+
+// The eight group fits of a Q4_K / Q5_K super-block, one after the other.
+void qkx2_fit_groups_scalar(const float* x, std::uint8_t* L, float* scales, float* mins, int nmax, float rmin,
+                            int nstep) {
   std::uint8_t Laux[32];
   float weights[32];
-  float mins[kQK / 32];
-  float scales[kQK / 32];
-  float max_scale = 0;  // scales are positive: the min is taken out
-  float max_min = 0;
   for (int j = 0; j < kQK / 32; ++j) {
     float sum_x2 = 0;
     for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
     const float av_x = std::sqrt(sum_x2 / 32);
     for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
     scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+  }
+}
+
+// The sixteen group fits of a Q6_K super-block.
+void qx_fit_groups_scalar(const float* x, std::int8_t* L, float* scales) {
+  for (int ib = 0; ib < kQK / 16; ++ib) scales[ib] = make_qx_quants_rmse1(16, 32, x + 16 * ib, L + 16 * ib);
+}
+
+#if defined(HF2Q_HAVE_AVX2)
+namespace avx2 {
+// kquants_avx2.cpp: the same fits, one group per vector lane.
+void qkx2_fit_groups(const float* x, std::uint8_t* L, float* scales, float* mins, int nmax, float rmin, int nstep);
+void qx_fit_groups(const float* x, std::int8_t* L, float* scales);
+}  // namespace avx2
+#endif
+
+namespace {
+
+inline void qkx2_fit_groups(const float* x, std::uint8_t* L, float* scales, float* mins, int nmax, float rmin,
+                            int nstep) {
+#if defined(HF2Q_HAVE_AVX2)
+  if (active_isa() == Isa::Avx2) return avx2::qkx2_fit_groups(x, L, scales, mins, nmax, rmin, nstep);
+#endif
+  qkx2_fit_groups_scalar(x, L, scales, mins, nmax, rmin, nstep);
+}
+
+inline void qx_fit_groups(const float* x, std::int8_t* L, float* scales) {
+#if defined(HF2Q_HAVE_AVX2)
+  if (active_isa() == Isa::Avx2) return avx2::qx_fit_groups(x, L, scales);
+#endif
+  qx_fit_groups_scalar(x, L, scales);
+}
+
+// The shared part of Q4_K and Q5_K: per group weights, the affine fits,
+// 6-bit scales and mins, the two half scales, and the final levels in L.
+// Writes d, dmin and scales into `y` (bytes 0..15).
+void qk_affine_superblock(const float* x, std::uint8_t* y, std::uint8_t* L, int nmax, float rmin, int nstep) {
+  float mins[kQK / 32];
+  float scales[kQK / 32];
+  qkx2_fit_groups(x, L, scales, mins, nmax, rmin, nstep);
+  float max_scale = 0;  // scales are positive: the min is taken out
+  float max_min = 0;
+  for (int j = 0; j < kQK / 32; ++j) {
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
@@ -412,9 +452,9 @@ void quantize_row_q6_K(const float* x, std::uint8_t* y, std::int64_t n) {
   for (std::int64_t i = 0; i < nb; ++i, x += kQK, y += 210) {
     float max_scale = 0;
     float max_abs_scale = 0;
+    qx_fit_groups(x, L, scales);
     for (int ib = 0; ib < kQK / 16; ++ib) {
-      const float scale = make_qx_quants_rmse1(16, 32, x + 16 * ib, L + 16 * ib);
-      scales[ib] = scale;
+      const float scale = scales[ib];
       const float abs_scale = std::fabs(scale);
       if (abs_scale > max_abs_scale) {
         max_abs_scale = abs_scale;
