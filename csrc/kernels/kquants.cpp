@@ -225,6 +225,7 @@ namespace avx2 {
 // kquants_avx2.cpp: the same fits, one group per vector lane.
 void qkx2_fit_groups(const float* x, std::uint8_t* L, float* scales, float* mins, int nmax, float rmin, int nstep);
 void qx_fit_groups(const float* x, std::int8_t* L, float* scales);
+void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t n);
 }  // namespace avx2
 #endif
 
@@ -313,6 +314,9 @@ const FormatRow& block_geometry(BlockFormat f) { return *kRows[static_cast<int>(
 // Block: f16 d, then 16 bytes; byte j holds element j (low nibble) and
 // element j + 16 (high nibble); value = (q - 8) * d.
 void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t n) {
+#if defined(HF2Q_HAVE_AVX2)
+  if (active_isa() == Isa::Avx2) return avx2::quantize_row_q4_0(x, y, n);
+#endif
   const std::int64_t nb = n / kQ40;
   for (std::int64_t i = 0; i < nb; ++i, x += kQ40, y += 18) {
     float amax = 0.0f;

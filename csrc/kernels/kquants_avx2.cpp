@@ -204,4 +204,56 @@ void qx_fit_groups(const float* x, std::int8_t* L, float* scales) {
   }
 }
 
+// Q4_0, one block of 32 at a time. The block's `max` is the first value of
+// largest magnitude (C's strict `<` scan), +0 when every value is zero; the
+// levels are x*id + 8.5 truncated by CVTTPS2DQ, which gives INT32_MIN for
+// NaN and out-of-range values exactly as the scalar CVTTSS2SI does, then
+// C's (int8_t) cast (the low byte) and MIN(15, .).
+void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t k) {
+  const std::int64_t nb = k / 32;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (std::int64_t b = 0; b < nb; ++b, x += 32, y += 18) {
+    __m256 v[4], a[4];
+    for (int q = 0; q < 4; ++q) {
+      v[q] = _mm256_loadu_ps(x + 8 * q);
+      a[q] = _mm256_and_ps(v[q], abs_mask);
+    }
+    __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
+    m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
+    const float amax = _mm256_cvtss_f32(m);
+    float max = 0.0f;
+    if (amax > 0.0f) {
+      std::uint32_t hits = 0;
+      for (int q = 0; q < 4; ++q) {
+        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(a[q], m, _CMP_EQ_OQ));
+        hits |= static_cast<std::uint32_t>(mask) << (8 * q);
+      }
+      max = x[__builtin_ctz(hits)];
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    store_le16(y, f32_to_f16_rne_inline(d));
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256 half = _mm256_set1_ps(8.5f);
+    const __m256i fifteen = _mm256_set1_epi32(15);
+    __m256i l[4];
+    for (int q = 0; q < 4; ++q) {
+      const __m256i t = _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v[q], vid), half));
+      l[q] = _mm256_min_epi32(_mm256_srai_epi32(_mm256_slli_epi32(t, 24), 24), fifteen);
+    }
+    // byte j = level j | level j+16 << 4 (the low 8 bits of it, as C stores)
+    const __m256i lo_mask = _mm256_set1_epi32(0xFF);
+    alignas(32) std::int32_t out[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out),
+                       _mm256_and_si256(_mm256_or_si256(_mm256_and_si256(l[0], lo_mask), _mm256_slli_epi32(l[2], 4)),
+                                        lo_mask));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 8),
+                       _mm256_and_si256(_mm256_or_si256(_mm256_and_si256(l[1], lo_mask), _mm256_slli_epi32(l[3], 4)),
+                                        lo_mask));
+    for (int j = 0; j < 16; ++j) y[2 + j] = static_cast<std::uint8_t>(out[j]);
+  }
+}
+
 }  // namespace hf2q::kernels::avx2
