@@ -556,32 +556,42 @@ Q8Result quantize_blocks_range(BlockFormat f, SrcType type, const void* src, std
                                std::size_t nblocks) {
   const FormatRow& g = block_geometry(f);
   const RowQuant quant = kQuant[static_cast<int>(f)];
+  // Work in runs of 256 values (one k-quant block, eight Q4_0 blocks):
+  // widen, check, quantize.
+  const std::size_t per_run = kQK / g.block_elems;
   Q8Result result;
   float x[kQK];
-  for (std::size_t b = 0; b < nblocks; ++b) {
+  for (std::size_t b = 0; b < nblocks; b += per_run) {
+    const std::size_t nb = nblocks - b < per_run ? nblocks - b : per_run;
     const std::size_t base = b * g.block_elems;
+    const std::size_t count = nb * g.block_elems;
     switch (type) {
-      case SrcType::F32: std::memcpy(x, static_cast<const float*>(src) + base, g.block_elems * 4); break;
+      case SrcType::F32: std::memcpy(x, static_cast<const float*>(src) + base, count * 4); break;
       case SrcType::F16: {
         const auto* h = static_cast<const std::uint16_t*>(src) + base;
-        for (std::size_t j = 0; j < g.block_elems; ++j) x[j] = f16_to_f32_inline(h[j]);
+        for (std::size_t j = 0; j < count; ++j) x[j] = f16_to_f32_inline(h[j]);
         break;
       }
       case SrcType::BF16: {
         const auto* h = static_cast<const std::uint16_t*>(src) + base;
-        for (std::size_t j = 0; j < g.block_elems; ++j) x[j] = bf16_to_f32_inline(h[j]);
+        for (std::size_t j = 0; j < count; ++j) x[j] = bf16_to_f32_inline(h[j]);
         break;
       }
     }
-    for (std::size_t j = 0; j < g.block_elems; ++j) {
-      if (is_nonfinite_bits(f32_bits(x[j]))) {
-        result.first_nonfinite = base + j;
-        return result;
-      }
+    std::uint32_t bad = 0;
+    for (std::size_t j = 0; j < count; ++j) bad |= is_nonfinite_bits(f32_bits(x[j])) ? 1u : 0u;
+    if (bad != 0) {
+      // Blocks before the bad one are written, as a block-by-block pass would.
+      std::size_t j = 0;
+      while (!is_nonfinite_bits(f32_bits(x[j]))) ++j;
+      const std::size_t good = j / g.block_elems;
+      quant(x, dst + b * g.block_bytes, static_cast<std::int64_t>(good * g.block_elems));
+      result.first_nonfinite = base + j;
+      return result;
     }
     std::uint8_t* out = dst + b * g.block_bytes;
-    quant(x, out, static_cast<std::int64_t>(g.block_elems));
-    result.inf_scales += inf_scales_of(f, out);
+    quant(x, out, static_cast<std::int64_t>(count));
+    for (std::size_t k = 0; k < nb; ++k) result.inf_scales += inf_scales_of(f, out + k * g.block_bytes);
   }
   return result;
 }
