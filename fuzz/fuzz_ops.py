@@ -91,6 +91,9 @@ def _python_op(fdp: atheris.FuzzedDataProvider, name: str) -> None:
         raise OracleFailure(f"ops.{name}: result differs from the reference")
 
 
+_Q8_SOURCES = {"f32": F32, "f16": np.dtype(np.float16), "bf16": BF16}
+
+
 def _core_op(fdp: atheris.FuzzedDataProvider) -> None:
     which = fdp.ConsumeIntInRange(0, 4)
     alias = bytearray(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 2048)))
@@ -106,9 +109,10 @@ def _core_op(fdp: atheris.FuzzedDataProvider) -> None:
         elif which == 1:
             _core.f16_to_f32(src, out)
         elif which == 2:
-            src_type = pick(fdp, [0, 1, 2, 3, -1, 7, 1 << 31, 1 << 63, 2.0])
+            # The q8_0 row's sources, other device formats, unknown names, non-strings.
+            src_type = pick(fdp, ["f32", "f16", "bf16", "u8", "i32", "q8_0", "f8_e4m3", "", "F32", 0, None])
             first, _ = _core.quantize_q8_0(src, src_type, out)
-            if src_type in (0, 1, 2) and first < -1:
+            if src_type in _Q8_SOURCES and first < -1:
                 raise OracleFailure("quantize_q8_0 returned an index below -1")
         elif which == 3:
             _core.dequantize_q8_0(src, out)
@@ -125,11 +129,11 @@ def _core_op(fdp: atheris.FuzzedDataProvider) -> None:
     elif which == 1:
         want = ref.f16_to_f32(s)
     elif which == 2:
-        if src_type not in (0, 1, 2):
+        if src_type not in _Q8_SOURCES:
             raise OracleFailure(f"quantize_q8_0 accepted src_type {src_type!r}")
         if first >= 0:
             return  # non-finite input: partial output by contract
-        dt = (F32, np.dtype(np.float16), BF16)[src_type]
+        dt = _Q8_SOURCES[src_type]
         want = ref.quantize_q8_0(s.view(dt).reshape(-1, 32)) if s.size else np.empty(0, np.uint8)
     elif which == 3:
         want = ref.dequantize_q8_0(s.reshape(-1, 34)) if s.size else np.empty(0, F32)

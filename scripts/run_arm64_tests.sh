@@ -12,7 +12,7 @@
 #     sudo apt-get install g++-aarch64-linux-gnu qemu-user-static
 # then (1) writes test vectors with hf2q.reference on this x86 host
 # (tests/native/gen_arm64_vectors.py -> build/arm64/vectors.bin), (2) cross-
-# compiles the portable kernels (csrc/kernels/{scalar,dispatch,thread_pool,
+# compiles the portable kernels (csrc/kernels/*.cpp: {scalar,dispatch,thread_pool,format_kernels,
 # checked_ops,arm_neon}.cpp; the NEON path is selected by __aarch64__, no
 # AVX2 file) and tests/native/arm64_driver.cpp for aarch64 Linux, statically
 # linked, with the warning flags and -ffp-contract=off of CMakeLists.txt, and
@@ -123,14 +123,12 @@ fi
 # ---- cross-compile (flags as CMakeLists.txt: Release -O3 -DNDEBUG, warnings, no FMA contraction)
 T_BUILD=$(now)
 CXXFLAGS=(-std=c++17 -O3 -DNDEBUG -Wall -Wextra -Wshadow -ffp-contract=off -fno-math-errno -pthread -I"$ROOT/csrc")
-SOURCES=(
-  csrc/kernels/scalar.cpp
-  csrc/kernels/dispatch.cpp
-  csrc/kernels/thread_pool.cpp
-  csrc/kernels/checked_ops.cpp
-  csrc/kernels/arm_neon.cpp
-  tests/native/arm64_driver.cpp
-)
+# Every portable kernel file, as CMakeLists.txt globs them (the AVX2 file is x86 only).
+SOURCES=()
+for f in "$ROOT"/csrc/kernels/*.cpp; do
+  [ "$(basename "$f")" = x86_avx2.cpp ] || SOURCES+=("csrc/kernels/$(basename "$f")")
+done
+SOURCES+=(tests/native/arm64_driver.cpp)
 pids=()
 objs=()
 for src in "${SOURCES[@]}"; do

@@ -175,9 +175,10 @@ extern "C" __global__ void hf2q_dequantize_q8_0(const u8* __restrict__ src, floa
 
 // Definition: csrc/device/verify.h. For group g of 256 elements,
 // out[g] = sum_i bits(g*256 + i) * (2i + 1) mod 2^32, bits the float32 bits
-// once decoded (u8: the byte value). One thread block of 256 threads per
-// group; the sum is integer, so its order does not matter.
-enum { kF32 = 0, kF16 = 1, kBF16 = 2, kU8 = 3, kI32 = 4, kQ8_0 = 5 };  // DType in csrc/device/dtype.h
+// once decoded (integers: i32 its bits, u8 the byte value). One kernel per
+// format, named by its row's cuda_verify (csrc/kernels/format_kernels.h);
+// one thread block of 256 threads per group; the sum is integer, so its
+// order does not matter.
 
 // Bits of float(q) * d for d the float32 bits of a half scale, as the CPU's
 // IEEE multiply gives them (NaN cases decided on the bits: the GPU's NaN
@@ -192,28 +193,35 @@ __device__ __forceinline__ u32 q8_value_bits(int q, u32 d, u32 default_nan) {
   return __float_as_uint((float)q * __uint_as_float(d));  // exact: 8 x 11 significant bits
 }
 
-__device__ __forceinline__ u32 element_bits(const u8* data, int dtype, u64 k, u32 default_nan) {
-  switch (dtype) {
-    case kF32:
-    case kI32: return ((const u32*)data)[k];
-    case kF16: return f16_to_f32_bits(((const u16*)data)[k]);
-    case kBF16: return (u32)((const u16*)data)[k] << 16;
-    case kU8: return data[k];
-    default: {
-      const u8* blk = data + (k >> 5) * 34u;
-      const u32 d = f16_to_f32_bits((u32)blk[0] | ((u32)blk[1] << 8));
-      return q8_value_bits((int)(i8)blk[2 + (k & 31u)], d, default_nan);
-    }
+// Element k's read-back value, one struct per format.
+struct BitsB32 {  // f32 and i32: the stored 32 bits
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) { return ((const u32*)data)[k]; }
+};
+struct BitsF16 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) { return f16_to_f32_bits(((const u16*)data)[k]); }
+};
+struct BitsBF16 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) { return (u32)((const u16*)data)[k] << 16; }
+};
+struct BitsU8 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) { return data[k]; }
+};
+struct BitsQ8_0 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32 default_nan) {
+    const u8* blk = data + (k >> 5) * 34u;
+    const u32 d = f16_to_f32_bits((u32)blk[0] | ((u32)blk[1] << 8));
+    return q8_value_bits((int)(i8)blk[2 + (k & 31u)], d, default_nan);
   }
-}
+};
 
-extern "C" __global__ void hf2q_checksums(const u8* __restrict__ data, int dtype, u64 numel, u32* __restrict__ out,
-                                          u64 ngroups, u32 default_nan) {
+template <class Bits>
+__device__ __forceinline__ void checksums(const u8* __restrict__ data, u64 numel, u32* __restrict__ out, u64 ngroups,
+                                          u32 default_nan) {
   __shared__ u32 partial[8];
   const u32 i = threadIdx.x;  // blockDim.x == 256
   for (u64 g = blockIdx.x; g < ngroups; g += gridDim.x) {
     const u64 k = g * 256u + i;
-    u32 v = k < numel ? element_bits(data, dtype, k, default_nan) * (2u * i + 1u) : 0u;
+    u32 v = k < numel ? Bits::at(data, k, default_nan) * (2u * i + 1u) : 0u;
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(HF2Q_FULL_MASK, v, off);
     if ((i & 31u) == 0) partial[i >> 5] = v;
     __syncthreads();
@@ -225,3 +233,14 @@ extern "C" __global__ void hf2q_checksums(const u8* __restrict__ data, int dtype
     __syncthreads();
   }
 }
+
+#define HF2Q_CHECKSUMS(name, bits)                                                                             \
+  extern "C" __global__ void name(const u8* __restrict__ data, u64 numel, u32* __restrict__ out, u64 ngroups, \
+                                  u32 default_nan) {                                                          \
+    checksums<bits>(data, numel, out, ngroups, default_nan);                                                   \
+  }
+HF2Q_CHECKSUMS(hf2q_checksums_b32, BitsB32)
+HF2Q_CHECKSUMS(hf2q_checksums_f16, BitsF16)
+HF2Q_CHECKSUMS(hf2q_checksums_bf16, BitsBF16)
+HF2Q_CHECKSUMS(hf2q_checksums_u8, BitsU8)
+HF2Q_CHECKSUMS(hf2q_checksums_q8_0, BitsQ8_0)

@@ -16,7 +16,7 @@ from hf2q import _core, formats
 def test_table_comes_from_native_core() -> None:
     rows = _core.format_table()
     assert [r[0] for r in rows] == list(formats.FORMATS)
-    assert formats.DEVICE_FORMATS == ("f32", "f16", "bf16", "u8", "i32", "q8_0")
+    assert formats.DEVICE_FORMATS == ("f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
     assert formats.DEVICE_FORMATS == hf2q.device.DTYPES
     for i, name in enumerate(formats.DEVICE_FORMATS):
         assert formats.get(name).id == i
@@ -81,7 +81,8 @@ def test_nbytes(shape: tuple[int, ...], dtype: str, expect: int) -> None:
 def test_nbytes_equals_the_device_byte_len() -> None:
     dev = hf2q.Device("host")
     for dtype in formats.DEVICE_FORMATS:
-        for shape in ((64,), (2, 96), (3, 1, 32)):
+        k = formats.get(dtype).block_elems // 32 or 1  # whole blocks: 32 (q8_0, q4_0) or 256 (k-quants)
+        for shape in ((64 * k,), (2, 96 * k), (3, 1, 32 * k)):
             buf = dev.alloc(shape, dtype)
             assert buf.byte_len == formats.nbytes(shape, dtype)
             assert buf.numpy().shape == formats.storage_shape(shape, dtype)
@@ -132,3 +133,68 @@ def test_can_convert_is_the_native_table() -> None:
         for d in formats.FORMATS.values():
             want = s.is_device and d.is_device and bool(_core.can_convert(s.name, d.name))
             assert formats.can_convert(s, d) is want and formats.can_convert(s.name, d.name) is want
+
+
+def test_conversions_are_the_rows_sources() -> None:
+    # The rows of csrc/kernels/formats.h say which sources convert into them.
+    assert formats.sources_of("f32") == ("f16", "bf16")
+    assert formats.sources_of("q8_0") == ("f32", "f16", "bf16")
+    for name in ("f16", "bf16", "u8", "i32"):
+        assert formats.sources_of(name) == ()
+    dev = hf2q.Device("host")
+    buf = dev.alloc((32,), "q8_0")
+    with pytest.raises(ValueError, match=r"cannot convert i32 to q8_0 \(supported: same dtype, f16/bf16 -> f32, "
+                                         r"f32/f16/bf16 -> q8_0"):
+        dev.write(buf, np.zeros(32, np.int32))
+    with pytest.raises(TypeError, match=r"raw src needs src_dtype \('f32', 'f16' or 'bf16'\) to be quantized"):
+        dev.write(buf, np.zeros(64, np.uint8))
+
+
+def test_kernels_refuse_a_source_their_row_does_not_list() -> None:
+    # The quantizer never reads another type as one it knows (the old
+    # "otherwise F16" fallbacks): a source outside the q8_0 row fails.
+    from hf2q import _core
+
+    out = np.empty(34, np.uint8)
+    for src in ("u8", "i32", "q8_0"):
+        with pytest.raises(ValueError, match="unknown source type"):
+            _core.quantize_q8_0(np.zeros(128, np.uint8), src, out)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        _core.quantize_q8_0(np.zeros(128, np.uint8), "f8_e4m3", out)
+
+
+def test_every_device_format_has_a_readback_oracle() -> None:
+    # reference.READBACK is the numpy side of verify.h: one entry per device
+    # format, and none for anything else (a format without one fails loudly).
+    from hf2q import reference
+
+    assert set(reference.READBACK) == set(formats.DEVICE_FORMATS)
+    with pytest.raises(ValueError, match="no numpy read-back oracle"):
+        reference.readback_bits("f8_e4m3", np.zeros(4, np.uint8))
+    dev = hf2q.Device("host")
+    x = np.linspace(-3, 3, 512, dtype=np.float32).reshape(2, 256)
+    for dtype in formats.DEVICE_FORMATS:
+        src = x if dtype != "u8" else np.arange(512, dtype=np.uint8)
+        buf = dev.alloc(src.shape, dtype)
+        if dtype in ("u8", "i32"):
+            dev.write(buf, src.astype(np.int32) if dtype == "i32" else src.view(np.uint8))
+        elif dtype == "f32" or formats.can_convert("f32", dtype):
+            dev.write(buf, x)
+        else:
+            dev.write(buf, x.astype(formats.get(dtype).numpy_dtype))
+        assert dev.verify(buf).ok, dtype
+
+
+def test_backend_facts_come_from_the_native_registry() -> None:
+    from hf2q import _core, device
+
+    rows = {r[0]: r for r in _core.backend_registry()}
+    assert [r[0] for r in _core.backend_registry()] == _core.backend_kinds()
+    assert rows["cuda"][1:] == (True, 1, True)  # indexed, second by default, prepared (hf2q/_cuda.py)
+    assert rows["host"][1] is False and rows["metal"][1] is False
+    assert device._DEFAULT_ORDER == ("metal", "cuda", "host")
+    assert device._device_spec("cuda") == "cuda:0" and device._device_spec("cuda:3") == "cuda:3"
+    with pytest.raises(ValueError, match="expected 'cuda' or 'cuda:N'"):
+        device._device_spec("cuda:x")
+    with pytest.raises(ValueError, match="the host device takes no index"):
+        device._device_spec("host:0")

@@ -203,3 +203,26 @@ def test_quantize_q8_0_is_the_same_as_the_generic_entry() -> None:
     q = ops.quantize_q8_0(x)
     assert np.array_equal(ops.dequantize(q, "q8_0"), ops.dequantize_q8_0(q))
     assert np.array_equal(reference.dequantize(q, "q8_0"), ops.dequantize_q8_0(q))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_device_upload_quantizes_like_ops(golden, fmt: str) -> None:
+    dev = hf2q.Device("host")
+    rows = golden["rows"][60:124]  # random rows, finite scales
+    want = ops.quantize(rows, fmt)
+    for src in (rows, rows.astype(ml_dtypes.bfloat16)):
+        buf = dev.upload(src, to=fmt, name="w")
+        assert buf.dtype == fmt and buf.shape == rows.shape
+        assert buf.byte_len == formats.nbytes(rows.shape, fmt)
+        got = buf.numpy()
+        expect = want if src.dtype == np.float32 else ops.quantize(src, fmt)
+        assert np.array_equal(got.reshape(-1), expect.reshape(-1))
+    # A write at a whole-block offset; the read-back checksum decodes the format.
+    buf = dev.alloc(rows.shape, fmt)
+    dev.write(buf, rows[32:], offset=32 * 256)
+    assert np.array_equal(buf.numpy().reshape(rows.shape[0], -1)[32:], want[32:])
+    assert dev.verify(buf).ok
+    bad = rows.copy()
+    bad[3, 9] = np.nan
+    with pytest.raises(hf2q.NonFiniteError):
+        dev.upload(bad, to=fmt, name="w")

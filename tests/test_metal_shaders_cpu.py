@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf2q import reference
+from hf2q import formats, reference
 
 ROOT = Path(__file__).resolve().parents[1]
-DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "u8": 3, "i32": 4, "q8_0": 5}  # csrc/device/dtype.h
-SOURCES = ["csrc/kernels/scalar.cpp", "csrc/kernels/dispatch.cpp", "csrc/kernels/thread_pool.cpp",
-           "csrc/kernels/checked_ops.cpp", "csrc/kernels/arm_neon.cpp", "csrc/device/dtype.cpp",
-           "csrc/device/verify.cpp", "tests/native/metal_verify_cpu.cpp"]
+DTYPES = {name: formats.get(name).id for name in formats.DEVICE_FORMATS}  # native DType ids
+# The portable kernels as CMakeLists.txt globs them (every csrc/kernels/*.cpp but the AVX2 file).
+SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc/kernels").glob("*.cpp") if p.name != "x86_avx2.cpp") + [
+    "csrc/device/dtype.cpp", "csrc/device/verify.cpp", "tests/native/metal_verify_cpu.cpp"]
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +61,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _definition(dtype: str, raw: np.ndarray, numel: int) -> np.ndarray:
     """out[g] = sum_i bits(g*256 + i) * (2i + 1) mod 2^32 (csrc/device/verify.h)."""
-    if dtype in ("f32", "i32"):
-        bits = raw.view(np.uint32)[:numel]
-    elif dtype == "f16":
-        bits = reference.f16_to_f32(raw.view(np.uint16)[:numel]).view(np.uint32)
-    elif dtype == "bf16":
-        bits = reference.bf16_to_f32(raw.view(np.uint16)[:numel]).view(np.uint32)
-    elif dtype == "u8":
-        bits = raw[:numel].astype(np.uint32)
-    else:
-        bits = reference.dequantize_q8_0(raw[: numel // 32 * 34]).view(np.uint32)
+    bits = reference.readback_bits(dtype, raw[: formats.nbytes((numel,), dtype)])
     ngroups = -(-numel // 256)
     padded = np.zeros(ngroups * 256, np.uint64)
     padded[:numel] = bits

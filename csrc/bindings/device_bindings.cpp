@@ -35,17 +35,13 @@ nb::capsule keep_alive(const std::shared_ptr<BufferImpl>& buf) {
 // Python layer re-views it as ml_dtypes.bfloat16); q8_0 -> uint8 with the
 // last dimension in bytes (gguf-py's layout).
 nb::dlpack::dtype storage_dtype(DType t, bool dlpack_bf16) {
-  switch (t) {
-    case DType::F32: return nb::dtype<float>();
-    case DType::F16: return nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
-    case DType::BF16:
-      return dlpack_bf16 ? nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1}
-                         : nb::dtype<std::uint16_t>();
-    case DType::I32: return nb::dtype<std::int32_t>();
-    case DType::U8:
-    case DType::Q8_0: return nb::dtype<std::uint8_t>();
-  }
-  return nb::dtype<std::uint8_t>();
+  using hf2q::device::ElemKind;
+  const hf2q::device::StorageElem e = hf2q::device::storage_elem(t);
+  nb::dlpack::dtype_code code = nb::dlpack::dtype_code::UInt;
+  if (e.kind == ElemKind::Float) code = nb::dlpack::dtype_code::Float;
+  if (e.kind == ElemKind::Int) code = nb::dlpack::dtype_code::Int;
+  if (e.kind == ElemKind::BFloat && dlpack_bf16) code = nb::dlpack::dtype_code::Bfloat;
+  return nb::dlpack::dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(e.bits), 1};
 }
 
 std::vector<std::size_t> storage_shape(const BufferImpl& b) {
@@ -288,6 +284,16 @@ void bind_device(nb::module_& m) {
     for (std::size_t i = 0; i < n; ++i) kinds.emplace_back(e[i].kind);
     return kinds;
   });
+  m.def(
+      "backend_registry",
+      [] {
+        std::size_t n = 0;
+        const hf2q::device::BackendEntry* e = hf2q::device::backend_registry(&n);
+        std::vector<std::tuple<std::string, bool, int, bool>> rows;
+        for (std::size_t i = 0; i < n; ++i) rows.emplace_back(e[i].kind, e[i].indexed, e[i].default_rank, e[i].prepare);
+        return rows;
+      },
+      "The native backend registry: (kind, indexed, default_rank, prepare) rows.");
   m.def(
       "cuda_configure",
       [](const std::vector<std::string>& nvrtc_candidates, const std::string& cache_dir) {

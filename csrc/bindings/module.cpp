@@ -54,19 +54,19 @@ NB_MODULE(_core, m) {
       "src"_a.noconvert(), "out"_a.noconvert());
   m.def(
       "quantize_q8_0",
-      [](RoBytes src, int src_type, RwBytes out) {
+      [](RoBytes src, const std::string& src_dtype, RwBytes out) {
+        const hf2q::DType t = hf2q::device::dtype_from_name(src_dtype);
         hf2q::kernels::Q8Result r;
         {
           hf2q::bindings::ReleaseGil nogil;
-          r = hf2q::ops::quantize_q8_0(static_cast<hf2q::kernels::SrcType>(src_type), src.data(),
-                                       src.size(), out.data(), out.size());
+          r = hf2q::ops::quantize_q8_0(t, src.data(), src.size(), out.data(), out.size());
         }
         const long long first = r.first_nonfinite == hf2q::kernels::kNoIndex
                                     ? -1
                                     : static_cast<long long>(r.first_nonfinite);
         return std::make_pair(first, static_cast<unsigned long long>(r.inf_scales));
       },
-      "src"_a.noconvert(), "src_type"_a, "out"_a.noconvert(),
+      "src"_a.noconvert(), "src_dtype"_a, "out"_a.noconvert(),
       "Returns (first non-finite flat index or -1, number of +Inf scales).");
   m.def(
       "dequantize_q8_0",
@@ -77,25 +77,28 @@ NB_MODULE(_core, m) {
       "src"_a.noconvert(), "out"_a.noconvert());
   m.def(
       "quantize_blocks",
-      [](RoBytes src, int src_type, const std::string& format, RwBytes out) {
-        hf2q::kernels::Q8Result r;
+      [](RoBytes src, const std::string& src_dtype, const std::string& format, RwBytes out) {
+        const hf2q::DType s = hf2q::device::dtype_from_name(src_dtype);
+        const hf2q::DType d = hf2q::device::dtype_from_name(format);
+        hf2q::kernels::EncodeResult r;
         {
           hf2q::bindings::ReleaseGil nogil;
-          r = hf2q::ops::quantize_blocks(format.c_str(), static_cast<hf2q::kernels::SrcType>(src_type),
-                                         src.data(), src.size(), out.data(), out.size());
+          r = hf2q::ops::encode(d, s, src.data(), src.size(), out.data(), out.size());
         }
         const long long first = r.first_nonfinite == hf2q::kernels::kNoIndex
                                     ? -1
                                     : static_cast<long long>(r.first_nonfinite);
         return std::make_pair(first, static_cast<unsigned long long>(r.inf_scales));
       },
-      "src"_a.noconvert(), "src_type"_a, "format"_a, "out"_a.noconvert(),
-      "Q4_0/Q4_K/Q5_K/Q6_K; returns (first non-finite flat index or -1, blocks with an Inf scale).");
+      "src"_a.noconvert(), "src_dtype"_a, "format"_a, "out"_a.noconvert(),
+      "Encode into a block format through its row's kernels; returns (first non-finite flat index or -1, "
+      "blocks with an Inf scale).");
   m.def(
       "dequantize_blocks",
       [](RoBytes src, const std::string& format, RwBytes out) {
+        const hf2q::DType t = hf2q::device::dtype_from_name(format);
         hf2q::bindings::ReleaseGil nogil;
-        hf2q::ops::dequantize_blocks(format.c_str(), src.data(), src.size(), out.data(), out.size());
+        hf2q::ops::to_f32(t, src.data(), src.size(), out.data(), out.size());
       },
       "src"_a.noconvert(), "format"_a, "out"_a.noconvert());
   m.def(
@@ -125,10 +128,6 @@ NB_MODULE(_core, m) {
   m.def("best_isa", [] { return std::string(hf2q::kernels::isa_name(hf2q::kernels::best_isa())); });
   m.def("set_simd_enabled", &hf2q::kernels::set_simd_enabled, "enabled"_a);
   m.def("simd_enabled", &hf2q::kernels::simd_enabled);
-
-  m.attr("SRC_F32") = static_cast<int>(hf2q::kernels::SrcType::F32);
-  m.attr("SRC_F16") = static_cast<int>(hf2q::kernels::SrcType::F16);
-  m.attr("SRC_BF16") = static_cast<int>(hf2q::kernels::SrcType::BF16);
 
   m.def(
       "format_table",

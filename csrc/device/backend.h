@@ -65,8 +65,10 @@ struct BackendInfo {
 };
 
 // How an upload turns source elements into buffer bytes (planned and checked
-// by device.cpp before any backend sees it).
-enum class UploadOp { Raw, Decode, Quantize };
+// by device.cpp before any backend sees it): a copy; into an f32 buffer, the
+// source format's to_f32; into any other format, that format's encode from
+// the source (kernels/format_kernels.h).
+enum class UploadOp { Raw, Decode, Encode };
 
 struct UploadPlan {
   UploadOp op;
@@ -74,7 +76,7 @@ struct UploadPlan {
   std::size_t src_bytes; // source bytes
   std::size_t dst_off;   // byte offset into the buffer
   std::size_t dst_len;   // bytes written
-  std::size_t src_elem;  // bytes per source element (Q8_0 source: 0)
+  std::size_t src_elem;  // bytes per source element (block-format source: 0)
   DType src_dtype;
   DType dst_dtype;
   bool check_finite = false;  // file reads: report NaN/Inf of raw copies and decodes too
@@ -214,7 +216,9 @@ void pread_full(int fd, std::uint8_t* dst, std::size_t len, std::uint64_t off);
 // exists but no device can be had (no GPU, missing driver or library).
 struct BackendEntry {
   const char* kind;
-  bool indexed;  // accepts "kind:N"
+  bool indexed;      // accepts "kind:N" ("kind" is "kind:0")
+  int default_rank;  // Device.default() tries kinds by rising rank; -1: never chosen by default
+  bool prepare;      // Python configures it before the first open: hf2q._<kind>.prepare()
   std::unique_ptr<Backend> (*open)(int index, std::string* why);
 };
 // Every kind this build knows, available or not; Device.default() (Python)

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
+#include <stdexcept>
 
 #include "kernels/checked_ops.h"
 #include "kernels/kernels.h"
@@ -23,6 +25,7 @@ std::atomic<long> g_alloc_fail_countdown{0};
 constexpr std::size_t kCopyChunk = kReadChunkBytes;  // bytes per parallel raw copy / pread
 constexpr std::size_t kConvertChunkElems = 1u << 20;     // source elements per conversion chunk, at most
 constexpr std::size_t kMinConvertChunkElems = 1u << 16;  // and at least (a multiple of 32)
+constexpr std::size_t kMinChunkAlignElems = 32;          // conversion chunks are whole multiples of this
 constexpr std::size_t kAutoCommitPending = 64;       // staged adds before an implicit commit
 constexpr std::size_t kScanPiece = 512u << 10;       // check_finite: pread + scan unit (a multiple of 4)
 
@@ -79,12 +82,16 @@ std::size_t first_nonfinite_bits(const std::uint8_t* p, std::size_t n, T exp_mas
   return kernels::kNoIndex;
 }
 
+// The row's nonfinite_mask on elements of its size; formats without one
+// (integers, block formats) have no NaN.
 std::size_t first_nonfinite(DType t, const std::uint8_t* p, std::size_t n) {
-  switch (t) {
-    case DType::BF16: return first_nonfinite_bits<std::uint16_t>(p, n, 0x7F80u);
-    case DType::F16: return first_nonfinite_bits<std::uint16_t>(p, n, 0x7C00u);
-    case DType::F32: return first_nonfinite_bits<std::uint32_t>(p, n, 0x7F800000u);
-    default: return kernels::kNoIndex;  // integers and Q8_0 bytes have no NaN
+  const FormatRow& r = format_of(t);
+  if (r.nonfinite_mask == 0) return kernels::kNoIndex;
+  switch (r.block_bytes) {
+    case 1: return first_nonfinite_bits<std::uint8_t>(p, n, static_cast<std::uint8_t>(r.nonfinite_mask));
+    case 2: return first_nonfinite_bits<std::uint16_t>(p, n, static_cast<std::uint16_t>(r.nonfinite_mask));
+    case 4: return first_nonfinite_bits<std::uint32_t>(p, n, r.nonfinite_mask);
+    default: throw std::logic_error(std::string(r.name) + ": a NaN mask needs 1-, 2- or 4-byte elements");
   }
 }
 
@@ -110,9 +117,15 @@ Plan plan_write(const BufferImpl& buf, std::size_t elem_offset, std::size_t src_
   p.src_bytes = src_bytes;
   if (!can_convert(src, dst)) {
     throw std::invalid_argument(std::string("cannot convert ") + dtype_name(src) + " to " + dtype_name(dst) +
-                                " (supported: same dtype, bf16/f16 -> f32, f32/f16/bf16 -> q8_0)");
+                                " (supported: " + conversions_text() + ")");
   }
-  p.op = src == dst ? Op::Raw : (dst == DType::Q8_0 ? Op::Quantize : Op::Decode);
+  // Into float32 the source's to_f32 writes; into any other format, that
+  // format's encode (format_kernels.h).
+  p.op = src == dst ? Op::Raw : (dst == DType::F32 ? Op::Decode : Op::Encode);
+  if (p.op != Op::Raw && dtype_block_elems(src) > 1) {
+    throw std::invalid_argument(std::string("cannot convert ") + dtype_name(src) + " to " + dtype_name(dst) +
+                                ": conversions read plain elements, not blocks");
+  }
   if (dtype_block_elems(src) > 1) {
     const std::size_t bb = dtype_block_bytes(src);
     if (src_bytes % bb != 0) {
@@ -141,14 +154,6 @@ Plan plan_write(const BufferImpl& buf, std::size_t elem_offset, std::size_t src_
   p.dst_off = element_byte_offset(dst, elem_offset);
   p.dst_len = element_byte_offset(dst, p.n_elems);
   return p;
-}
-
-kernels::SrcType src_type(DType t) {
-  switch (t) {
-    case DType::F16: return kernels::SrcType::F16;
-    case DType::BF16: return kernels::SrcType::BF16;
-    default: return kernels::SrcType::F32;
-  }
 }
 
 void atomic_min(std::atomic<std::size_t>& a, std::size_t v) {
@@ -755,14 +760,10 @@ UploadResult Backend::write(const UploadTarget& target, const UploadPlan& p, con
       break;
     }
     case Op::Decode:
-      if (src_dtype == DType::BF16) {
-        ops::bf16_to_f32(src, src_bytes, dst, p.dst_len);
-      } else {
-        ops::f16_to_f32(src, src_bytes, dst, p.dst_len);
-      }
+      ops::to_f32(src_dtype, src, src_bytes, dst, p.dst_len);
       break;
-    case Op::Quantize: {
-      const kernels::Q8Result r = ops::quantize_q8_0(src_type(src_dtype), src, src_bytes, dst, p.dst_len);
+    case Op::Encode: {
+      const kernels::EncodeResult r = ops::encode(p.dst_dtype, src_dtype, src, src_bytes, dst, p.dst_len);
       res.first_nonfinite = r.first_nonfinite;
       res.inf_scales = r.inf_scales;
       break;
@@ -804,29 +805,28 @@ UploadResult Backend::read_file(const UploadTarget& target, const UploadPlan& p,
   // Enough chunks that every thread gets work even for one expert's slice
   // (512 x 2048 elements), few enough that each pread stays large.
   const std::size_t threads = static_cast<std::size_t>(get_num_threads());
-  std::size_t chunk = (p.n_elems / (4 * threads) + kQ8BlockElems - 1) / kQ8BlockElems * kQ8BlockElems;
-  chunk = std::min(kConvertChunkElems, std::max(kMinConvertChunkElems, chunk));
+  // Chunks of whole destination blocks (and of 32 elements, as always).
+  const std::size_t align = std::lcm(kMinChunkAlignElems, dtype_block_elems(p.dst_dtype));
+  std::size_t chunk = (p.n_elems / (4 * threads) + align - 1) / align * align;
+  chunk = std::min(kConvertChunkElems, std::max(kMinConvertChunkElems, chunk)) / align * align;
+  // The row's kernels, looked up (and checked) once per upload.
+  const kernels::ToF32Fn decode_fn = p.op == Op::Decode ? kernels::to_f32_kernel(src_dtype) : nullptr;
+  const kernels::EncodeFn encode_fn = p.op == Op::Encode ? kernels::encode_kernel(p.dst_dtype, src_dtype) : nullptr;
+  const std::size_t dst_block = dtype_block_elems(p.dst_dtype);
   parallel_for(p.n_elems, chunk, [&](std::size_t b, std::size_t e) {
     // One small staging chunk per thread, reused across calls.
     const std::size_t len = (e - b) * p.src_elem;
     std::uint8_t* staging = staging_buffer(len);
     pread_full(fd, staging, len, file_offset + b * p.src_elem);
-    const auto* s16 = reinterpret_cast<const std::uint16_t*>(staging);
     if (p.op == Op::Decode) {
       if (check_finite) {
         const std::size_t i = first_nonfinite(src_dtype, staging, e - b);
         if (i != kernels::kNoIndex) atomic_min(first_bad, b + i);
       }
-      float* out = reinterpret_cast<float*>(dst) + b;
-      if (src_dtype == DType::BF16) {
-        kernels::bf16_to_f32_range(s16, out, e - b);
-      } else {
-        kernels::f16_to_f32_range(s16, out, e - b);
-      }
+      decode_fn(staging, reinterpret_cast<float*>(dst) + b, e - b);
     } else {
-      const kernels::Q8Result r =
-          kernels::quantize_q8_0_range(src_type(src_dtype), staging, dst + element_byte_offset(DType::Q8_0, b),
-                                      (e - b) / kQ8BlockElems);
+      const kernels::EncodeResult r =
+          encode_fn(src_dtype, staging, dst + element_byte_offset(p.dst_dtype, b), (e - b) / dst_block);
       inf_scales.fetch_add(r.inf_scales);
       if (r.first_nonfinite != kernels::kNoIndex) atomic_min(first_bad, b + r.first_nonfinite);
     }

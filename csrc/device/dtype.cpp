@@ -64,12 +64,38 @@ std::int64_t storage_last_dim(DType t, std::int64_t last) {
   return last / static_cast<std::int64_t>(r.block_elems) * static_cast<std::int64_t>(r.block_bytes);
 }
 
+StorageElem storage_elem(DType t) {
+  const FormatRow& r = row(t);
+  if (r.block_elems != 1) return {ElemKind::UInt, 8};
+  const std::string np = r.numpy;
+  const int bits = static_cast<int>(r.block_bytes * 8);
+  if (np == "float16" || np == "float32" || np == "float64") return {ElemKind::Float, bits};
+  if (np == "bfloat16") return {ElemKind::BFloat, bits};
+  if (np.rfind("int", 0) == 0) return {ElemKind::Int, bits};
+  return {ElemKind::UInt, bits};
+}
+
 bool can_convert(DType src, DType dst) {
-  if (src == dst) return true;
-  const bool half = src == DType::BF16 || src == DType::F16;
-  if (dst == DType::F32) return half;
-  if (dst == DType::Q8_0) return half || src == DType::F32;
-  return false;
+  row(src);
+  return src == dst || (row(dst).sources & dtype_bit(src)) != 0;
+}
+
+std::string conversions_text() {
+  std::string s = "same dtype";
+  for (int i = 0; i < kNumDTypes; ++i) {
+    const FormatRow& d = kFormats[i];
+    if (d.sources == 0) continue;
+    s += ", ";
+    bool first = true;
+    for (int j = 0; j < kNumDTypes; ++j) {
+      if ((d.sources & dtype_bit(static_cast<DType>(j))) == 0) continue;
+      if (!first) s += "/";
+      s += kFormats[j].name;
+      first = false;
+    }
+    s += std::string(" -> ") + d.name;
+  }
+  return s;
 }
 
 std::size_t shape_numel(const std::vector<std::int64_t>& shape) {

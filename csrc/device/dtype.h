@@ -29,9 +29,24 @@ std::size_t dtype_storage_bytes(DType t, std::size_t n);
 // for plain dtypes, bytes for block formats (gguf-py's Q8_0 layout).
 std::int64_t storage_last_dim(DType t, std::int64_t last);
 
+// How numpy and DLPack see one stored element of `t`: its kind and width.
+// Block formats and elements no array library types (float8) are unsigned
+// bytes / integers of the element's width; Python re-views them with the
+// format's numpy dtype.
+enum class ElemKind { Float, BFloat, Int, UInt };
+struct StorageElem {
+  ElemKind kind;
+  int bits;
+};
+StorageElem storage_elem(DType t);
+
 // Whether a write can turn `src` data into a `dst` buffer natively: the same
-// dtype (raw copy), bf16/f16 -> f32 (decode), f32/f16/bf16 -> q8_0 (quantize).
+// dtype (raw copy), or `src` among the `sources` of dst's row in the format
+// table (f32: decoded by the source's to_f32; others: dst's encode).
 bool can_convert(DType src, DType dst);
+// The supported conversions, for error messages
+// ("same dtype, f16/bf16 -> f32, f32/f16/bf16 -> q8_0").
+std::string conversions_text();
 
 // Element count of `shape`: every dimension >= 0, product without overflow
 // (std::invalid_argument / std::overflow_error otherwise).

@@ -34,10 +34,14 @@ std::unique_ptr<Backend> open_cuda(int index, std::string* why) {
 #endif
 }
 
+// Device.default() order: Metal (Apple), then CUDA (a GPU with its driver
+// and NVRTC), then the host, which always opens. CUDA is told where NVRTC
+// and its kernel cache are before it opens (hf2q/_cuda.py).
+//  kind     indexed  default_rank  prepare  open
 const BackendEntry kBackends[] = {
-    {"host", false, open_host},
-    {"metal", false, open_metal},
-    {"cuda", true, open_cuda},
+    {"host", false, 2, false, open_host},
+    {"metal", false, 0, false, open_metal},
+    {"cuda", true, 1, true, open_cuda},
 };
 
 }  // namespace

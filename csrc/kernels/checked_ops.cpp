@@ -1,8 +1,5 @@
 #include "checked_ops.h"
 
-#include "kquants.h"
-
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -41,23 +38,6 @@ void decode_checks(const void* src, std::size_t src_bytes, void* dst, std::size_
   require_disjoint(src, src_bytes, dst, dst_bytes);
 }
 
-kernels::BlockFormat block_format(const char* name) {
-  for (int i = 0; i < kernels::kNumBlockFormats; ++i) {
-    const auto f = static_cast<kernels::BlockFormat>(i);
-    if (std::strcmp(kernels::block_geometry(f).name, name) == 0) return f;
-  }
-  fail(std::string("no quantizer for format '") + name + "'");
-}
-
-std::size_t src_elem_size(kernels::SrcType type) {
-  switch (type) {
-    case kernels::SrcType::F32: return 4;
-    case kernels::SrcType::F16:
-    case kernels::SrcType::BF16: return 2;
-  }
-  fail("unknown source type");
-}
-
 }  // namespace
 
 bool checked_mul(std::size_t a, std::size_t b, std::size_t* out) {
@@ -85,9 +65,13 @@ void f16_to_f32(const void* src, std::size_t src_bytes, void* dst, std::size_t d
   kernels::f16_to_f32(static_cast<const std::uint16_t*>(src), static_cast<float*>(dst), src_bytes / 2);
 }
 
-kernels::Q8Result quantize_q8_0(kernels::SrcType type, const void* src, std::size_t src_bytes,
+kernels::Q8Result quantize_q8_0(DType type, const void* src, std::size_t src_bytes,
                                 void* dst, std::size_t dst_bytes) {
-  const std::size_t elem = src_elem_size(type);
+  const int t = static_cast<int>(type);
+  if (t < 0 || t >= kNumDTypes || (format_of(DType::Q8_0).sources & dtype_bit(type)) == 0) {
+    fail("unknown source type");
+  }
+  const std::size_t elem = kFormats[t].block_bytes;
   if (src_bytes % elem != 0) fail("src byte length is not a multiple of the element size");
   const std::size_t numel = src_bytes / elem;
   const std::size_t need = q8_0_bytes(numel);
@@ -116,45 +100,61 @@ void dequantize_q8_0(const void* src, std::size_t src_bytes, void* dst, std::siz
   kernels::dequantize_q8_0(static_cast<const std::uint8_t*>(src), static_cast<float*>(dst), nblocks);
 }
 
-kernels::Q8Result quantize_blocks(const char* format, kernels::SrcType type, const void* src,
-                                  std::size_t src_bytes, void* dst, std::size_t dst_bytes) {
-  const kernels::BlockFormat f = block_format(format);
-  const FormatRow& g = kernels::block_geometry(f);
-  const std::size_t elem = src_elem_size(type);
-  if (src_bytes % elem != 0) fail("src byte length is not a multiple of the element size");
-  const std::size_t numel = src_bytes / elem;
-  if (numel % g.block_elems != 0) {
-    fail(std::string(g.name) + " needs a multiple of " + std::to_string(g.block_elems) + " elements, got " +
-         std::to_string(numel));
+namespace {
+
+const FormatRow& device_row(DType t) {
+  const int i = static_cast<int>(t);
+  if (i < 0 || i >= kNumDTypes) fail("unknown dtype id " + std::to_string(i));
+  return kFormats[i];
+}
+
+// Elements in `bytes` of format `r` (whole blocks, checked).
+std::size_t elems_in(const FormatRow& r, std::size_t bytes, const char* what) {
+  if (bytes % r.block_bytes != 0) {
+    fail(std::string(what) + " holds " + std::to_string(bytes) + " bytes: not a whole number of " + r.name +
+         " blocks of " + std::to_string(r.block_bytes));
   }
-  const std::size_t nblocks = numel / g.block_elems;
-  const std::size_t need = nblocks * g.block_bytes;  // < src_bytes: cannot overflow
+  std::size_t n = 0;
+  if (!checked_mul(bytes / r.block_bytes, r.block_elems, &n)) fail("element count overflows");
+  return n;
+}
+
+// Alignment the kernels read `r`'s data at: its element (plain formats), or 1.
+std::size_t read_align(const FormatRow& r) { return r.block_elems == 1 ? r.block_bytes : 1; }
+
+}  // namespace
+
+void to_f32(DType src_type, const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes) {
+  const FormatRow& s = device_row(src_type);
+  const std::size_t n = elems_in(s, src_bytes, "src");
+  std::size_t need = 0;
+  if (!checked_mul(n, sizeof(float), &need)) fail("output size overflows");
+  if (dst_bytes != need) {
+    fail("out holds " + std::to_string(dst_bytes / 4) + " float32 elements, expected " + std::to_string(n));
+  }
+  require_aligned(src, read_align(s), "src");
+  require_aligned(dst, 4, "out");
+  require_disjoint(src, src_bytes, dst, dst_bytes);
+  kernels::to_f32(src_type, static_cast<const std::uint8_t*>(src), static_cast<float*>(dst), n);
+}
+
+kernels::EncodeResult encode(DType dst_type, DType src_type, const void* src, std::size_t src_bytes, void* dst,
+                             std::size_t dst_bytes) {
+  const FormatRow& s = device_row(src_type);
+  const FormatRow& d = device_row(dst_type);
+  const std::size_t n = elems_in(s, src_bytes, "src");
+  if (n % d.block_elems != 0) {
+    fail(std::string(d.name) + " needs a multiple of " + std::to_string(d.block_elems) + " elements, got " +
+         std::to_string(n));
+  }
+  const std::size_t need = n / d.block_elems * d.block_bytes;  // checked below against dst_bytes
+  if (n / d.block_elems != 0 && need / d.block_bytes != n / d.block_elems) fail("output size overflows");
   if (dst_bytes != need) {
     fail("out holds " + std::to_string(dst_bytes) + " bytes, expected " + std::to_string(need));
   }
-  require_aligned(src, elem, "src");
+  require_aligned(src, read_align(s), "src");
   require_disjoint(src, src_bytes, dst, dst_bytes);
-  return kernels::quantize_blocks(f, type, src, static_cast<std::uint8_t*>(dst), nblocks);
-}
-
-void dequantize_blocks(const char* format, const void* src, std::size_t src_bytes, void* dst,
-                       std::size_t dst_bytes) {
-  const kernels::BlockFormat f = block_format(format);
-  const FormatRow& g = kernels::block_geometry(f);
-  if (src_bytes % g.block_bytes != 0) {
-    fail(std::string(g.name) + " data holds " + std::to_string(src_bytes) + " bytes: not a multiple of " +
-         std::to_string(g.block_bytes));
-  }
-  const std::size_t nblocks = src_bytes / g.block_bytes;
-  std::size_t need = 0;
-  if (!checked_mul(nblocks, g.block_elems * sizeof(float), &need)) fail("output size overflows");
-  if (dst_bytes != need) {
-    fail("out holds " + std::to_string(dst_bytes / 4) + " float32 elements, expected " +
-         std::to_string(nblocks * g.block_elems));
-  }
-  require_aligned(dst, 4, "out");
-  require_disjoint(src, src_bytes, dst, dst_bytes);
-  kernels::dequantize_blocks(f, static_cast<const std::uint8_t*>(src), static_cast<float*>(dst), nblocks);
+  return kernels::encode(dst_type, src_type, src, static_cast<std::uint8_t*>(dst), n / d.block_elems);
 }
 
 }  // namespace hf2q::ops

@@ -13,15 +13,17 @@ namespace hf2q::ops {
 
 void bf16_to_f32(const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes);
 void f16_to_f32(const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes);
-kernels::Q8Result quantize_q8_0(kernels::SrcType type, const void* src, std::size_t src_bytes,
+kernels::Q8Result quantize_q8_0(DType type, const void* src, std::size_t src_bytes,
                                 void* dst, std::size_t dst_bytes);
 void dequantize_q8_0(const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes);
-// Q4_0 / Q4_K / Q5_K / Q6_K (kquants.h), checked like the Q8_0 pair. The
-// name is the format's row name ("q4_k"); unknown names throw.
-kernels::Q8Result quantize_blocks(const char* format, kernels::SrcType type, const void* src,
-                                  std::size_t src_bytes, void* dst, std::size_t dst_bytes);
-void dequantize_blocks(const char* format, const void* src, std::size_t src_bytes, void* dst,
-                       std::size_t dst_bytes);
+
+// Any device format through its row's kernels (the device write path): the
+// `src_bytes` of `src_type` data decoded to float32 into `dst_bytes`, or
+// encoded into `dst_type`; sizes are checked to match exactly, `src`
+// aligned to its element, the ranges disjoint.
+void to_f32(DType src_type, const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes);
+kernels::EncodeResult encode(DType dst_type, DType src_type, const void* src, std::size_t src_bytes, void* dst,
+                             std::size_t dst_bytes);
 
 // Overflow-checked helpers shared with the device layer.
 bool checked_mul(std::size_t a, std::size_t b, std::size_t* out);

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels_internal.h"
@@ -90,7 +92,7 @@ void f16_to_f32_range(const std::uint16_t* src, float* dst, std::size_t n) {
   }
 }
 
-Q8Result quantize_q8_0_range(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
+Q8Result quantize_q8_0_range(DType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
   switch (active_isa()) {
 #if defined(HF2Q_HAVE_AVX2)
     case Isa::Avx2: return avx2::quantize_q8_0(type, src, dst, nblocks);
@@ -122,27 +124,57 @@ void f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
   parallel_for(n, kDecodeGrain, [&](std::size_t b, std::size_t e) { f16_to_f32_range(src + b, dst + b, e - b); });
 }
 
-Q8Result quantize_q8_0(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
-  const std::size_t elem_size = type == SrcType::F32 ? 4 : 2;
+namespace {
+
+// The blocks of `src_type` elements at `src` encoded by `fn` into `dst`, in
+// parallel chunks; the first non-finite index is the smallest over all
+// chunks (deterministic for any thread count).
+EncodeResult encode_parallel(EncodeFn fn, DType dst_type, DType src_type, const void* src, std::uint8_t* dst,
+                             std::size_t nblocks) {
+  const FormatRow& d = kFormats[static_cast<int>(dst_type)];
+  const std::size_t in_block = d.block_elems * kFormats[static_cast<int>(src_type)].block_bytes;
+  const std::size_t grain = std::max<std::size_t>(1, kDecodeGrain / d.block_elems);
   const auto* base = static_cast<const std::uint8_t*>(src);
   std::atomic<std::size_t> first_bad{kNoIndex};
   std::atomic<std::size_t> inf_scales{0};
-  parallel_for(nblocks, kQuantGrain, [&](std::size_t b, std::size_t e) {
-    const Q8Result r = quantize_q8_0_range(type, base + b * kQ8BlockElems * elem_size,
-                                           dst + b * kQ8BlockBytes, e - b);
+  parallel_for(nblocks, grain, [&](std::size_t b, std::size_t e) {
+    const EncodeResult r = fn(src_type, base + b * in_block, dst + b * d.block_bytes, e - b);
     inf_scales.fetch_add(r.inf_scales, std::memory_order_relaxed);
     if (r.first_nonfinite != kNoIndex) {
-      // Keep the smallest index over all chunks: deterministic for any thread count.
-      const std::size_t idx = b * kQ8BlockElems + r.first_nonfinite;
+      const std::size_t idx = b * d.block_elems + r.first_nonfinite;
       std::size_t cur = first_bad.load();
       while (idx < cur && !first_bad.compare_exchange_weak(cur, idx)) {
       }
     }
   });
-  Q8Result out;
+  EncodeResult out;
   out.first_nonfinite = first_bad.load();
   out.inf_scales = inf_scales.load();
   return out;
+}
+
+}  // namespace
+
+Q8Result quantize_q8_0(DType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
+  return encode_parallel(encode_kernel(DType::Q8_0, type), DType::Q8_0, type, src, dst, nblocks);
+}
+
+void to_f32(DType type, const std::uint8_t* src, float* dst, std::size_t n) {
+  const ToF32Fn fn = to_f32_kernel(type);
+  const FormatRow& r = kFormats[static_cast<int>(type)];
+  if (n % r.block_elems != 0) {
+    throw std::invalid_argument(std::string(r.name) + " decodes whole blocks of " + std::to_string(r.block_elems));
+  }
+  // Chunks of whole blocks, kDecodeGrain elements or more.
+  const std::size_t nblocks = n / r.block_elems;
+  const std::size_t grain = std::max<std::size_t>(1, kDecodeGrain / r.block_elems);
+  parallel_for(nblocks, grain, [&](std::size_t b, std::size_t e) {
+    fn(src + b * r.block_bytes, dst + b * r.block_elems, (e - b) * r.block_elems);
+  });
+}
+
+EncodeResult encode(DType dst_type, DType src_type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
+  return encode_parallel(encode_kernel(dst_type, src_type), dst_type, src_type, src, dst, nblocks);
 }
 
 void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks) {

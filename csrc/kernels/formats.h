@@ -17,10 +17,26 @@
 
 namespace hf2q {
 
-// Native ids of the formats a device buffer can hold (stable: Python and
-// the kernels' callers use them).
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5 };
-inline constexpr int kNumDTypes = 6;
+// Native ids of the formats a device buffer can hold: the one enum of
+// element types (stable: Python and the kernels' callers use them). The
+// kernels take these too (a quantizer's source type is a DType).
+enum class DType : int {
+  F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5, Q4_0 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9
+};
+inline constexpr int kNumDTypes = 10;
+
+// Bit of `t` in a set of dtypes (FormatRow::sources).
+constexpr std::uint32_t dtype_bit(DType t) { return 1u << static_cast<int>(t); }
+
+namespace kernels {
+// What the code does with a device format (kernels/format_kernels.h): its
+// CPU kernels and the names of its GPU kernels. Each is defined next to the
+// format's kernels; the existing formats' in kernels/format_kernels.cpp.
+struct FormatKernels;
+extern const FormatKernels kF32Kernels, kF16Kernels, kBF16Kernels, kU8Kernels, kI32Kernels, kQ8_0Kernels;
+// kquants.cpp
+extern const FormatKernels kQ4_0Kernels, kQ4_KKernels, kQ5_KKernels, kQ6_KKernels;
+}  // namespace kernels
 
 struct FormatRow {
   const char* name;         // hf2q's name ("bf16", "q8_0")
@@ -30,16 +46,33 @@ struct FormatRow {
   const char* numpy;        // numpy / ml_dtypes storage dtype name of one element ("" for block formats)
   const char* safetensors;  // safetensors dtype code, "" if the format is not a file dtype
   int gguf_type;            // ggml type id, -1 if GGUF has none
+  // Device formats only (file-only rows leave them 0 / null):
+  // An element whose stored bits b have (b & nonfinite_mask) == nonfinite_mask
+  // is NaN or Inf (IEEE: the exponent field); 0: no element is (integers,
+  // block formats, whose quantizers check their input instead).
+  std::uint32_t nonfinite_mask = 0;
+  // The dtypes (dtype_bit) a device write converts into this format besides
+  // itself: into f32 by the source's to_f32, into any other format by this
+  // format's encode (format_kernels.h). can_convert reads nothing else.
+  std::uint32_t sources = 0;
+  const kernels::FormatKernels* kernels = nullptr;
 };
+
+inline constexpr std::uint32_t kHalfSources = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
 
 // Device formats first, in DType order (kFormats[id] is the row of id).
 inline constexpr FormatRow kFormats[] = {
-    {"f32", 0, 1, 4, "float32", "F32", 0},
-    {"f16", 1, 1, 2, "float16", "F16", 1},
-    {"bf16", 2, 1, 2, "bfloat16", "BF16", 30},
-    {"u8", 3, 1, 1, "uint8", "U8", -1},
-    {"i32", 4, 1, 4, "int32", "I32", 26},
-    {"q8_0", 5, 32, 34, "", "", 8},
+    {"f32", 0, 1, 4, "float32", "F32", 0, 0x7F800000u, kHalfSources, &kernels::kF32Kernels},
+    {"f16", 1, 1, 2, "float16", "F16", 1, 0x7C00u, 0, &kernels::kF16Kernels},
+    {"bf16", 2, 1, 2, "bfloat16", "BF16", 30, 0x7F80u, 0, &kernels::kBF16Kernels},
+    {"u8", 3, 1, 1, "uint8", "U8", -1, 0, 0, &kernels::kU8Kernels},
+    {"i32", 4, 1, 4, "int32", "I32", 26, 0, 0, &kernels::kI32Kernels},
+    {"q8_0", 5, 32, 34, "", "", 8, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ8_0Kernels},
+    // ggml's 4/5/6-bit block formats (docs/KQUANTS.md).
+    {"q4_0", 6, 32, 18, "", "", 2, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ4_0Kernels},
+    {"q4_k", 7, 256, 144, "", "", 12, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ4_KKernels},
+    {"q5_k", 8, 256, 176, "", "", 13, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ5_KKernels},
+    {"q6_k", 9, 256, 210, "", "", 14, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ6_KKernels},
     // Checkpoint-only dtypes (read and validated, never a device buffer).
     {"bool", -1, 1, 1, "bool", "BOOL", -1},
     {"i8", -1, 1, 1, "int8", "I8", 24},
@@ -58,12 +91,6 @@ inline constexpr FormatRow kFormats[] = {
     {"f4", -1, 2, 1, "", "F4", -1},
     {"f6_e2m3", -1, 4, 3, "", "F6_E2M3", -1},
     {"f6_e3m2", -1, 4, 3, "", "F6_E3M2", -1},
-    // ggml's 4/5/6-bit block formats (docs/KQUANTS.md): hf2q.ops quantizes
-    // to them and dequantizes them; not device formats yet.
-    {"q4_0", -1, 32, 18, "", "", 2},
-    {"q4_k", -1, 256, 144, "", "", 12},
-    {"q5_k", -1, 256, 176, "", "", 13},
-    {"q6_k", -1, 256, 210, "", "", 14},
 };
 inline constexpr std::size_t kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
 
@@ -84,5 +111,18 @@ inline constexpr std::size_t kQ8BlockBytes = format_of(DType::Q8_0).block_bytes;
 static_assert(kQ8BlockElems == 32 && kQ8BlockBytes == 34, "ggml block_q8_0: fp16 scale + 32 int8");
 static_assert(format_of(DType::Q8_0).id == static_cast<int>(DType::Q8_0), "device rows in DType order");
 static_assert(format_of(DType::I32).id == static_cast<int>(DType::I32), "device rows in DType order");
+
+// Every device row: in DType order, converting only from device formats.
+// (That each points at its kernels is checked where they are used, at run
+// time: comparing an extern object's address with null is not a constant
+// expression for every compiler, e.g. GCC under ASan.)
+constexpr bool device_rows_complete() {
+  for (int i = 0; i < kNumDTypes; ++i) {
+    const FormatRow& r = kFormats[i];
+    if (r.id != i || (r.sources >> kNumDTypes) != 0) return false;
+  }
+  return kNumDTypes < static_cast<int>(kNumFormats) ? kFormats[kNumDTypes].id == -1 : true;
+}
+static_assert(device_rows_complete(), "kFormats[0, kNumDTypes) are the device rows, in DType order");
 
 }  // namespace hf2q

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "format_kernels.h"
 #include "formats.h"
 
 namespace hf2q::kernels {
@@ -16,8 +17,6 @@ namespace hf2q::kernels {
 // Q8_0 block geometry comes from the format table (formats.h).
 using hf2q::kQ8BlockBytes;
 using hf2q::kQ8BlockElems;
-// Returned by the quantizers when every element was finite.
-constexpr std::size_t kNoIndex = static_cast<std::size_t>(-1);
 
 enum class Isa { Scalar = 0, Avx2 = 1, Neon = 2 };
 
@@ -30,23 +29,18 @@ const char* isa_name(Isa isa);
 void set_simd_enabled(bool enabled);
 bool simd_enabled();
 
-struct Q8Result {
-  // Smallest flat element index of a NaN/Inf input, or kNoIndex.
-  std::size_t first_nonfinite = kNoIndex;
-  // Blocks whose f16 scale overflowed to +Inf (amax >= 8,321,040).
-  std::size_t inf_scales = 0;
-};
-
-// Source element types of the quantizers and decoders.
-enum class SrcType { F32 = 0, F16 = 1, BF16 = 2 };
+// The Q8_0 quantizer's result (first non-finite index, +Inf scales).
+using Q8Result = EncodeResult;
 
 void bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
 void f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
 
-// Quantize `nblocks` blocks of 32 elements of type `type` at `src` into
-// nblocks * 34 bytes at `dst`. On a non-finite element the block holding it
-// and everything after it in that worker's range may be left unwritten.
-Q8Result quantize_q8_0(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks);
+// Quantize `nblocks` blocks of 32 elements of `type` (a source of the q8_0
+// row: f32, f16, bf16) at `src` into nblocks * 34 bytes at `dst`; another
+// type throws std::invalid_argument. On a non-finite element the block
+// holding it and everything after it in that worker's range may be left
+// unwritten.
+Q8Result quantize_q8_0(DType type, const void* src, std::uint8_t* dst, std::size_t nblocks);
 
 void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks);
 
@@ -58,8 +52,20 @@ float f16_bits_to_f32(std::uint16_t h);
 // backends that already run inside a worker, and by the arm64 test driver.
 void bf16_to_f32_range(const std::uint16_t* src, float* dst, std::size_t n);
 void f16_to_f32_range(const std::uint16_t* src, float* dst, std::size_t n);
-Q8Result quantize_q8_0_range(SrcType type, const void* src, std::uint8_t* dst,
+Q8Result quantize_q8_0_range(DType type, const void* src, std::uint8_t* dst,
                              std::size_t nblocks);
 void dequantize_q8_0_range(const std::uint8_t* src, float* dst, std::size_t nblocks);
+
+// Any device format, through its row's kernels (format_kernels.h), thread-
+// parallel: `n` elements of `type` to float32; `nblocks` blocks of
+// `src_type` elements encoded into `dst_type`. std::invalid_argument for a
+// format without that kernel or a source the row does not list.
+void to_f32(DType type, const std::uint8_t* src, float* dst, std::size_t n);
+EncodeResult encode(DType dst_type, DType src_type, const void* src, std::uint8_t* dst, std::size_t nblocks);
+// The row's kernels, checked (std::invalid_argument naming what is missing).
+using ToF32Fn = void (*)(const std::uint8_t*, float*, std::size_t);
+using EncodeFn = EncodeResult (*)(DType, const void*, std::uint8_t*, std::size_t);
+ToF32Fn to_f32_kernel(DType type);
+EncodeFn encode_kernel(DType dst_type, DType src_type);
 
 }  // namespace hf2q::kernels

@@ -114,7 +114,7 @@ inline std::uint16_t load_le16(const std::uint8_t* p) {
 namespace scalar {
 void bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
 void f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
-Q8Result quantize_q8_0(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks);
+Q8Result quantize_q8_0(DType type, const void* src, std::uint8_t* dst, std::size_t nblocks);
 void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks);
 }  // namespace scalar
 
@@ -122,7 +122,7 @@ void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks);
 namespace avx2 {
 void bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
 void f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
-Q8Result quantize_q8_0(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks);
+Q8Result quantize_q8_0(DType type, const void* src, std::uint8_t* dst, std::size_t nblocks);
 void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks);
 }  // namespace avx2
 #endif
@@ -131,7 +131,7 @@ void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks);
 namespace neon {
 void bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
 void f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
-Q8Result quantize_q8_0(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks);
+Q8Result quantize_q8_0(DType type, const void* src, std::uint8_t* dst, std::size_t nblocks);
 void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks);
 }  // namespace neon
 #endif

@@ -5,12 +5,11 @@
 // a sum, or a/b into a*(1/b), changes bytes.
 #include "kquants.h"
 
-#include <atomic>
+#include <stdexcept>
 #include <cmath>
 #include <cstring>
 
 #include "kernels_internal.h"
-#include "thread_pool.h"
 
 namespace hf2q::kernels {
 namespace {
@@ -299,16 +298,27 @@ void qk_affine_superblock(const float* x, std::uint8_t* y, std::uint8_t* L, int 
 }  // namespace
 
 namespace {
-constexpr const FormatRow* kRows[kNumBlockFormats] = {&format_named("q4_0"), &format_named("q4_k"),
-                                                      &format_named("q5_k"), &format_named("q6_k")};
+constexpr int kNumBlockFormats = 4;
+// Index of a format of this file in the tables below.
+constexpr int index_of(BlockFormat f) { return static_cast<int>(f) - static_cast<int>(DType::Q4_0); }
+static_assert(static_cast<int>(DType::Q6_K) - static_cast<int>(DType::Q4_0) == kNumBlockFormats - 1,
+              "Q4_0, Q4_K, Q5_K, Q6_K are consecutive DTypes");
 // The layouts below hard-code these offsets (ggml's block_q4_0 / _K structs).
-static_assert(kRows[0]->block_elems == 32 && kRows[0]->block_bytes == 18, "block_q4_0: f16 d + 16 bytes");
-static_assert(kRows[1]->block_elems == 256 && kRows[1]->block_bytes == 144, "block_q4_K: 2 f16 + 12 + 128");
-static_assert(kRows[2]->block_elems == 256 && kRows[2]->block_bytes == 176, "block_q5_K: 2 f16 + 12 + 32 + 128");
-static_assert(kRows[3]->block_elems == 256 && kRows[3]->block_bytes == 210, "block_q6_K: 128 + 64 + 16 + f16");
-}  // namespace
+static_assert(format_of(DType::Q4_0).block_elems == 32 && format_of(DType::Q4_0).block_bytes == 18,
+              "block_q4_0: f16 d + 16 bytes");
+static_assert(format_of(DType::Q4_K).block_elems == 256 && format_of(DType::Q4_K).block_bytes == 144,
+              "block_q4_K: 2 f16 + 12 + 128");
+static_assert(format_of(DType::Q5_K).block_elems == 256 && format_of(DType::Q5_K).block_bytes == 176,
+              "block_q5_K: 2 f16 + 12 + 32 + 128");
+static_assert(format_of(DType::Q6_K).block_elems == 256 && format_of(DType::Q6_K).block_bytes == 210,
+              "block_q6_K: 128 + 64 + 16 + f16");
 
-const FormatRow& block_geometry(BlockFormat f) { return *kRows[static_cast<int>(f)]; }
+const FormatRow& block_geometry(BlockFormat f) {
+  const int i = index_of(f);
+  if (i < 0 || i >= kNumBlockFormats) throw std::invalid_argument("not a k-quant format");
+  return format_of(f);
+}
+}  // namespace
 
 // ---------------------------------------------------------------- Q4_0
 // Block: f16 d, then 16 bytes; byte j holds element j (low nibble) and
@@ -543,40 +553,39 @@ std::size_t inf_scales_of(BlockFormat f, const std::uint8_t* b) {
     case BlockFormat::Q4_K:
     case BlockFormat::Q5_K: return is_inf_half(load_le16(b)) || is_inf_half(load_le16(b + 2)) ? 1 : 0;
     case BlockFormat::Q6_K: return is_inf_half(load_le16(b + 208)) ? 1 : 0;
+    default: break;
   }
   return 0;
 }
 
-// Work split: about 64 KiB of float32 per chunk.
-constexpr std::size_t kElemsPerChunk = 1u << 14;
-
 }  // namespace
 
-Q8Result quantize_blocks_range(BlockFormat f, SrcType type, const void* src, std::uint8_t* dst,
+EncodeResult quantize_blocks_range(BlockFormat f, DType type, const void* src, std::uint8_t* dst,
                                std::size_t nblocks) {
   const FormatRow& g = block_geometry(f);
-  const RowQuant quant = kQuant[static_cast<int>(f)];
+  const RowQuant quant = kQuant[index_of(f)];
   // Work in runs of 256 values (one k-quant block, eight Q4_0 blocks):
   // widen, check, quantize.
   const std::size_t per_run = kQK / g.block_elems;
-  Q8Result result;
+  EncodeResult result;
   float x[kQK];
   for (std::size_t b = 0; b < nblocks; b += per_run) {
     const std::size_t nb = nblocks - b < per_run ? nblocks - b : per_run;
     const std::size_t base = b * g.block_elems;
     const std::size_t count = nb * g.block_elems;
     switch (type) {
-      case SrcType::F32: std::memcpy(x, static_cast<const float*>(src) + base, count * 4); break;
-      case SrcType::F16: {
+      case DType::F32: std::memcpy(x, static_cast<const float*>(src) + base, count * 4); break;
+      case DType::F16: {
         const auto* h = static_cast<const std::uint16_t*>(src) + base;
         for (std::size_t j = 0; j < count; ++j) x[j] = f16_to_f32_inline(h[j]);
         break;
       }
-      case SrcType::BF16: {
+      case DType::BF16: {
         const auto* h = static_cast<const std::uint16_t*>(src) + base;
         for (std::size_t j = 0; j < count; ++j) x[j] = bf16_to_f32_inline(h[j]);
         break;
       }
+      default: throw std::invalid_argument(std::string("no kernel encodes this dtype into ") + g.name);
     }
     std::uint32_t bad = 0;
     for (std::size_t j = 0; j < count; ++j) bad |= is_nonfinite_bits(f32_bits(x[j])) ? 1u : 0u;
@@ -598,37 +607,31 @@ Q8Result quantize_blocks_range(BlockFormat f, SrcType type, const void* src, std
 
 void dequantize_blocks_range(BlockFormat f, const std::uint8_t* src, float* dst, std::size_t nblocks) {
   const FormatRow& g = block_geometry(f);
-  kDequant[static_cast<int>(f)](src, dst, static_cast<std::int64_t>(nblocks * g.block_elems));
+  kDequant[index_of(f)](src, dst, static_cast<std::int64_t>(nblocks * g.block_elems));
 }
 
-Q8Result quantize_blocks(BlockFormat f, SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
-  const FormatRow& g = block_geometry(f);
-  const std::size_t elem_size = type == SrcType::F32 ? 4 : 2;
-  const auto* base = static_cast<const std::uint8_t*>(src);
-  std::atomic<std::size_t> first_bad{kNoIndex};
-  std::atomic<std::size_t> inf_scales{0};
-  parallel_for(nblocks, kElemsPerChunk / g.block_elems, [&](std::size_t b, std::size_t e) {
-    const Q8Result r = quantize_blocks_range(f, type, base + b * g.block_elems * elem_size, dst + b * g.block_bytes,
-                                             e - b);
-    inf_scales.fetch_add(r.inf_scales, std::memory_order_relaxed);
-    if (r.first_nonfinite != kNoIndex) {
-      const std::size_t idx = b * g.block_elems + r.first_nonfinite;
-      std::size_t cur = first_bad.load();
-      while (idx < cur && !first_bad.compare_exchange_weak(cur, idx)) {
-      }
-    }
-  });
-  Q8Result out;
-  out.first_nonfinite = first_bad.load();
-  out.inf_scales = inf_scales.load();
-  return out;
+// ---------------------------------------------------------------- rows
+// The kernels of the four rows in formats.h (format_kernels.h): decode to
+// float32, encode from f32 / f16 / bf16. No GPU kernels yet: the Metal and
+// CUDA backends refuse these formats with DeviceError.
+namespace {
+template <DType F>
+void to_f32_of(const std::uint8_t* src, float* dst, std::size_t n) {
+  dequantize_blocks_range(F, src, dst, n / format_of(F).block_elems);
 }
+template <DType F>
+EncodeResult encode_of(DType src_type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
+  return quantize_blocks_range(F, src_type, src, dst, nblocks);
+}
+}  // namespace
 
-void dequantize_blocks(BlockFormat f, const std::uint8_t* src, float* dst, std::size_t nblocks) {
-  const FormatRow& g = block_geometry(f);
-  parallel_for(nblocks, kElemsPerChunk / g.block_elems, [&](std::size_t b, std::size_t e) {
-    dequantize_blocks_range(f, src + b * g.block_bytes, dst + b * g.block_elems, e - b);
-  });
-}
+const FormatKernels kQ4_0Kernels{to_f32_of<DType::Q4_0>, nullptr, encode_of<DType::Q4_0>, nullptr, nullptr,
+                                 nullptr, nullptr, 0};
+const FormatKernels kQ4_KKernels{to_f32_of<DType::Q4_K>, nullptr, encode_of<DType::Q4_K>, nullptr, nullptr,
+                                 nullptr, nullptr, 0};
+const FormatKernels kQ5_KKernels{to_f32_of<DType::Q5_K>, nullptr, encode_of<DType::Q5_K>, nullptr, nullptr,
+                                 nullptr, nullptr, 0};
+const FormatKernels kQ6_KKernels{to_f32_of<DType::Q6_K>, nullptr, encode_of<DType::Q6_K>, nullptr, nullptr,
+                                 nullptr, nullptr, 0};
 
 }  // namespace hf2q::kernels

@@ -17,12 +17,8 @@
 
 namespace hf2q::kernels {
 
-// The formats implemented here (row-function tables are indexed by it).
-enum class BlockFormat : int { Q4_0 = 0, Q4_K = 1, Q5_K = 2, Q6_K = 3 };
-inline constexpr int kNumBlockFormats = 4;
-
-// The format's row in the format table (name, block_elems, block_bytes).
-const FormatRow& block_geometry(BlockFormat f);
+// The formats implemented here: DType::Q4_0 .. DType::Q6_K (consecutive).
+using BlockFormat = DType;
 
 // One row of `n` float32 values (a multiple of the block) on the calling
 // thread. Finite input only: callers check (quantize_blocks_range does).
@@ -40,14 +36,12 @@ void dequantize_row_q6_K(const std::uint8_t* x, float* y, std::int64_t n);
 // the calling thread. Each block is widened to float32 and checked before it
 // is quantized; on a NaN/Inf the result's first_nonfinite is that element's
 // index relative to `src` and the rest of the range is left unwritten.
-Q8Result quantize_blocks_range(BlockFormat f, SrcType type, const void* src, std::uint8_t* dst,
+// `type` must be f32, f16 or bf16 (the rows' sources; else invalid_argument).
+EncodeResult quantize_blocks_range(BlockFormat f, DType type, const void* src, std::uint8_t* dst,
                                std::size_t nblocks);
 void dequantize_blocks_range(BlockFormat f, const std::uint8_t* src, float* dst, std::size_t nblocks);
 
-// Thread-parallel versions (thread_pool.h); first_nonfinite is the smallest
-// bad index over the whole input, the same for any thread count.
-Q8Result quantize_blocks(BlockFormat f, SrcType type, const void* src, std::uint8_t* dst,
-                         std::size_t nblocks);
-void dequantize_blocks(BlockFormat f, const std::uint8_t* src, float* dst, std::size_t nblocks);
+// Thread-parallel use goes through the rows: kernels::encode / to_f32
+// (kernels.h) split whole blocks over the pool.
 
 }  // namespace hf2q::kernels

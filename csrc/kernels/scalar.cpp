@@ -56,28 +56,37 @@ void f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_f32_inline(src[i]);
 }
 
-Q8Result quantize_q8_0(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
+Q8Result quantize_q8_0(DType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
   switch (type) {
-    case SrcType::F32: {
+    case DType::F32: {
       const auto* s = static_cast<const float*>(src);
       return quantize_blocks(nblocks, dst, [s](std::size_t b, float* x) {
         std::memcpy(x, s + b * kQ8BlockElems, sizeof(float) * kQ8BlockElems);
       });
     }
-    case SrcType::BF16: {
+    case DType::BF16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
       return quantize_blocks(nblocks, dst, [s](std::size_t b, float* x) {
         for (std::size_t j = 0; j < kQ8BlockElems; ++j) x[j] = bf16_to_f32_inline(s[b * kQ8BlockElems + j]);
       });
     }
-    case SrcType::F16: {
+    case DType::F16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
       return quantize_blocks(nblocks, dst, [s](std::size_t b, float* x) {
         for (std::size_t j = 0; j < kQ8BlockElems; ++j) x[j] = f16_to_f32_inline(s[b * kQ8BlockElems + j]);
       });
     }
+    default: {
+      // Any other float source the q8_0 row lists: widened a block at a
+      // time by its own decode (to_f32_kernel throws for one without).
+      const ToF32Fn widen = to_f32_kernel(type);
+      const std::size_t in_block = kQ8BlockElems * kFormats[static_cast<int>(type)].block_bytes;
+      const auto* s = static_cast<const std::uint8_t*>(src);
+      return quantize_blocks(nblocks, dst, [s, widen, in_block](std::size_t b, float* x) {
+        widen(s + b * in_block, x, kQ8BlockElems);
+      });
+    }
   }
-  return {};
 }
 
 void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks) {

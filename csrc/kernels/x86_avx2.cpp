@@ -189,31 +189,33 @@ void f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
   decode(src, dst, n, widen_f16x8, f16_to_f32_inline);
 }
 
-Q8Result quantize_q8_0(SrcType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
+Q8Result quantize_q8_0(DType type, const void* src, std::uint8_t* dst, std::size_t nblocks) {
   switch (type) {
-    case SrcType::F32: {
+    case DType::F32: {
       const auto* s = static_cast<const float*>(src);
       return quantize_blocks(nblocks, dst, [s](std::size_t b, __m256* v) {
         const float* p = s + b * kQ8BlockElems;
         for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(p + 8 * k);
       });
     }
-    case SrcType::BF16: {
+    case DType::BF16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
       return quantize_blocks(nblocks, dst, [s](std::size_t b, __m256* v) {
         const std::uint16_t* p = s + b * kQ8BlockElems;
         for (int k = 0; k < 4; ++k) v[k] = widen_bf16x8(p + 8 * k);
       });
     }
-    case SrcType::F16: {
+    case DType::F16: {
       const auto* s = static_cast<const std::uint16_t*>(src);
       return quantize_blocks(nblocks, dst, [s](std::size_t b, __m256* v) {
         const std::uint16_t* p = s + b * kQ8BlockElems;
         for (int k = 0; k < 4; ++k) v[k] = widen_f16x8(p + 8 * k);
       });
     }
+    default: break;
   }
-  return {};
+  // Sources without a vector path: the scalar kernel (equal results).
+  return scalar::quantize_q8_0(type, src, dst, nblocks);
 }
 
 void dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nblocks) {

@@ -13,7 +13,6 @@ and NVRTC are loaded at run time; ``pip install "hf2q[cuda]"`` brings NVRTC).
 from __future__ import annotations
 
 import os
-import sys
 from stat import S_ISREG as _S_ISREG
 import threading
 import time
@@ -23,7 +22,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from . import _core, formats, reference
-from ._arrays import BF16, F16, F32, U8, as_byte_array
+from ._arrays import U8, as_byte_array
 from .errors import DeviceError, Hf2qError, NonFiniteError, ResidencyWarning, ScaleOverflowWarning
 
 __all__ = [
@@ -42,7 +41,13 @@ PathOrFd = Union[str, "os.PathLike[str]", int]
 #: storage holding ggml Q8_0 blocks of a tensor whose logical shape the buffer
 #: keeps (``byte_len = formats.nbytes(shape, "q8_0")``).
 DTYPES = formats.DEVICE_FORMATS
-_NUMPY_SRC = {F32: "f32", F16: "f16", BF16: "bf16", np.dtype(np.int32): "i32"}
+# Which format an ndarray of each numpy dtype uploads as: the device formats
+# with an element dtype, but u8 (uint8 arrays are raw bytes of `src_dtype`).
+_NUMPY_SRC = {
+    f.numpy_dtype: f.name
+    for f in map(formats.get, DTYPES)
+    if f.numpy_dtype is not None and f.numpy_dtype != U8
+}
 
 
 class FileReadError(Hf2qError, OSError):
@@ -293,29 +298,46 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
+@dataclass(frozen=True)
+class _Backend:
+    """A row of the native backend registry (csrc/device/registry.cpp)."""
+
+    kind: str
+    indexed: bool  # takes "kind:N"
+    default_rank: int  # Device.default() order; -1: never by default
+    prepare: bool  # hf2q._<kind>.prepare() runs before its first open
+
+
+_BACKENDS: dict[str, _Backend] = {row[0]: _Backend(*row) for row in _core.backend_registry()}
+_DEFAULT_ORDER: tuple[str, ...] = tuple(
+    b.kind for b in sorted(_BACKENDS.values(), key=lambda b: b.default_rank) if b.default_rank >= 0
+)
+
+
 def _device_spec(kind: str) -> str:
     """The canonical spec of ``kind``: ``"cuda"`` is ``"cuda:0"``; unknown
     kinds raise ValueError naming the registered ones."""
     if not isinstance(kind, str):
         raise TypeError(f"device kind must be a str, got {type(kind).__name__}")
     base, sep, index = kind.partition(":")
-    kinds = tuple(_core.backend_kinds())
-    if base not in kinds:
-        raise ValueError(f"unknown device kind {kind!r}; expected one of {', '.join(map(repr, kinds))}")
-    if base == "cuda":
+    if base not in _BACKENDS:
+        raise ValueError(f"unknown device kind {kind!r}; expected one of {', '.join(map(repr, _BACKENDS))}")
+    if _BACKENDS[base].indexed:
         if sep and not (index.isdigit() and index.isascii() and len(index) <= 6):
-            raise ValueError(f"bad device {kind!r}: expected 'cuda' or 'cuda:N' with N a device number")
-        return f"cuda:{int(index) if sep else 0}"
+            raise ValueError(f"bad device {kind!r}: expected '{base}' or '{base}:N' with N a device number")
+        return f"{base}:{int(index) if sep else 0}"
     if sep:
         raise ValueError(f"bad device {kind!r}: the {base} device takes no index")
     return base
 
 
 def _open_native(spec: str) -> Any:
-    if spec.startswith("cuda"):
-        from . import _cuda
+    backend = _BACKENDS[spec.partition(":")[0]]
+    if backend.prepare:
+        # Configured before the first open (CUDA: where NVRTC and the kernel cache are).
+        import importlib
 
-        _cuda.prepare()  # where NVRTC and the kernel cache are, before the first open
+        importlib.import_module(f"{__package__}._{backend.kind}").prepare()
     return _core.NativeDevice.open(spec)
 
 
@@ -347,17 +369,14 @@ class Device:
 
     @classmethod
     def default(cls) -> "Device":
-        """The first available of: Metal (Apple), CUDA (a GPU with its driver
-        and NVRTC), the host."""
-        candidates = (["metal"] if sys.platform == "darwin" else []) + (
-            ["cuda"] if "cuda" in _core.backend_kinds() else []
-        )
-        for kind in candidates:
+        """The first available in the native registry's default order: Metal
+        (Apple), CUDA (a GPU with its driver and NVRTC), the host."""
+        for kind in _DEFAULT_ORDER[:-1]:
             try:
                 return cls(kind)
             except DeviceError:
                 pass
-        return cls("host")
+        return cls(_DEFAULT_ORDER[-1])  # the last (the host) always opens: its error, if any, is raised
 
     @property
     def index(self) -> int:
@@ -387,7 +406,7 @@ class Device:
         return id(self._native)
 
     def __repr__(self) -> str:
-        kind = f"{self.kind}:{self.index}" if self.kind == "cuda" else self.kind
+        kind = f"{self.kind}:{self.index}" if _BACKENDS[self.kind].indexed else self.kind
         return f"hf2q.Device({kind!r}, name={self.name!r}, residency_enabled={self.residency_enabled})"
 
     def attach_command_queue(self, queue: int) -> None:
@@ -452,10 +471,11 @@ class Device:
                 flat = flat.copy()  # conversions read aligned elements; unaligned input alone is copied
             return flat, inferred, tuple(arr.shape)
         if arr.dtype not in (U8, np.dtype(np.uint16)):
-            raise TypeError(f"src must be float32, float16, bfloat16, int32 or raw bytes, got dtype {arr.dtype}")
+            raise TypeError(f"src must be {_NUMPY_SRC_TEXT} or raw bytes, got dtype {arr.dtype}")
         if src_dtype is None:
-            if to == "q8_0":
-                raise TypeError("raw src needs src_dtype ('f32', 'f16' or 'bf16') to be quantized")
+            if formats.get(to).is_block:
+                names = [repr(n) for n in formats.sources_of(to)]
+                raise TypeError(f"raw src needs src_dtype ({_or_list(names)}) to be quantized")
             src_dtype = to
         _dtype_name(src_dtype)
         flat = arr.reshape(-1).view(U8)
@@ -718,8 +738,17 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _typed_view(flat: np.ndarray, sdt: str) -> np.ndarray | None:
-    dt = formats.get(sdt).numpy_dtype if sdt in ("f32", "f16", "bf16") else None
+    """The source's elements typed (for naming a non-finite one); None for block formats."""
+    dt = formats.get(sdt).numpy_dtype
     return flat.view(dt) if dt is not None else None
+
+
+def _or_list(items: Sequence[str]) -> str:
+    """``a, b or c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+_NUMPY_SRC_TEXT = ", ".join(str(dt) for dt in _NUMPY_SRC)  # "float32, float16, bfloat16, int32"
 
 
 def _offset(offset: int) -> int:
@@ -858,16 +887,7 @@ def reference_checksums(buf: Buffer, chunk_groups: int = 4096) -> np.ndarray:
         e0, e1 = g0 * _GROUP, min(numel, g1 * _GROUP)
         fmt = formats.get(dtype)
         b0, b1 = fmt.storage_bytes(e0), fmt.storage_bytes(e1)  # group bounds are whole blocks
-        if dtype in ("f32", "i32"):
-            bits = buf._storage_bytes(b0, b1).view(np.uint32)
-        elif dtype in ("bf16", "f16"):
-            raw = buf._storage_bytes(b0, b1).view(np.uint16)
-            decode = reference.bf16_to_f32 if dtype == "bf16" else reference.f16_to_f32
-            bits = decode(raw).view(np.uint32)
-        elif dtype == "u8":
-            bits = buf._storage_bytes(b0, b1).astype(np.uint32)
-        else:  # q8_0
-            bits = reference.dequantize_q8_0(buf._storage_bytes(b0, b1)).view(np.uint32)
+        bits = reference.readback_bits(dtype, buf._storage_bytes(b0, b1))
         padded = np.zeros((g1 - g0) * _GROUP, dtype=np.uint32)
         padded[: bits.size] = bits
         with np.errstate(over="ignore"):

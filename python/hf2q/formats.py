@@ -40,6 +40,7 @@ __all__ = [
     "logical_shape",
     "numel",
     "can_convert",
+    "sources_of",
 ]
 
 
@@ -198,7 +199,8 @@ def logical_shape(stored: Sequence[int], dtype: str | Format) -> tuple[int, ...]
 
 def can_convert(src: str | Format, dst: str | Format) -> bool:
     """Whether a device write turns ``src`` data into a ``dst`` buffer in
-    native code (raw copy, bf16/f16 -> f32 decode, f32/f16/bf16 -> q8_0)."""
+    native code: a raw copy, or ``src`` among the sources of ``dst``'s row
+    (bf16/f16 -> f32 decode, f32/f16/bf16 -> q8_0)."""
     s, d = get(src), get(dst)
     return s.is_device and d.is_device and _can_convert(s.name, d.name)
 
@@ -208,3 +210,9 @@ def _can_convert(src: str, dst: str) -> bool:
     # The native conversion table is fixed when the core is built: ask it
     # once per pair (a plan asks per source piece, a load per tensor).
     return bool(_core.can_convert(src, dst))
+
+
+def sources_of(dst: str | Format) -> tuple[str, ...]:
+    """The other device formats a write converts into ``dst``, in native id order."""
+    d = get(dst)
+    return tuple(n for n in DEVICE_FORMATS if n != d.name and can_convert(n, d))

@@ -18,8 +18,6 @@ import numpy as np
 
 from . import _core, formats
 from ._arrays import (
-    BF16,
-    F16,
     F32,
     U8,
     check_out,
@@ -44,7 +42,6 @@ __all__ = [
     "set_simd_enabled",
 ]
 
-_SRC_TYPE = {F32: _core.SRC_F32, F16: _core.SRC_F16, BF16: _core.SRC_BF16}
 _Q8 = formats.get("q8_0")
 #: The block formats :func:`quantize` / :func:`dequantize` handle.
 BLOCK_FORMATS: tuple[str, ...] = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
@@ -101,7 +98,9 @@ def quantize_q8_0(src: np.ndarray, out: np.ndarray | None = None, *, name: str |
     nbytes = _Q8.storage_bytes(arr.size)
     result = np.empty(q8_0_shape(arr.shape), dtype=U8) if out is None else check_out(out, U8, nbytes)
     raw = _aligned(arr.reshape(-1).view(U8), dtype.itemsize)
-    first_bad, inf_scales = _core.quantize_q8_0(raw, _SRC_TYPE[dtype], result.reshape(-1))
+    src_format = formats.from_numpy(dtype)
+    assert src_format is not None  # quant_source admits f32 / f16 / bf16 only
+    first_bad, inf_scales = _core.quantize_q8_0(raw, src_format.name, result.reshape(-1))
     if first_bad >= 0:
         raise nonfinite_error(arr, first_bad, name)
     if inf_scales:
@@ -146,7 +145,9 @@ def quantize(src: np.ndarray, fmt: str, out: np.ndarray | None = None, *, name: 
     shape = formats.storage_shape(arr.shape, f)
     result = np.empty(shape, dtype=U8) if out is None else check_out(out, U8, nbytes)
     raw = _aligned(arr.reshape(-1).view(U8), dtype.itemsize)
-    first_bad, inf_scales = _core.quantize_blocks(raw, _SRC_TYPE[dtype], fmt, result.reshape(-1))
+    src_format = formats.from_numpy(dtype)
+    assert src_format is not None  # quant_source admits f32 / f16 / bf16 only
+    first_bad, inf_scales = _core.quantize_blocks(raw, src_format.name, fmt, result.reshape(-1))
     if first_bad >= 0:
         raise nonfinite_error(arr, first_bad, name)
     if inf_scales:

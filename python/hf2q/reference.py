@@ -7,14 +7,15 @@ they are slow and allocate freely.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import formats
 from ._arrays import F32, check_out, half_source, nonfinite_error, q8_0_shape, q8_source, quant_source
 
-__all__ = ["bf16_to_f32", "f16_to_f32", "quantize_q8_0", "dequantize_q8_0", "dequantize", "f32_to_f16_bits"]
+__all__ = ["bf16_to_f32", "f16_to_f32", "quantize_q8_0", "dequantize_q8_0", "dequantize", "f32_to_f16_bits",
+           "READBACK", "readback_bits"]
 
 
 def _u16(src: Any) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -122,6 +123,34 @@ def dequantize_q8_0(blocks: Any, out: np.ndarray | None = None) -> np.ndarray:
     check_out(out, F32, y.size)
     out.reshape(-1)[...] = y.reshape(-1)
     return out
+
+
+#: The read-back value of each element of a device format, from its stored
+#: bytes (uint8, whole blocks): the float32 bits of its decoded value, or for
+#: integers their own 32 bits (i32) / value (u8); the definition of
+#: csrc/device/verify.h, which the native decoders of every backend must
+#: match. One entry per device format of :mod:`hf2q.formats`.
+READBACK: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "f32": lambda raw: raw.view(np.uint32),
+    "f16": lambda raw: f16_to_f32(raw.view(np.uint16)).view(np.uint32),
+    "bf16": lambda raw: bf16_to_f32(raw.view(np.uint16)).view(np.uint32),
+    "u8": lambda raw: raw.astype(np.uint32),
+    "i32": lambda raw: raw.view(np.uint32),
+    "q8_0": lambda raw: dequantize_q8_0(raw).view(np.uint32),
+    "q4_0": lambda raw: dequantize(raw, "q4_0").view(np.uint32),
+    "q4_k": lambda raw: dequantize(raw, "q4_k").view(np.uint32),
+    "q5_k": lambda raw: dequantize(raw, "q5_k").view(np.uint32),
+    "q6_k": lambda raw: dequantize(raw, "q6_k").view(np.uint32),
+}
+
+
+def readback_bits(dtype: str, raw: np.ndarray) -> np.ndarray:
+    """:data:`READBACK` of ``dtype`` (a device format's name); a format
+    without an oracle raises ValueError rather than being read as another."""
+    fn = READBACK.get(dtype)
+    if fn is None:
+        raise ValueError(f"no numpy read-back oracle for dtype {dtype!r} (hf2q.reference.READBACK)")
+    return fn(raw)
 
 
 # ---------------------------------------------------------------- 4/5/6-bit

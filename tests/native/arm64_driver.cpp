@@ -305,8 +305,8 @@ const char* path_name(Path p) {
 bool path_simd(Path p) { return p == Path::NeonRange || p == Path::NeonPool; }
 bool path_pool(Path p) { return p == Path::NeonPool || p == Path::ScalarPool; }
 
-k::SrcType src_type(std::uint32_t kind) {
-  return kind == kQ8F32 ? k::SrcType::F32 : kind == kQ8Bf16 ? k::SrcType::BF16 : k::SrcType::F16;
+hf2q::DType src_type(std::uint32_t kind) {
+  return kind == kQ8F32 ? hf2q::DType::F32 : kind == kQ8Bf16 ? hf2q::DType::BF16 : hf2q::DType::F16;
 }
 
 // Runs one record on one path; returns the output buffer and the Q8Result.
@@ -465,7 +465,7 @@ std::size_t check_rounding() {
   for (int simd = 1; simd >= 0; --simd) {
     k::set_simd_enabled(simd != 0);
     std::vector<std::uint8_t> out(nb * k::kQ8BlockBytes);
-    const k::Q8Result r = k::quantize_q8_0_range(k::SrcType::F32, x.data(), out.data(), nb);
+    const k::Q8Result r = k::quantize_q8_0_range(hf2q::DType::F32, x.data(), out.data(), nb);
     std::size_t bad = 0;
     for (std::size_t b = 0; b < nb; ++b) {
       const std::uint8_t* blk = out.data() + b * k::kQ8BlockBytes;
@@ -572,17 +572,17 @@ std::size_t check_threads() {
     if ((xh[i] & 0x7FFFu) == 0x7C00u) xh[i] = static_cast<std::uint16_t>(xh[i] - 1);  // +-Inf -> +-65504
   }
   const struct {
-    k::SrcType t;
+    hf2q::DType t;
     const void* p;
     const char* name;
-  } srcs[] = {{k::SrcType::F32, xf.data(), "f32"}, {k::SrcType::BF16, xb.data(), "bf16"}, {k::SrcType::F16, xh.data(), "f16"}};
+  } srcs[] = {{hf2q::DType::F32, xf.data(), "f32"}, {hf2q::DType::BF16, xb.data(), "bf16"}, {hf2q::DType::F16, xh.data(), "f16"}};
   const int thread_counts[] = {1, 2, 3, 4, 8};
   for (const auto& s : srcs) {
     k::set_simd_enabled(true);
     hf2q::set_num_threads(1);
     std::vector<std::uint8_t> ref(nb * k::kQ8BlockBytes);
     const k::Q8Result r1 = k::quantize_q8_0_range(s.t, s.p, ref.data(), nb);
-    check(r1.first_nonfinite == k::kNoIndex && (s.t == k::SrcType::F16 || r1.inf_scales > 0),
+    check(r1.first_nonfinite == k::kNoIndex && (s.t == hf2q::DType::F16 || r1.inf_scales > 0),
           std::string("threads ") + s.name + ": single-threaded run is finite (f32/bf16: with some +Inf scales)");
     for (int simd = 1; simd >= 0; --simd) {
       k::set_simd_enabled(simd != 0);
@@ -611,7 +611,7 @@ std::size_t check_threads() {
     std::vector<std::uint8_t> ref(nb * k::kQ8BlockBytes);
     k::set_simd_enabled(true);
     hf2q::set_num_threads(1);
-    (void)k::quantize_q8_0_range(k::SrcType::F32, xf.data(), ref.data(), nb);
+    (void)k::quantize_q8_0_range(hf2q::DType::F32, xf.data(), ref.data(), nb);
     for (int simd = 1; simd >= 0; --simd) {
       k::set_simd_enabled(simd != 0);
       for (int t : thread_counts) {
@@ -619,7 +619,7 @@ std::size_t check_threads() {
         bool ok = true;
         for (int rep = 0; rep < 4; ++rep) {
           OutBuf out(nb * k::kQ8BlockBytes);
-          const k::Q8Result r = k::quantize_q8_0(k::SrcType::F32, x.data(), out.data(), nb);
+          const k::Q8Result r = k::quantize_q8_0(hf2q::DType::F32, x.data(), out.data(), nb);
           if (r.first_nonfinite != idx_early) {
             ok = false;
             fail_detail("first_nonfinite with %d threads: got %zu, want %zu", t, r.first_nonfinite, idx_early);
@@ -638,7 +638,7 @@ std::size_t check_threads() {
     k::set_simd_enabled(true);
     hf2q::set_num_threads(1);
     std::vector<std::uint8_t> q(nb * k::kQ8BlockBytes);
-    (void)k::quantize_q8_0_range(k::SrcType::F32, xf.data(), q.data(), nb);
+    (void)k::quantize_q8_0_range(hf2q::DType::F32, xf.data(), q.data(), nb);
     OutBuf ref(nb * 32 * 4);
     k::dequantize_q8_0_range(q.data(), reinterpret_cast<float*>(ref.data()), nb);
     const std::size_t n16 = 3 * 131072 + 77;
@@ -678,7 +678,7 @@ void check_pool_stress(int iterations) {
   for (float& v : x) v = nd(rng);
   std::vector<std::uint8_t> ref(nb * k::kQ8BlockBytes), out(nb * k::kQ8BlockBytes);
   k::set_simd_enabled(true);
-  (void)k::quantize_q8_0_range(k::SrcType::F32, x.data(), ref.data(), nb);
+  (void)k::quantize_q8_0_range(hf2q::DType::F32, x.data(), ref.data(), nb);
   int bad = 0;
   for (int i = 0; i < iterations; ++i) {
     const int t = 2 + i % 3;
@@ -686,7 +686,7 @@ void check_pool_stress(int iterations) {
     std::memset(out.data(), 0, out.size());
     std::atomic<std::size_t> done{0};
     hf2q::parallel_for(nb, grain, [&](std::size_t b, std::size_t e) {
-      (void)k::quantize_q8_0_range(k::SrcType::F32, x.data() + b * 32, out.data() + b * k::kQ8BlockBytes, e - b);
+      (void)k::quantize_q8_0_range(hf2q::DType::F32, x.data() + b * 32, out.data() + b * k::kQ8BlockBytes, e - b);
       done.fetch_add(e - b);
     });
     const std::size_t got = done.load();

@@ -34,6 +34,7 @@
 #include "cuda_api.h"
 #include "device/backend.h"
 #include "hf2q_cuda_source.h"
+#include "kernels/format_kernels.h"
 #include "kernels/thread_pool.h"
 
 namespace hf2q::device {
@@ -44,9 +45,6 @@ using namespace cuda;
 constexpr std::size_t kSlotBytes = 8u << 20;  // a multiple of 32 elements of every source dtype
 constexpr int kStatusCells = 256;             // concurrent converting uploads before one waits
 constexpr unsigned kBlock = 256;
-// Q8_0 blocks one thread block of kBlock threads quantizes per step (8 warps,
-// each 4 (f32) or 8 (16-bit) blocks: shaders/cuda_kernels.cu).
-constexpr std::size_t kQ8BlocksPerCta = 32;
 
 std::uint32_t cpu_default_nan_bits() {
   volatile float zero = 0.0f;
@@ -262,6 +260,7 @@ class CudaBackend final : public Backend {
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
       return res;
     }
+    const CUfunction kernel = kernel_for(p);
     const std::vector<int> cells = take_status_cells(1);
     const int cell = cells[0];
     try {
@@ -269,9 +268,9 @@ class CudaBackend final : public Backend {
       check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
       check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
       CUdeviceptr to = out;
-      unsigned long long nblocks = n / kQ8BlockElems, base = 0;
+      unsigned long long nblocks = n / dtype_block_elems(p.dst_dtype), base = 0;
       void* args[] = {&from, &to, &nblocks, &base, &status};
-      launch(kernel_for(p), grid_for(nblocks, kQ8BlocksPerCta), misc_, args);
+      launch(kernel, grid_for(nblocks, encode_blocks_per_cta(p)), misc_, args);
       std::uint64_t* h = status_host_ + cell * 2;
       check(d_->cuMemcpyDtoHAsync(h, status, 16, misc_), "cuMemcpyDtoHAsync");
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
@@ -295,16 +294,18 @@ class CudaBackend final : public Backend {
                  std::size_t ngroups) override {
     if (ngroups == 0) return;
     if (ngroups != (numel + kVerifyGroup - 1) / kVerifyGroup) throw DeviceError("GPU checksums: bad arguments");
+    const int dt = static_cast<int>(dtype);
+    const CUfunction fn = dt >= 0 && dt < kNumDTypes ? fn_verify_[dt] : nullptr;
+    if (fn == nullptr) throw DeviceError("GPU checksums: no CUDA read-back kernel for dtype " + std::to_string(dt));
     Ctx c(*this);
     CUdeviceptr sums = 0;
     check(d_->cuMemAlloc(&sums, ngroups * sizeof(std::uint32_t)), "cuMemAlloc (checksums)");
     try {
       CUdeviceptr data = dptr(ptr);
-      int dt = static_cast<int>(dtype);
       unsigned long long n = numel, g = ngroups;
       unsigned nan = default_nan_;
-      void* args[] = {&data, &dt, &n, &sums, &g, &nan};
-      launch(fn_checksums_, grid_for(ngroups, 1), misc_, args);
+      void* args[] = {&data, &n, &sums, &g, &nan};
+      launch(fn, grid_for(ngroups, 1), misc_, args);
       check(d_->cuMemcpyDtoHAsync(out, sums, ngroups * sizeof(std::uint32_t), misc_), "cuMemcpyDtoHAsync");
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
     } catch (...) {
@@ -436,21 +437,31 @@ class CudaBackend final : public Backend {
     return bind_functions(why);
   }
 
+  // The kernels the format table names (format_kernels.h), for the
+  // conversions it allows: each source's decode into f32, each format's
+  // encode from each of its sources, each format's read-back.
   bool bind_functions(std::string* why) {
-    const struct {
-      const char* name;
-      CUfunction* fn;
-    } table[] = {{"hf2q_bf16_to_f32", &fn_bf16_},
-                 {"hf2q_f16_to_f32", &fn_f16_},
-                 {"hf2q_quantize_q8_0_f32", &fn_q8_f32_},
-                 {"hf2q_quantize_q8_0_f16", &fn_q8_f16_},
-                 {"hf2q_quantize_q8_0_bf16", &fn_q8_bf16_},
-                 {"hf2q_checksums", &fn_checksums_}};
-    for (const auto& e : table) {
-      const CUresult r = d_->cuModuleGetFunction(e.fn, module_, e.name);
+    auto bind = [&](const std::string& name, CUfunction* fn) {
+      const CUresult r = d_->cuModuleGetFunction(fn, module_, name.c_str());
       if (r != CUDA_SUCCESS) {
-        *why = "the compiled kernels lack " + std::string(e.name) + ": " + describe(*d_, "cuModuleGetFunction", r);
+        *why = "the compiled kernels lack " + name + ": " + describe(*d_, "cuModuleGetFunction", r);
         return false;
+      }
+      return true;
+    };
+    for (int d = 0; d < kNumDTypes; ++d) {
+      const FormatRow& row = kFormats[d];
+      if (row.kernels == nullptr) continue;  // no kernels: every conversion and read-back is refused
+      const kernels::FormatKernels& k = *row.kernels;
+      if (k.cuda_verify != nullptr && !bind(k.cuda_verify, &fn_verify_[d])) return false;
+      for (int s = 0; s < kNumDTypes; ++s) {
+        if ((row.sources & dtype_bit(static_cast<DType>(s))) == 0 || kFormats[s].kernels == nullptr) continue;
+        const kernels::FormatKernels& from = *kFormats[s].kernels;
+        if (d == static_cast<int>(DType::F32)) {
+          if (from.cuda_to_f32 != nullptr && !bind(from.cuda_to_f32, &fn_to_f32_[s])) return false;
+        } else if (k.cuda_encode != nullptr) {
+          if (!bind(std::string(k.cuda_encode) + "_" + kFormats[s].name, &fn_encode_[d][s])) return false;
+        }
       }
     }
     return true;
@@ -606,12 +617,25 @@ class CudaBackend final : public Backend {
     return srcs;
   }
 
+  // The conversion kernel of a planned upload (null for raw copies); a
+  // conversion the table allows but this backend has no kernel for is
+  // refused, never run as another.
   CUfunction kernel_for(const UploadPlan& p) const {
-    if (p.op == UploadOp::Decode) return p.src_dtype == DType::BF16 ? fn_bf16_ : fn_f16_;
-    if (p.op == UploadOp::Quantize) {
-      return p.src_dtype == DType::F32 ? fn_q8_f32_ : p.src_dtype == DType::F16 ? fn_q8_f16_ : fn_q8_bf16_;
+    if (p.op == UploadOp::Raw) return nullptr;
+    const int s = static_cast<int>(p.src_dtype), d = static_cast<int>(p.dst_dtype);
+    CUfunction fn = nullptr;
+    if (s >= 0 && s < kNumDTypes && d >= 0 && d < kNumDTypes) {
+      fn = p.op == UploadOp::Decode ? fn_to_f32_[s] : fn_encode_[d][s];
     }
-    return nullptr;
+    if (fn == nullptr) {
+      throw DeviceError(std::string("the CUDA backend has no kernel converting ") + dtype_name(p.src_dtype) + " to " +
+                        dtype_name(p.dst_dtype));
+    }
+    return fn;
+  }
+
+  static unsigned encode_blocks_per_cta(const UploadPlan& p) {
+    return std::max(1u, format_of(p.dst_dtype).kernels->cuda_encode_blocks_per_cta);
   }
 
   UploadResult upload(const UploadTarget& dst, const Source* srcs, std::size_t nsrcs) {
@@ -654,7 +678,7 @@ class CudaBackend final : public Backend {
       for (; end < items.size(); ++end) {
         const auto& segs = items[end].segments;
         if (segs.empty()) continue;
-        if (segs[0].plan.op == UploadOp::Quantize) {
+        if (segs[0].plan.op == UploadOp::Encode) {
           if (quantizing == kQuantizeJobsPerRun) break;
           ++quantizing;
         }
@@ -692,7 +716,7 @@ class CudaBackend final : public Backend {
     std::size_t quantizing = 0;
     for (std::size_t j = 0; j < njobs; ++j) {
       for (std::size_t i = 0; i < jobs[j].nsrcs; ++i) total += jobs[j].srcs[i].plan->src_bytes;
-      if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Quantize) ++quantizing;
+      if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Encode) ++quantizing;
     }
     if (total == 0) return;
     Ctx c(*this);
@@ -759,7 +783,7 @@ class CudaBackend final : public Backend {
     {
       std::size_t k = 0;
       for (std::size_t j = 0; j < njobs; ++j) {
-        if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Quantize) jobs[j].cell = cells[k++];
+        if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Encode) jobs[j].cell = cells[k++];
       }
     }
     if (!cells.empty()) {
@@ -809,16 +833,16 @@ class CudaBackend final : public Backend {
             CUdeviceptr from = s.scratch;
             const unsigned long long elems = pc.len / p.src_elem, first = pc.off / p.src_elem;
             if (p.op == UploadOp::Decode) {
-              CUdeviceptr to = out + first * 4;
+              CUdeviceptr to = out + element_byte_offset(p.dst_dtype, first);
               unsigned long long n = elems;
               void* args[] = {&from, &to, &n};
               launch(job.kernel, grid_for(elems, kBlock), s.stream, args);
             } else {
-              CUdeviceptr to = out + element_byte_offset(DType::Q8_0, first);
+              CUdeviceptr to = out + element_byte_offset(p.dst_dtype, first);
               CUdeviceptr status = status_dev_ + static_cast<std::size_t>(job.cell) * 16;
-              unsigned long long nblocks = elems / kQ8BlockElems, base = src.base_elem + first;
+              unsigned long long nblocks = elems / dtype_block_elems(p.dst_dtype), base = src.base_elem + first;
               void* args[] = {&from, &to, &nblocks, &base, &status};
-              launch(job.kernel, grid_for(nblocks, kQ8BlocksPerCta), s.stream, args);
+              launch(job.kernel, grid_for(nblocks, encode_blocks_per_cta(p)), s.stream, args);
             }
           }
           check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
@@ -875,8 +899,10 @@ class CudaBackend final : public Backend {
   pid_t pid_;  // the process that opened the device (fork: see cuda::kForkedChild)
   CUstream misc_ = nullptr;  // allocation zeroing, status words, read-back
   CUmodule module_ = nullptr;
-  CUfunction fn_bf16_ = nullptr, fn_f16_ = nullptr, fn_q8_f32_ = nullptr, fn_q8_f16_ = nullptr,
-             fn_q8_bf16_ = nullptr, fn_checksums_ = nullptr;
+  // Bound from the format table by bind_functions; null where it names none.
+  CUfunction fn_to_f32_[kNumDTypes] = {};             // by source dtype
+  CUfunction fn_encode_[kNumDTypes][kNumDTypes] = {};  // by destination, source
+  CUfunction fn_verify_[kNumDTypes] = {};             // by buffer dtype
 
   // Uploads left in flight (raw, widening) and how many of them a
   // wait_uploads() has seen finish: equal when nothing is in flight.

@@ -1,5 +1,5 @@
 // How the Metal backend dispatches the read-back kernels of
-// shaders/verify.metal: which kernel reads which dtype, the per-dispatch
+// shaders/verify.metal: which kernel reads which dtype (the format table's), the per-dispatch
 // arguments and how a buffer is cut into dispatches. Plain C++ (no Metal,
 // no Objective-C), shared by csrc/device/metal/metal_backend.mm and the CPU
 // run of the shaders in tests/native/metal_verify_cpu.cpp, which compiles
@@ -12,6 +12,7 @@
 
 #include "device/backend.h"  // kVerifyGroup
 #include "device/dtype.h"
+#include "kernels/format_kernels.h"
 
 namespace hf2q::device::metal_verify {
 
@@ -29,17 +30,12 @@ struct VerifyParams {
 };
 static_assert(sizeof(VerifyParams) == 16, "VerifyParams must match shaders/verify.metal");
 
-// Kernel of shaders/verify.metal reading each dtype; nullptr for none.
+// Kernel of shaders/verify.metal reading each dtype (its format row's
+// metal_verify); nullptr for none.
 inline const char* kernel_name(DType t) {
-  switch (t) {
-    case DType::F32:
-    case DType::I32: return "hf2q_verify_b32";
-    case DType::F16: return "hf2q_verify_f16";
-    case DType::BF16: return "hf2q_verify_bf16";
-    case DType::U8: return "hf2q_verify_u8";
-    case DType::Q8_0: return "hf2q_verify_q8_0";
-  }
-  return nullptr;
+  const int k = static_cast<int>(t);
+  return k >= 0 && k < kNumDTypes && hf2q::kFormats[k].kernels != nullptr ? hf2q::kFormats[k].kernels->metal_verify
+                                                                          : nullptr;
 }
 
 // One dispatch: the source buffer is bound at src_offset bytes, the output at
