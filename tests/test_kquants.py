@@ -226,3 +226,54 @@ def test_device_upload_quantizes_like_ops(golden, fmt: str) -> None:
     bad[3, 9] = np.nan
     with pytest.raises(hf2q.NonFiniteError):
         dev.upload(bad, to=fmt, name="w")
+
+
+def test_for_row_follows_llama_quantize_fallbacks() -> None:
+    assert formats.for_row("q4_k", 512) == "q4_k"
+    assert formats.for_row("q6_k", 96) == "q8_0"  # llama-quantize: Q6_K -> Q8_0
+    assert formats.for_row("q6_k", 40) == "f16"  # ... and F16 when Q8_0 does not divide either
+    assert formats.for_row("q4_0", 40) == "f16"
+    assert formats.for_row("q8_0", 40) == "f16"
+    assert formats.for_row("bf16", 40) == "bf16"
+    assert formats.for_row("q4_k", 40) == "f16"  # Q5_0 would not divide either
+    for fmt, other in (("q4_k", "Q5_0"), ("q5_k", "Q5_1")):
+        with pytest.raises(ValueError, match=f"'blk.0.ffn_down_exps.weight'.*{other}"):
+            formats.for_row(fmt, 704, "blk.0.ffn_down_exps.weight")
+
+
+def _generic_checkpoint(d: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    t = {
+        "w512.weight": (rng.standard_normal((4, 512), dtype=np.float32) * 0.05).astype(ml_dtypes.bfloat16),
+        "w96.weight": (rng.standard_normal((4, 96), dtype=np.float32) * 0.05).astype(ml_dtypes.bfloat16),
+        "w40.weight": (rng.standard_normal((4, 40), dtype=np.float32) * 0.05).astype(ml_dtypes.bfloat16),
+        "out_norm.weight": rng.standard_normal(512, dtype=np.float32),
+    }
+    save_file(t, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    return t
+
+
+@pytest.mark.parametrize("policy,want", [
+    ("q6_k", {"w512.weight": "q6_k", "w96.weight": "q8_0", "w40.weight": "f16", "out_norm.weight": "f32"}),
+    ("q4_0", {"w512.weight": "q4_0", "w96.weight": "q4_0", "w40.weight": "f16", "out_norm.weight": "f32"}),
+    ("q5_k", None),
+])
+def test_generic_load_with_a_k_quant_policy(tmp_path: Path, policy: str, want: dict | None) -> None:
+    t = _generic_checkpoint(tmp_path)
+    if want is None:
+        with pytest.raises(ValueError, match="w96.weight.*Q5_1"):
+            hf2q.load(tmp_path, hf2q.Device("host"), dtype=policy, progress=False)
+        return
+    model = hf2q.load(tmp_path, hf2q.Device("host"), dtype=policy, progress=False)
+    for name, arr in t.items():
+        buf = model[name]
+        assert buf.dtype == want[name], name
+        f32 = arr.astype(np.float32)
+        if buf.dtype in FMTS or buf.dtype == "q8_0":
+            expect = ops.quantize(f32, buf.dtype)
+        else:
+            expect = f32.astype(np.float16 if buf.dtype == "f16" else np.float32)
+        assert buf.numpy().tobytes() == expect.tobytes(), name

@@ -409,16 +409,16 @@ def _add_source(p: argparse.ArgumentParser, what: str) -> None:
 
 _DEVICE_HELP = ("where the weights go: auto (the first available of Metal on Apple, a CUDA GPU, the host) "
                 "or a backend this build has")
-_DTYPES = ["keep", "f32", "bf16", "q8_0"]
+_DTYPES = ["keep", "f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
 
 
 def _add_family_options(p: argparse.ArgumentParser, what: str = "") -> None:
     """``--expert-dtype``, ``--dense-dtype``, ``--dtype`` (:data:`CLI_FAMILY_OPTIONS`): the same
     choices for ``inspect`` (the plan a load would make) and ``load``; one the checkpoint's
     family does not take is a usage error."""
-    p.add_argument("--expert-dtype", choices=["q8_0", "bf16", "f32"],
+    p.add_argument("--expert-dtype", choices=["q8_0", "bf16", "f32", "q4_0", "q4_k", "q5_k", "q6_k"],
                    help=f"Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the expert stacks{what} (default q8_0)")
-    p.add_argument("--dense-dtype", choices=["f32", "bf16", "q8_0"],
+    p.add_argument("--dense-dtype", choices=["f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"],
                    help=f"Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the other matrices{what} (default f32)")
     p.add_argument("--dtype", choices=_DTYPES,
                    help=f"generic checkpoints (no known architecture) only{what}: keep each tensor's dtype "

@@ -42,9 +42,8 @@ from .config import Gemma4Config, Gemma4Layer
 __all__ = ["plan_gemma4", "DEVICE_DTYPES", "SOURCE_FORMATS", "is_multimodal_tensor", "gguf_name",
            "device_dtype", "vocab_rows", "rope_freqs"]
 
-DEVICE_DTYPES = ("f32", "bf16", "q8_0")
+DEVICE_DTYPES = ("f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
 SOURCE_FORMATS = ("bf16", "f16", "f32")
-_Q8 = formats.get("q8_0").block_elems
 
 #: The converter's text-model filter: checkpoint names that are not the text
 #: model (a multimodal wrapper's towers and projectors).
@@ -129,9 +128,9 @@ def device_dtype(gguf: str, shape: tuple[int, ...], dense_dtype: str, expert_dty
             or suffix == "ffn_gate_inp.weight":
         return "f32"
     want = expert_dtype if suffix in _EXPERT_GGUF else dense_dtype
-    if want == "q8_0" and shape[-1] % _Q8:
-        return "f16"  # the converter: "falling back to F16"
-    return want
+    # q8_0: the converter's "falling back to F16"; the k-quants: llama-quantize's
+    # fallbacks (formats.for_row).
+    return formats.for_row(want, shape[-1], gguf)
 
 
 def vocab_rows(directory: Path, cfg: Gemma4Config) -> tuple[int | None, str]:

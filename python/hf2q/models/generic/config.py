@@ -11,7 +11,7 @@ __all__ = ["GenericConfig", "DTYPE_POLICIES"]
 
 #: ``--dtype`` policies: keep every tensor's dtype, or convert floats to f32 /
 #: bf16 / q8_0 the way llama.cpp's ``convert_hf_to_gguf.py --outtype`` would.
-DTYPE_POLICIES = ("keep", "f32", "bf16", "q8_0")
+DTYPE_POLICIES = ("keep", "f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
 
 
 def _strings(v: Any) -> tuple[str, ...]:
