@@ -46,7 +46,6 @@ from hf2q.models.dflash.config import DFlashConfig  # noqa: E402
 from hf2q.models.dflash.manifest import DFlashWeights, expected_manifest  # noqa: E402
 from hf2q.models.dflash.plan import plan_dflash  # noqa: E402
 from hf2q.models.qwen35.config import Qwen35Config  # noqa: E402
-from hf2q.models.qwen35.load import to_load_plan  # noqa: E402
 from hf2q.models.qwen35.plan import plan_qwen35_moe  # noqa: E402
 from hf2q.safetensors import open_checkpoint  # noqa: E402
 
@@ -112,8 +111,7 @@ def qwen_phases(d: Path) -> dict[str, float]:
     ckpt = open_checkpoint(d)
     t1 = time.perf_counter()
     cfg = Qwen35Config.from_file(d / "config.json")
-    plan = plan_qwen35_moe(ckpt, cfg)
-    lp = to_load_plan(plan, plan.config)
+    lp = plan_qwen35_moe(ckpt, cfg)  # the loader's LoadPlan itself
     _account(lp)
     t2 = time.perf_counter()
     read = transform = 0.0

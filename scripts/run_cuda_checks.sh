@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA checks, on a machine with an NVIDIA GPU: build and install hf2q
 # from this tree, run the CUDA tests (pytest -m cuda) and the whole suite,
-# then benchmarks/bench_cuda.py. Logs and results go to $OUT (default
+# then benchmarks/bench_cuda.py and benchmarks/bench_fullscale.py at a small
+# size (--layers $FULLSCALE_LAYERS, default 4: ~7 GB per Qwen case in
+# /dev/shm; FULLSCALE_ARGS adds options, e.g. FULLSCALE_LAYERS= for the
+# full-size models). Logs and results go to $OUT (default
 # /tmp/hf2q-cuda). Wheels in .whl/ (packages the machine lacks, e.g.
 # fastsafetensors, gguf) are installed into a private target first.
 #
@@ -31,5 +34,8 @@ if [ "$what" != bench ]; then
 fi
 if [ "$what" != tests ]; then
   $PY benchmarks/bench_cuda.py ${BENCH_ARGS:-} --dir /tmp/hf2q-bench --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log" | tail -30
+  layers=${FULLSCALE_LAYERS-4}
+  $PY benchmarks/bench_fullscale.py ${layers:+--layers $layers} ${FULLSCALE_ARGS:-} --dir /dev/shm/hf2q-fullscale \
+    --json "$OUT/fullscale.json" --markdown "$OUT/fullscale.md" 2>&1 | tee "$OUT/fullscale.log" | tail -30
 fi
 exit $rc

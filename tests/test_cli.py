@@ -277,7 +277,7 @@ def test_load_interrupted(capsys: pytest.CaptureFixture[str], tiny: Path, monkey
     def interrupted(*a: Any, **kw: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dflash, "load_checkpoint", interrupted)  # the family's loader, as the registry calls it
+    monkeypatch.setattr(dflash.FAMILY, "load_checkpoint", interrupted)  # the family's loader, as the registry calls it
     rc, _, err = run(capsys, "load", "--device", "host", str(tiny))
     assert rc == 130 and "hf2q load: interrupted" in err
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
     from . import _core, dflash, formats, gemma4, hub, models, ops, qwen35, reference, safetensors, testing
     from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
     from .hub import HubError, HubNetworkError, RepoNotCachedError
+    from . import export
+    from .export import ConvertError, OutputExistsError, UnsupportedModelError, convert
     from .safetensors import open_checkpoint
 
 check_environment()
@@ -49,16 +51,23 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "safetensors": ("hf2q.safetensors", None),
     "hub": ("hf2q.hub", None),
     "testing": ("hf2q.testing", None),
+    "torch": ("hf2q.torch", None),  # imports torch: only when used
+    "transformers": ("hf2q.transformers", None),  # imports torch and transformers: only when used
     "Device": ("hf2q.device", "Device"),
     "Buffer": ("hf2q.device", "Buffer"),
     "Residency": ("hf2q.device", "Residency"),
     "VerifyReport": ("hf2q.device", "VerifyReport"),
-    "FileReadError": ("hf2q.device", "FileReadError"),
+    "FileReadError": ("hf2q.errors", "FileReadError"),
     "register_weight_buffer": ("hf2q.device", "register_weight_buffer"),
     "open_checkpoint": ("hf2q.safetensors", "open_checkpoint"),
     "HubError": ("hf2q.hub", "HubError"),
     "RepoNotCachedError": ("hf2q.hub", "RepoNotCachedError"),
     "HubNetworkError": ("hf2q.hub", "HubNetworkError"),
+    "export": ("hf2q.export", None),
+    "convert": ("hf2q.export", "convert"),
+    "ConvertError": ("hf2q.export", "ConvertError"),
+    "OutputExistsError": ("hf2q.export", "OutputExistsError"),
+    "UnsupportedModelError": ("hf2q.export", "UnsupportedModelError"),
 }
 
 
@@ -146,6 +155,11 @@ __all__ = [
     "DtypeMismatchError",
     "ShapeMismatchError",
     "DeviceError",
+    "export",
+    "convert",
+    "ConvertError",
+    "OutputExistsError",
+    "UnsupportedModelError",
     "HubError",
     "RepoNotCachedError",
     "HubNetworkError",

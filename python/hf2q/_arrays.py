@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from . import formats
@@ -15,14 +14,44 @@ from .errors import NonFiniteError
 if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
     raise ImportError("hf2q supports little-endian hosts only")
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
 U8 = np.dtype(np.uint8)
 U16 = np.dtype(np.uint16)
-# 16-bit dtypes whose bytes are taken as raw little-endian halves.
-HALF_DTYPES = (U16, np.dtype(np.int16), F16, BF16)
-QUANT_SOURCE_DTYPES = (F32, F16, BF16)
+# 16-bit dtypes whose bytes are taken as raw little-endian halves (and bfloat16).
+HALF_DTYPES = (U16, np.dtype(np.int16), F16)
+QUANT_SOURCE_DTYPES = (F32, F16)
+
+# bfloat16 is ml_dtypes' numpy dtype. ml_dtypes is imported only where a
+# caller asks for a bfloat16 view (bf16(), ``_arrays.BF16``): importing it
+# costs 1.3 s of CPU with ml_dtypes 0.7 (README, "Benchmarks"), and a load
+# that never hands out numpy bfloat16 arrays does not need it. An array can
+# only have that dtype once something imported ml_dtypes, so the checks
+# below (is_bf16) look for it in sys.modules instead of importing it.
+_bf16: np.dtype | None = None
+
+
+def bf16() -> np.dtype:
+    """numpy's bfloat16 dtype (``ml_dtypes.bfloat16``), importing ml_dtypes."""
+    global _bf16
+    if _bf16 is None:
+        import ml_dtypes
+
+        _bf16 = np.dtype(ml_dtypes.bfloat16)
+    return _bf16
+
+
+def is_bf16(dtype: Any) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16, without importing ml_dtypes
+    (no array has that dtype before something else imported it)."""
+    return isinstance(dtype, np.dtype) and "ml_dtypes" in sys.modules and dtype == bf16()
+
+
+def __getattr__(name: str) -> Any:
+    # ``from hf2q._arrays import BF16`` still works; it imports ml_dtypes.
+    if name == "BF16":
+        return bf16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def as_byte_array(src: Any, what: str = "src") -> np.ndarray:
@@ -51,7 +80,7 @@ def half_source(src: Any, what: str = "src") -> tuple[np.ndarray, tuple[int, ...
         if arr.size % 2:
             raise ValueError(f"{what} holds {arr.size} bytes: 16-bit input needs an even byte length")
         shape: tuple[int, ...] = (arr.size // 2,)
-    elif arr.dtype in HALF_DTYPES:
+    elif arr.dtype in HALF_DTYPES or is_bf16(arr.dtype):
         shape = tuple(arr.shape)
     else:
         raise TypeError(
@@ -66,7 +95,7 @@ def quant_source(src: Any, what: str = "src", fmt: str = "q8_0") -> tuple[np.nda
     a multiple of the block of ``fmt``."""
     if not isinstance(src, np.ndarray):
         raise TypeError(f"{what} must be a numpy.ndarray of float32, float16 or bfloat16, got {type(src).__name__}")
-    if src.dtype not in QUANT_SOURCE_DTYPES:
+    if src.dtype not in QUANT_SOURCE_DTYPES and not is_bf16(src.dtype):
         raise TypeError(f"{what} must have dtype float32, float16 or bfloat16, got {src.dtype}")
     if not src.flags.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous")

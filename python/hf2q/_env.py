@@ -9,11 +9,19 @@ warned about once per process, saying what is used instead.
 ``HF2Q_FORCE_SCALAR``  ``1``: scalar kernels only (same bytes as SIMD)
 ``HF2Q_NO_PROGRESS``   ``1``: no progress bars (also ``HF_HUB_DISABLE_PROGRESS_BARS``)
 ``HF2Q_CACHE``         folder for ``hf2q demo``'s synthetic checkpoint
+``HF2Q_HUGEPAGES``     host buffers: ``1`` always ask for transparent huge pages,
+                       ``0`` never; unset: where the kernel's THP settings say
+                       it cannot stall (docs/RESIDENCY.md, "Huge pages")
 =====================  ==========================================================
 
+``HF2Q_CUDA_STAGING_MIB`` and ``HF2Q_CUDA_SLOT_MIB`` set the size of the CUDA
+staging ring and of its slots in MiB (default 128 and 8; slots 1, 2, 4 or 8),
+for benchmarks (docs/CUDA.md); the native core reads them, ignoring any other
+value.
+
 The switches take exactly ``1`` or ``0`` (the native core reads
-``HF2Q_NO_RESIDENCY`` and ``HF2Q_FORCE_SCALAR`` that way); an empty value is
-the same as unset.
+``HF2Q_NO_RESIDENCY``, ``HF2Q_FORCE_SCALAR`` and ``HF2Q_HUGEPAGES`` that
+way); an empty value is the same as unset.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ FLAGS: dict[str, str] = {
     "HF2Q_NO_RESIDENCY": "residency stays on (HF2Q_NO_RESIDENCY=1 turns it off)",
     "HF2Q_FORCE_SCALAR": "the SIMD kernels stay on (HF2Q_FORCE_SCALAR=1 forces the scalar ones)",
     "HF2Q_NO_PROGRESS": "progress bars stay on (HF2Q_NO_PROGRESS=1 turns them off)",
+    "HF2Q_HUGEPAGES": "the kernel's transparent huge page settings decide (docs/RESIDENCY.md)",
 }
 
 _warned: set[str] = set()

@@ -1,4 +1,4 @@
-"""The ``hf2q`` command line: inspect, load, demo.
+"""The ``hf2q`` command line: inspect, load, demo, convert.
 
 Layout (each part is one block below): naming a checkpoint (local path or
 Hugging Face repo id), architecture detection, output for people (units: see
@@ -24,7 +24,7 @@ from ._progress import format_bytes
 from .errors import ConfigError, Hf2qError, SafetensorsError
 
 DEFAULT_DEMO_CONFIG = "gemma-4-26B-A4B-it"
-COMMANDS = ("inspect", "load", "demo")
+COMMANDS = ("inspect", "load", "demo", "convert")
 
 # =========================================================================== naming a checkpoint
 
@@ -153,8 +153,19 @@ def open_device(kind: str | None) -> Any:
     return Device.default() if kind in (None, "auto") else Device(kind)
 
 
-#: The family options the command line offers (``inspect`` and ``load``), as loader keywords.
-CLI_FAMILY_OPTIONS = ("expert_dtype", "dense_dtype", "dtype")
+def _cli_options() -> dict[str, Any]:
+    """The family options the command line offers (``inspect`` and ``load``),
+    as each family declares them (:class:`hf2q.models.base.Option`): loader
+    keyword -> (option, the families that take it), in registry order."""
+    from . import models
+
+    out: dict[str, Any] = {}
+    for fam in models.FAMILIES:
+        impl = fam.impl()
+        for o in impl.options:
+            if o.cli:
+                out.setdefault(o.name, (o, []))[1].append(impl)
+    return out
 
 
 def _flag(option: str) -> str:
@@ -163,7 +174,7 @@ def _flag(option: str) -> str:
 
 def _family_options(args: argparse.Namespace) -> dict[str, Any]:
     """The family options given on the command line."""
-    return {k: getattr(args, k) for k in CLI_FAMILY_OPTIONS if getattr(args, k, None) is not None}
+    return {k: getattr(args, k) for k in _cli_options() if getattr(args, k, None) is not None}
 
 
 def _options_for(fam: Any, path: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -173,7 +184,7 @@ def _options_for(fam: Any, path: Path, args: argparse.Namespace) -> dict[str, An
     foreign = [_flag(k) for k in given if k not in fam.options]
     if foreign:
         verb = "does" if len(foreign) == 1 else "do"
-        offered = [_flag(o) for o in fam.options if o in CLI_FAMILY_OPTIONS]  # not the Python-only ones (mtp)
+        offered = [_flag(o.name) for o in fam.option_specs if o.cli]  # not the Python-only ones (mtp)
         raise UsageError(f"{' and '.join(foreign)} {verb} not apply to {path}: the {fam.name} family takes "
                          f"{', '.join(offered) or 'no options'}")
     return given
@@ -409,21 +420,17 @@ def _add_source(p: argparse.ArgumentParser, what: str) -> None:
 
 _DEVICE_HELP = ("where the weights go: auto (the first available of Metal on Apple, a CUDA GPU, the host) "
                 "or a backend this build has")
-_DTYPES = ["keep", "f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
 
 
 def _add_family_options(p: argparse.ArgumentParser, what: str = "") -> None:
-    """``--expert-dtype``, ``--dense-dtype``, ``--dtype`` (:data:`CLI_FAMILY_OPTIONS`): the same
-    choices for ``inspect`` (the plan a load would make) and ``load``; one the checkpoint's
-    family does not take is a usage error."""
-    p.add_argument("--expert-dtype", choices=["q8_0", "bf16", "f32", "q4_0", "q4_k", "q5_k", "q6_k"],
-                   help=f"Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the expert stacks{what} (default q8_0)")
-    p.add_argument("--dense-dtype", choices=["f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"],
-                   help=f"Qwen3.5/3.6 MoE, Gemma 4 only: dtype of the other matrices{what} (default f32)")
-    p.add_argument("--dtype", choices=_DTYPES,
-                   help=f"generic checkpoints (no known architecture) only{what}: keep each tensor's dtype "
-                        "(default), or convert floats as llama.cpp's --outtype would (q8_0: 2-D weights whose rows "
-                        "are whole 32-blocks)")
+    """One flag per option the families declare (``--expert-dtype``,
+    ``--dense-dtype``, ``--dtype``): the same choices for ``inspect`` (the
+    plan a load would make) and ``load``; one the checkpoint's family does
+    not take is a usage error."""
+    for name, (opt, fams) in _cli_options().items():
+        who = ", ".join(f.label for f in fams)
+        p.add_argument(_flag(name), choices=list(opt.choices) if opt.choices is not None else None,
+                       help=f"{who} only: {opt.help}{what} (default {opt.default})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -435,8 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hf2q",
         description="HuggingFace safetensors checkpoints to inference-ready weights in device memory.",
         epilog="Environment: HF2Q_NUM_THREADS, HF2Q_NO_RESIDENCY, HF2Q_FORCE_SCALAR, HF2Q_NO_PROGRESS, "
-               "HF2Q_CACHE, HF2Q_CACHE_DIR, and Hugging Face's HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, "
-               "HF_HUB_DISABLE_PROGRESS_BARS (see the README).",
+               "HF2Q_HUGEPAGES, HF2Q_CUDA_STAGING_MIB, HF2Q_CUDA_SLOT_MIB, HF2Q_CACHE, HF2Q_CACHE_DIR, and "
+               "Hugging Face's HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_HUB_DISABLE_PROGRESS_BARS (see the README).",
     )
     parser.add_argument("--version", action="version", version=f"hf2q {__version__}",
                         help="print the version and exit")
@@ -481,6 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remove", action="store_true", help="delete the demo's cached checkpoint and exit")
     p.add_argument("--config", help=argparse.SUPPRESS)  # another drafter config (tests: tiny); or HF2Q_DEMO_CONFIG
     p.set_defaults(func=cmd_demo)
+
+    from .export.cli import add_parser as add_convert  # the convert subcommand lives with the GGUF writer
+
+    add_convert(sub, _add_source)
     return parser
 
 

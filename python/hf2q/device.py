@@ -43,19 +43,24 @@ PathOrFd = Union[str, "os.PathLike[str]", int]
 DTYPES = formats.DEVICE_FORMATS
 # Which format an ndarray of each numpy dtype uploads as: the device formats
 # with an element dtype, but u8 (uint8 arrays are raw bytes of `src_dtype`).
+# Keyed by the dtype's name so that nothing here imports ml_dtypes: an array
+# can only be bfloat16 once its caller imported it (README, "Benchmarks").
 _NUMPY_SRC = {
-    f.numpy_dtype: f.name
+    f.numpy_name: f.name
     for f in map(formats.get, DTYPES)
-    if f.numpy_dtype is not None and f.numpy_dtype != U8
+    if f.numpy_name and f.numpy_name != U8.name
 }
 
 
-class FileReadError(Hf2qError, OSError):
-    """A file could not be read completely (I/O error, or the file shrank or
-    was rewritten while being read). ``code`` is ``"FileTruncated"`` (end of
-    file before the bytes expected) or ``"Io"``, as the native reader says."""
+def _numpy_src(dtype: Any) -> str | None:
+    """The device dtype of numpy data of ``dtype`` (None: raw bytes or unsupported)."""
+    if dtype is None:
+        return None
+    return _NUMPY_SRC.get(np.dtype(dtype).name)
 
-    code: str = "Io"
+
+# With the other errors (hf2q.errors, data only); the native reader raises it by this name.
+from .errors import FileReadError  # noqa: E402
 
 
 def _dtype_name(dtype: str) -> str:
@@ -462,8 +467,8 @@ class Device:
     @staticmethod
     def _source(src: Any, src_dtype: str | None, to: str) -> tuple[np.ndarray, str, tuple[int, ...]]:
         arr = as_byte_array(src)
-        if arr.dtype in _NUMPY_SRC:
-            inferred = _NUMPY_SRC[arr.dtype]
+        inferred = _numpy_src(arr.dtype)
+        if inferred is not None:
             if src_dtype is not None and src_dtype != inferred:
                 raise TypeError(f"src has dtype {arr.dtype} but src_dtype={src_dtype!r} was given")
             flat = arr.reshape(-1).view(U8)
@@ -533,7 +538,7 @@ class Device:
         """A new buffer of dtype ``to`` holding ``src`` (a raw little-endian
         buffer or an ndarray of bf16/f16/f32). Decode and quantize kernels
         write straight into the buffer; no staging array."""
-        to = _dtype_name(to if to is not None else _NUMPY_SRC.get(getattr(src, "dtype", None), "u8"))
+        to = _dtype_name(to if to is not None else (_numpy_src(getattr(src, "dtype", None)) or "u8"))
         flat, sdt, src_shape = self._source(src, src_dtype, to)
         out_shape = _shape(shape) if shape is not None else src_shape
         numel, want = _numel(src_shape), _numel(out_shape)

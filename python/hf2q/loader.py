@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 
 from . import formats
-from .device import Buffer, Device, FileReadError
-from .errors import NonFiniteError
-from .models._loading import LoadSummary, detached, file_read_error, progress_bar, residency_state
+from ._progress import progress_bar
+from .device import Buffer, Device
+from .device import _detached as detached
+from .errors import FileReadError, NonFiniteError, SafetensorsError
 from .plan import LoadPlan, Piece, TensorPlan
 from .safetensors import Checkpoint
 
-__all__ = ["execute", "STAGING_BYTES", "BATCH_BYTES", "BATCH_ENTRIES"]
+__all__ = ["execute", "LoadSummary", "STAGING_BYTES", "BATCH_BYTES", "GPU_BATCH_BYTES", "BATCH_ENTRIES"]
 
 #: Bytes of source data an ``elementwise`` entry stages at a time (at most).
 STAGING_BYTES = 16 << 20
@@ -33,10 +35,77 @@ STAGING_BYTES = 16 << 20
 #: A batch of streamed entries ends once it holds this many source bytes (a
 #: bound on the work between two progress updates or interrupt checks) ...
 BATCH_BYTES = 1 << 30
+#: ... on a device whose memory the CPU cannot address (a GPU), this many:
+#: each batch ends with the staging pipeline drained and the GPU idle while
+#: the next one is planned and allocated, so fewer, larger batches keep the
+#: copy engine busy (4 GiB is about 75 ms of PCIe gen 5 x16).
+GPU_BATCH_BYTES = 4 << 30
 #: ... or this many entries.
 BATCH_ENTRIES = 256
 
 M = TypeVar("M")
+
+
+def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
+    """The native read error as a SafetensorsError naming file and tensor; its
+    code (``FileTruncated`` / ``Io``) is the one the native reader set."""
+    reason = getattr(e, "reason", str(e))
+    code = getattr(e, "code", "Io")
+    return SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code=code, path=path, tensor=tensor)
+
+
+@dataclass
+class LoadSummary:
+    """What a load did, for the CLI and benchmarks."""
+
+    model: str
+    device: str
+    tensors: int
+    resident_bytes: int
+    data_bytes: int
+    seconds: float
+    residency: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.data_bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "tensors": self.tensors,
+            "resident_bytes": self.resident_bytes,
+            "data_bytes": self.data_bytes,
+            "seconds": round(self.seconds, 3),
+            "gb_per_s": round(self.gb_per_s, 2),
+            "residency": self.residency,
+            **self.extra,
+        }
+
+
+def residency_state(device: Device, buffers: Iterable[Buffer]) -> dict[str, Any]:
+    """Residency of one model's ``buffers`` (not of everything else on the
+    device): how many are in a residency set, their page-rounded bytes, how
+    many of those bytes are locked, and bytes left out over the wired budget."""
+    enabled = bool(device.residency_enabled)
+    count = allocated = locked = unwired = 0
+    for b in buffers:
+        if b.registered:
+            count += 1
+            allocated += b.alloc_len
+            if b.locked:
+                locked += b.alloc_len
+        elif enabled:
+            unwired += b.alloc_len
+    return {
+        "enabled": enabled,
+        "buffers": count,
+        "allocated_bytes": allocated,
+        "locked_bytes": locked,
+        "unwired_bytes": unwired,
+    }
 
 
 def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callable[[dict[str, Buffer]], M], *,
@@ -48,7 +117,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     Streamed entries go to the device in batches (one allocation call, one
     pipeline of reads and copies: on a GPU the staging ring and the copy
     engine stay busy from one tensor to the next) of up to
-    :data:`BATCH_BYTES` of source data or :data:`BATCH_ENTRIES` entries;
+    :data:`BATCH_BYTES` (on a GPU :data:`GPU_BATCH_BYTES`) of source data or
+    :data:`BATCH_ENTRIES` entries;
     the other entries (transforms and staged conversions, small tensors) are
     done as they come, while the batch around them keeps collecting. The
     residency set is committed once a group's (layer's) data is written:
@@ -68,6 +138,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     pending: list[TensorPlan] = []  # streamed entries not yet read
     pending_sizes: list[int] = []
     pending_bytes = 0
+    batch_bytes = BATCH_BYTES if device._native.cpu_visible else GPU_BATCH_BYTES
 
     def flush() -> None:
         nonlocal pending_bytes
@@ -91,7 +162,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 pending.append(entry)
                 pending_sizes.append(size)
                 pending_bytes += size
-                if pending_bytes >= BATCH_BYTES or len(pending) >= BATCH_ENTRIES:
+                if pending_bytes >= batch_bytes or len(pending) >= BATCH_ENTRIES:
                     flush()
             else:
                 # Read, transformed or staged now (small tensors); the batch
@@ -151,9 +222,13 @@ def _file_groups(ckpt: Checkpoint, pieces: tuple[Piece, ...] | list[Piece]
     """The segments of ``pieces`` by (file descriptor, source format): each
     group is one device call's worth (one conversion, one file)."""
     groups: dict[tuple[int, str], list[tuple[tuple[int, int, int], Piece]]] = {}
+    names: dict[str, str] = {}  # a piece's format as the device names it (the table takes either spelling)
     for piece in pieces:
         fd = ckpt.file_for(piece.tensor).fileno()
-        groups.setdefault((fd, piece.dtype), []).extend((seg, piece) for seg in _segments(ckpt, piece))
+        name = names.get(piece.dtype)
+        if name is None:
+            name = names[piece.dtype] = formats.get(piece.dtype).name
+        groups.setdefault((fd, name), []).extend((seg, piece) for seg in _segments(ckpt, piece))
     return groups
 
 

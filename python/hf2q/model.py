@@ -57,7 +57,7 @@ def check_layout(buffers: Mapping[str, Buffer], layout: Mapping[str, tuple[str, 
 class LoadedModel:
     """Weights resident on ``device``, addressable by name (``model[name]``);
     iteration yields the names in load order. ``config`` is the family's
-    parsed config, ``summary`` the :class:`~hf2q.models._loading.LoadSummary`
+    parsed config, ``summary`` the :class:`~hf2q.loader.LoadSummary`
     of the load that made it."""
 
     family: str = "model"
@@ -92,6 +92,17 @@ class LoadedModel:
 
     def __len__(self) -> int:
         return len(self.named_buffers())
+
+    def state_dict(self, framework: str = "torch") -> dict[str, Any]:
+        """``{name: torch.Tensor}`` sharing memory with the buffers (DLPack, no
+        copy; on the buffers' device), each tensor keeping its buffer alive;
+        see :mod:`hf2q.torch` for the dtypes (``q8_0``: ``uint8`` bytes of
+        shape ``(rows, row_bytes)``). torch is imported here, on first use."""
+        if framework != "torch":
+            raise ValueError(f"state_dict: framework must be 'torch', got {framework!r}")
+        from . import torch as hf2q_torch
+
+        return hf2q_torch.state_dict(dict(self.named_buffers()))
 
     # ------------------------------------------------------------------ bytes
     def gpu_resident_bytes(self) -> int:

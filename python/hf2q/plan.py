@@ -28,15 +28,22 @@ import numpy as np
 
 from . import formats
 
-__all__ = ["Piece", "TensorPlan", "LoadPlan"]
+__all__ = ["Piece", "TensorPlan", "LoadPlan", "CONVERT_DTYPES"]
+
+#: The device formats a family offers for the tensors it converts (its
+#: ``dense_dtype`` / ``expert_dtype`` / ``dtype`` options): every family and
+#: the command line read this one tuple.
+CONVERT_DTYPES: tuple[str, ...] = ("f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
 
 
 @dataclass(frozen=True)
 class Piece:
     """One source of a planned tensor.
 
-    ``tensor`` is the checkpoint name, ``dtype`` its format (hf2q name, e.g.
-    ``"bf16"``), ``shape`` its shape in the file. The piece lands at element
+    ``tensor`` is the checkpoint name, ``dtype`` its format as the format
+    table knows it (the hf2q name ``"bf16"`` or the safetensors code
+    ``"BF16"``: :func:`hf2q.formats.get` takes both), ``shape`` its shape in
+    the file. The piece lands at element
     ``dest_offset`` of the destination. ``rows`` selects rows ``[start, stop)``
     of axis 1 of a source shaped ``[N, R, ...]``, for each of the ``N``
     leading entries (the gate or up half of a fused expert tensor); those
@@ -103,19 +110,39 @@ class TensorPlan:
 @dataclass
 class LoadPlan(Sequence[TensorPlan]):
     """The ordered entries of one load, the family that made them and its
-    parsed config; ``skipped`` lists checkpoint tensors left out on purpose."""
+    parsed config; ``skipped`` lists checkpoint tensors left out on purpose;
+    ``extra`` the family's numbers for the load summary. Entries are found
+    by position or by destination name (``plan["token_embd.weight"]``,
+    ``name in plan``)."""
 
     family: str
     entries: list[TensorPlan]
     config: Any = None
     skipped: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    _index: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __getitem__(self, i):  # type: ignore[override]
-        return self.entries[i]
+    def _names(self) -> dict[str, int]:
+        if len(self._index) != len(self.entries):  # built on first use (entries may be appended until then)
+            self._index.clear()
+            self._index.update({e.name: i for i, e in enumerate(self.entries)})
+        return self._index
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, str):
+            return self.entries[self._names()[key]]
+        return self.entries[key]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    @property
+    def names(self) -> list[str]:
+        """Destination names, in plan order."""
+        return [e.name for e in self.entries]
 
     def __iter__(self) -> Iterator[TensorPlan]:
         return iter(self.entries)

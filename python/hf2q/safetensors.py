@@ -35,8 +35,7 @@ import numpy as np
 
 from . import _core, formats
 from ._files import INDEX_MAX_BYTES, FileIdentity, open_regular, read_capped
-from .device import FileReadError
-from .errors import SafetensorsError
+from .errors import FileReadError, SafetensorsError
 
 __all__ = [
     "DTYPE_BITS",

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -42,7 +43,7 @@ namespace {
 
 using namespace cuda;
 
-constexpr std::size_t kSlotBytes = 8u << 20;  // a multiple of 32 elements of every source dtype
+constexpr std::size_t kSlotBytes = 8u << 20;  // default; a multiple of 32 elements of every source dtype
 constexpr int kStatusCells = 256;             // concurrent converting uploads before one waits
 constexpr unsigned kBlock = 256;
 
@@ -317,7 +318,7 @@ class CudaBackend final : public Backend {
 
  private:
   struct Slot {
-    void* host = nullptr;       // pinned staging, kSlotBytes (a part of the ring's memory)
+    void* host = nullptr;       // pinned staging, slot_bytes_ (a part of the ring's memory)
     CUdeviceptr scratch = 0;    // device copy of the staged source, for conversions
     CUstream stream = nullptr;
     CUevent done = nullptr;     // recorded after the slot's last copy / kernel
@@ -469,14 +470,46 @@ class CudaBackend final : public Backend {
 
   // ---------------------------------------------------------- staging ring
 
+  // The staging ring (docs/CUDA.md, "Uploads"): 16 slots of 8 MiB (128
+  // MiB of pinned memory), fewer where that would pass 1/64 of the host's
+  // memory. On the H200 machine (16 threads) 128 MiB loaded a 71 GB
+  // checkpoint faster than 256 MiB, 512 MiB or 1 GiB. HF2Q_CUDA_STAGING_MIB
+  // sets the ring's size and HF2Q_CUDA_SLOT_MIB (1, 2, 4 or 8) the slots'
+  // (benchmarks).
+  static long env_long(const char* name) {
+    const char* env = std::getenv(name);
+    if (env == nullptr || *env == '\0') return 0;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    return *end == '\0' && v > 0 ? v : 0;
+  }
+
+  static std::size_t slot_bytes_from_env() {
+    const long mib = env_long("HF2Q_CUDA_SLOT_MIB");
+    return mib == 1 || mib == 2 || mib == 4 || mib == 8 ? static_cast<std::size_t>(mib) << 20 : kSlotBytes;
+  }
+
+  static int ring_slots(std::size_t slot_bytes) {
+    if (const long mib = env_long("HF2Q_CUDA_STAGING_MIB")) {
+      const long n = (mib << 20) / static_cast<long>(slot_bytes);
+      return static_cast<int>(std::min<long>(1024, std::max<long>(2, n)));
+    }
+    std::size_t n = (128u << 20) / slot_bytes;
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) {
+      const std::size_t host = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+      n = std::min(n, std::max<std::size_t>(4, host / 64 / slot_bytes));
+    }
+    return static_cast<int>(n);
+  }
+
   void ensure_ring() {
     std::lock_guard<std::mutex> lk(ring_mu_);
     if (!slots_.empty()) return;
-    // Two slots per thread, at most 16 (128 MiB pinned): on the H200 machine
-    // 12, 24 and 32 slots all loaded slower than 16 with 16 threads.
-    const int n = std::min(16, std::max(4, 2 * get_num_threads()));
+    const std::size_t slot_bytes = slot_bytes_from_env();
+    const int n = ring_slots(slot_bytes);
     std::vector<Slot> slots(static_cast<std::size_t>(n));
-    const std::size_t len = static_cast<std::size_t>(n) * kSlotBytes;
+    const std::size_t len = static_cast<std::size_t>(n) * slot_bytes;
     try {
       // The slots' memory is one mapping of transparent huge pages, pinned
       // by cuMemHostRegister: on the H200 machine 18 ms for 128 MiB (28 ms
@@ -501,7 +534,7 @@ class CudaBackend final : public Backend {
       }
       for (std::size_t i = 0; i < slots.size(); ++i) {
         Slot& s = slots[i];
-        s.host = static_cast<std::uint8_t*>(ring_host_) + i * kSlotBytes;
+        s.host = static_cast<std::uint8_t*>(ring_host_) + i * slot_bytes;
         check(d_->cuStreamCreate(&s.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         check(d_->cuEventCreate(&s.done, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
       }
@@ -515,6 +548,7 @@ class CudaBackend final : public Backend {
     }
     slots_ = std::move(slots);
     ring_len_ = len;
+    slot_bytes_ = slot_bytes;
     for (int i = 0; i < n; ++i) free_slots_.push_back(i);
   }
 
@@ -726,7 +760,7 @@ class CudaBackend final : public Backend {
     constexpr std::size_t kGranule = 64u << 10;
     const std::size_t threads = static_cast<std::size_t>(get_num_threads());
     std::size_t chunk = (total / (2 * threads) + kGranule - 1) / kGranule * kGranule;
-    chunk = std::min(kSlotBytes, std::max<std::size_t>(1u << 20, chunk));
+    chunk = std::min(slot_bytes_, std::max<std::size_t>(std::min<std::size_t>(1u << 20, slot_bytes_), chunk));
     // A piece is one staging slot's worth: a part of a large source, or a
     // run of whole small sources that lie back to back in the buffer (an
     // expert stack gathered from per-expert tensors), read one after another
@@ -828,7 +862,7 @@ class CudaBackend final : public Backend {
           if (p.op == UploadOp::Raw) {
             check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
           } else {
-            if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, kSlotBytes), "cuMemAlloc (scratch)");
+            if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, slot_bytes_), "cuMemAlloc (scratch)");
             check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
             CUdeviceptr from = s.scratch;
             const unsigned long long elems = pc.len / p.src_elem, first = pc.off / p.src_elem;
@@ -915,6 +949,7 @@ class CudaBackend final : public Backend {
   std::deque<int> free_slots_;  // FIFO
   void* ring_host_ = nullptr;   // the slots' pinned memory
   std::size_t ring_len_ = 0;
+  std::size_t slot_bytes_ = kSlotBytes;  // set with the ring, before any upload reads it
   bool ring_mapped_ = false;    // mmap'ed and registered (else cuMemHostAlloc)
 
   std::mutex status_mu_;

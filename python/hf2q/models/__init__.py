@@ -1,23 +1,14 @@
 """Model families and the registry that picks one for a checkpoint.
 
-A family is a module (one folder under ``hf2q/models/``) that declares:
-
-- ``NAME``: its registry name (``"dflash"``, ``"qwen35moe"``, ``"generic"``);
-- ``OPTIONS``: the keyword options its loader takes (the CLI offers them);
-- ``recognises(config)``: whether a parsed ``config.json`` (None when the
-  checkpoint has none) is one of its models;
-- ``load_checkpoint(ckpt, device, *, config, progress, **options)``: parse the
-  config, build the :class:`~hf2q.plan.LoadPlan` and run it with
-  :func:`hf2q.loader.execute`, returning a :class:`~hf2q.model.LoadedModel`;
-- ``inspect_checkpoint(ckpt, *, config, **options)``: the plan's numbers
-  (``gpu_resident_bytes``, ``device_dtypes`` by tensor, family fields),
-  reading no tensor bytes;
-- optionally, for a family whose models can be a speculative drafter's
-  target (:mod:`hf2q.pairs`): ``plan_checkpoint(ckpt, *, config, **options)``
-  (the plan, no bytes read), ``target_heads(plan)`` (where the embedding
-  and LM head are, and the numbers a drafter must match) and
-  ``load_planned(plan, ckpt, device, *, progress, check_finite)`` (that plan
-  loaded, so that a pair plans its target once).
+A family is a package under ``hf2q/models/`` whose ``FAMILY`` is a
+:class:`~hf2q.models.base.ModelFamily`: its name, the options it declares
+(:class:`~hf2q.models.base.Option`: name, choices, default, help),
+``recognises(config)``, ``parse_config``, ``plan`` (a
+:class:`~hf2q.plan.LoadPlan`, no tensor byte read), ``model`` (the view of
+the loaded buffers) and, for a speculative drafter's target
+(:mod:`hf2q.pairs`), ``target_heads(plan)``. Loading, inspecting and the pair
+hooks (``plan_checkpoint``, ``load_planned``) are the base class's, the same
+for every family.
 
 :func:`detect` asks the families in :data:`FAMILIES` order; ``generic``
 recognises everything and is asked last. :func:`load` reads ``config.json``
@@ -32,10 +23,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
-from ..errors import ConfigError, parse_config_json, read_config_text
+from .._configfile import parse_config_json, read_config_text
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .base import ModelFamily, Option
 
 __all__ = ["Family", "FAMILIES", "family", "detect", "read_config", "check_options", "load", "load_with", "inspect"]
 
@@ -44,18 +38,29 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 @dataclass(frozen=True)
 class Family:
-    """One registry row: the family's name and the module implementing it."""
+    """One registry row: the family's name and the package whose ``FAMILY``
+    implements it (imported when first asked)."""
 
     name: str
     module: str
-    description: str
 
-    def impl(self) -> ModuleType:
-        return importlib.import_module(self.module)
+    def impl(self) -> ModelFamily:
+        """The family's :class:`~hf2q.models.base.ModelFamily`."""
+        return importlib.import_module(self.module).FAMILY
+
+    @property
+    def description(self) -> str:
+        return self.impl().description
 
     @property
     def options(self) -> tuple[str, ...]:
-        return tuple(self.impl().OPTIONS)
+        """The names of the options the family declares."""
+        return self.impl().option_names
+
+    @property
+    def option_specs(self) -> tuple[Option, ...]:
+        """The options the family declares (name, choices, default, help)."""
+        return self.impl().options
 
     def recognises(self, config: Mapping[str, Any] | None) -> bool:
         return bool(self.impl().recognises(config))
@@ -63,10 +68,10 @@ class Family:
 
 #: The registry, in the order :func:`detect` asks (the catch-all last).
 FAMILIES: tuple[Family, ...] = (
-    Family("dflash", "hf2q.models.dflash", "DFlash block-diffusion drafters"),
-    Family("qwen35moe", "hf2q.models.qwen35", "Qwen3.5 / Qwen3.6 MoE (experts in Q8_0 at load time)"),
-    Family("gemma4", "hf2q.models.gemma4", "Gemma 4 text models, MoE and dense (experts in Q8_0 at load time)"),
-    Family("generic", "hf2q.models.generic", "any safetensors checkpoint, its own tensor names"),
+    Family("dflash", "hf2q.models.dflash"),
+    Family("qwen35moe", "hf2q.models.qwen35"),
+    Family("gemma4", "hf2q.models.gemma4"),
+    Family("generic", "hf2q.models.generic"),
 )
 
 
@@ -111,10 +116,7 @@ def check_options(fam: Family, options: Mapping[str, Any]) -> None:
     does not take, and the family (one that would do nothing is refused,
     never dropped): the rule of :func:`load`, :func:`inspect` and
     :func:`hf2q.pairs.load_pair`."""
-    unknown = sorted(set(options) - set(fam.options))
-    if unknown:
-        takes = f"it takes {', '.join(fam.options)}" if fam.options else "it takes none"
-        raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; {takes}")
+    fam.impl().check_options(options)
 
 
 def load(path: PathLike, device: Any = None, *, family: str | None = None, progress: bool = True,

@@ -21,7 +21,7 @@ import numpy as np
 from ..models.gemma4.config import Gemma4Config
 from ..models.gemma4.plan import _layer_wants
 
-__all__ = ["make_gemma4_checkpoint", "gemma4_tensor_shapes", "GEMMA4_26B_A4B_TEXT_CONFIG"]
+__all__ = ["make_gemma4_checkpoint", "gemma4_tensor_shapes", "gemma4_config_dict", "GEMMA4_26B_A4B_TEXT_CONFIG"]
 
 #: gemma-4-26B-A4B-it's text config (docs/GEMMA4.md), published form.
 GEMMA4_26B_A4B_TEXT_CONFIG: dict[str, Any] = {
@@ -72,6 +72,17 @@ def _pool(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return w.view(np.uint16), n.view(np.uint16)
 
 
+def gemma4_config_dict(text_config: Mapping[str, Any], *, wrapper: bool = False) -> dict[str, Any]:
+    """``config.json`` as transformers writes it for ``text_config``:
+    ``Gemma4ForCausalLM``, or the multimodal wrapper (``wrapper``)."""
+    text = dict(text_config)
+    if wrapper:
+        return {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+                "text_config": {**text, "model_type": "gemma4_text"}, "vision_config": None, "audio_config": None,
+                "tie_word_embeddings": text.get("tie_word_embeddings", True)}
+    return {"architectures": ["Gemma4ForCausalLM"], **text, "model_type": "gemma4_text"}
+
+
 def make_gemma4_checkpoint(directory: str | os.PathLike[str], text_config: Mapping[str, Any], *,
                            wrapper: bool = False, seed: int = 0, lm_head: bool | None = None,
                            tokenizer_tokens: int | None = None) -> Path:
@@ -84,13 +95,7 @@ def make_gemma4_checkpoint(directory: str | os.PathLike[str], text_config: Mappi
     d.mkdir(parents=True, exist_ok=True)
     text = dict(text_config)
     shapes = gemma4_tensor_shapes(text, wrapper=wrapper, lm_head=lm_head)
-    if wrapper:
-        cfg = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
-               "text_config": {**text, "model_type": "gemma4_text"}, "vision_config": None, "audio_config": None,
-               "tie_word_embeddings": text.get("tie_word_embeddings", True)}
-    else:
-        cfg = {"architectures": ["Gemma4ForCausalLM"], **text, "model_type": "gemma4_text"}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (d / "config.json").write_text(json.dumps(gemma4_config_dict(text, wrapper=wrapper), indent=2) + "\n")
     if tokenizer_tokens is not None:
         tok = {"model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(tokenizer_tokens)}, "merges": []},
                "added_tokens": []}

@@ -7,35 +7,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...device import Device
+from ...device import Buffer, Device
 from ...errors import ConfigError
+from ...plan import LoadPlan
 from ...safetensors import Checkpoint
+from ..base import ModelFamily
 from . import config as _config, manifest as _manifest, model as _model, plan as _plan
 from .config import *  # noqa: F403
 from .manifest import *  # noqa: F403
 from .model import *  # noqa: F403
 from .plan import plan_dflash
+from .load import load
 from .config import DFlashConfig
 from .manifest import DFlashWeights
 from .model import DFlashModelTensors
 
-__all__ = [*_config.__all__, *_manifest.__all__, *_model.__all__, *_plan.__all__]
+__all__ = [*_config.__all__, *_manifest.__all__, *_model.__all__, *_plan.__all__, "load", "DFlashFamily",
+           "FAMILY"]
 
 # ============================================================================ family interface
-# (hf2q.models.FAMILIES: how the registry recognises, loads and inspects a drafter)
-
-NAME = "dflash"
-OPTIONS: tuple[str, ...] = ()
-
-
-def recognises(config: Mapping[str, Any] | None) -> bool:
-    """A drafter's ``config.json``: ``DFlashDraftModel`` or a ``dflash_config``."""
-    if config is None:
-        return False
-    archs = config.get("architectures") or []
-    archs = [archs] if isinstance(archs, str) else (archs if isinstance(archs, list) else [])
-    return "DFlashDraftModel" in archs or "dflash_config" in config
-
+# (hf2q.models.FAMILIES: how the registry recognises, plans, loads and inspects a drafter)
 
 def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> DFlashConfig:
     if config is None:
@@ -46,14 +37,35 @@ def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> DFlashConf
         raise ConfigError(f"{ckpt.directory / 'config.json'}: {e}", key=e.key, rule=e.rule) from None
 
 
-def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None,
-                    progress: bool, check_finite: bool = False) -> DFlashModelTensors:
-    weights = DFlashWeights.load(ckpt, _config_of(ckpt, config))
-    return DFlashModelTensors.upload(device, weights.config, weights, progress=progress, check_finite=check_finite)
+class DFlashFamily(ModelFamily):
+    name = "dflash"
+    description = "DFlash block-diffusion drafters"
+    label = "DFlash drafters"
+    options = ()
+
+    def recognises(self, config: Mapping[str, Any] | None) -> bool:
+        """A drafter's ``config.json``: ``DFlashDraftModel`` or a ``dflash_config``."""
+        if config is None:
+            return False
+        archs = config.get("architectures") or []
+        archs = [archs] if isinstance(archs, str) else (archs if isinstance(archs, list) else [])
+        return "DFlashDraftModel" in archs or "dflash_config" in config
+
+    def parse_config(self, ckpt: Checkpoint, config: Mapping[str, Any] | None) -> DFlashConfig:
+        return _config_of(ckpt, config)
+
+    def plan(self, ckpt: Checkpoint, config: DFlashConfig) -> LoadPlan:  # type: ignore[override]
+        # The manifest check (names, dtypes, shapes against the config) first.
+        return plan_dflash(DFlashWeights.load(ckpt, config))
+
+    def model(self, device: Device, plan: LoadPlan, buffers: dict[str, Buffer]) -> DFlashModelTensors:
+        return DFlashModelTensors.from_buffers(device, plan.config, buffers)
 
 
-def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None) -> dict[str, Any]:
-    weights = DFlashWeights.load(ckpt, _config_of(ckpt, config))
-    return {"gpu_resident_bytes": weights.gpu_resident_bytes(),
-            "device_dtypes": {t.entry.name: t.entry.device_dtype for t in weights}}
-
+FAMILY = DFlashFamily()
+# The family's methods under their module names (the registry uses FAMILY).
+NAME = FAMILY.name
+OPTIONS = FAMILY.option_names
+recognises = FAMILY.recognises
+load_checkpoint = FAMILY.load_checkpoint
+inspect_checkpoint = FAMILY.inspect_checkpoint

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ...errors import ConfigError, json_type_name, parse_config_json, read_config_text
+from ..._configfile import json_type_name, parse_config_json, read_config_text
+from ...errors import ConfigError
 from .._limits import check_bound
 
 __all__ = [

@@ -4,9 +4,8 @@ one loader from :func:`~hf2q.models.dflash.plan.plan_dflash`."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from ...device import Buffer, Device
 from ...errors import ConfigError
@@ -16,9 +15,7 @@ from .config import DFlashConfig
 from .manifest import DFlashWeights, expected_manifest
 from .plan import plan_dflash
 
-__all__ = ["DFlashLayerTensors", "DFlashModelTensors", "DTypeInvariantError", "load"]
-
-PathLike = Union[str, "os.PathLike[str]"]
+__all__ = ["DFlashLayerTensors", "DFlashModelTensors", "DTypeInvariantError"]
 
 #: Python field -> per-layer checkpoint name (after ``layers.{i}.``).
 _LAYER_FIELDS: dict[str, str] = {
@@ -78,7 +75,7 @@ class DFlashModelTensors(LoadedModel):
         self.check_dtypes()
 
     @classmethod
-    def _from_buffers(cls, device: Device, cfg: DFlashConfig, bufs: dict[str, Buffer]) -> DFlashModelTensors:
+    def from_buffers(cls, device: Device, cfg: DFlashConfig, bufs: dict[str, Buffer]) -> DFlashModelTensors:
         layers = [DFlashLayerTensors(**{f: bufs[f"layers.{i}.{n}"] for f, n in _LAYER_FIELDS.items()})
                   for i in range(cfg.num_hidden_layers)]
         return cls(device, cfg, bufs["fc.weight"], bufs["hidden_norm.weight"], bufs["norm.weight"], layers)
@@ -98,9 +95,8 @@ class DFlashModelTensors(LoadedModel):
         if weights.config != cfg:
             raise ConfigError("weights were validated against a different config")
         plan = plan_dflash(weights)
-        return execute(plan, weights.checkpoint, device, lambda bufs: cls._from_buffers(device, cfg, bufs),
-                       progress=progress, check_finite=check_finite,
-                       extra={"layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size})
+        return execute(plan, weights.checkpoint, device, lambda bufs: cls.from_buffers(device, cfg, bufs),
+                       progress=progress, check_finite=check_finite, extra=plan.extra)
 
     # ------------------------------------------------------------------ access
     def named_buffers(self) -> dict[str, Buffer]:
@@ -124,27 +120,3 @@ class DFlashModelTensors(LoadedModel):
         return (f"<hf2q.dflash.DFlashModelTensors L={self.config.num_hidden_layers} H={self.config.hidden_size} "
                 f"{self.gpu_resident_bytes():,} resident bytes on {self.device.kind}>")
 
-
-def load(path: PathLike, device: Device | None = None, progress: bool = True,
-         config: DFlashConfig | None = None, *, target: LoadedModel | None = None, revision: str | None = None,
-         download: bool = False, check_finite: bool = False) -> DFlashModelTensors:
-    """Validate a DFlash drafter checkpoint (file or directory with
-    ``config.json``, or a Hugging Face repo id in the local cache: see
-    :func:`hf2q.hub.resolve` for ``revision`` and ``download``) and make it
-    resident on ``device`` (default: :meth:`hf2q.Device.default`).
-    ``model.summary`` holds the load summary; ``progress`` draws a bar on a
-    terminal only.
-
-    ``target``: a loaded target model (Qwen3.5/3.6 MoE, Gemma 4) to bind the
-    drafter to — checked first, then ``embed_tokens`` / ``lm_head`` are the
-    target's own buffers (see :mod:`hf2q.pairs`)."""
-    from ...hub import resolve
-
-    path = resolve(path, revision, download=download)
-    if target is not None:
-        from ...pairs import bind
-
-        return bind(path, target, device, progress=progress, config=config, check_finite=check_finite)
-    dev = device if device is not None else Device.default()
-    with DFlashWeights.load(path, config) as weights:
-        return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress, check_finite=check_finite)

@@ -22,4 +22,5 @@ def plan_dflash(weights: DFlashWeights) -> LoadPlan:
         src = formats.from_safetensors(e.disk_dtype).name
         entries.append(TensorPlan(e.name, tuple(e.shape), e.device_dtype, (Piece(e.name, src, tuple(e.shape)),),
                                   group=_layer(e.name), kind="norm" if e.is_norm else "weight"))
-    return LoadPlan("dflash", entries, weights.config)
+    cfg = weights.config
+    return LoadPlan("dflash", entries, cfg, extra={"layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size})

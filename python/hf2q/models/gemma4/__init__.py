@@ -18,24 +18,19 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 from ...device import Buffer, Device
-from ...loader import execute
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan
 from ...safetensors import Checkpoint, open_checkpoint
+from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily
 from .config import ARCHITECTURES, FULL_ATTENTION, MODEL_TYPES, SLIDING_ATTENTION, Gemma4Config, Gemma4Layer
 from .plan import DEVICE_DTYPES, device_dtype, gguf_name, is_multimodal_tensor, plan_gemma4, rope_freqs, vocab_rows
 
 __all__ = ["Gemma4Config", "Gemma4Layer", "Gemma4Model", "Gemma4Block", "plan_gemma4", "load", "inspect",
            "device_dtype", "gguf_name", "is_multimodal_tensor", "rope_freqs", "vocab_rows", "DEVICE_DTYPES",
-           "FULL_ATTENTION", "SLIDING_ATTENTION", "NAME", "OPTIONS", "recognises", "target_heads"]
+           "FULL_ATTENTION", "SLIDING_ATTENTION", "NAME", "OPTIONS", "recognises", "target_heads", "Gemma4Family",
+           "FAMILY"]
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-#: Family name in the registry and in summaries.
-NAME = "gemma4"
-#: Options of :func:`load` that the CLI offers.
-OPTIONS = ("expert_dtype", "dense_dtype")
-
 
 class Gemma4Block:
     """One decoder layer's buffers by GGUF suffix (``attn_q``, ``ffn_gate_up_exps``, ...)."""
@@ -70,7 +65,7 @@ class Gemma4Model(LoadedModel):
     when the checkpoint has its own LM head, else the same buffer as the
     embedding (tied; counted once)."""
 
-    family = NAME
+    family = "gemma4"
 
     def __init__(self, device: Device, config: Gemma4Config, plan: LoadPlan, buffers: dict[str, Buffer]) -> None:
         super().__init__(device, config, buffers)
@@ -96,71 +91,72 @@ class Gemma4Model(LoadedModel):
 
 
 # ----------------------------------------------------------------------------- family interface
-def recognises(config: Mapping[str, Any] | None) -> bool:
-    """An architecture ``Gemma4ForConditionalGeneration`` / ``Gemma4ForCausalLM``,
-    or (without ``architectures``) ``model_type`` ``gemma4`` / ``gemma4_text``."""
-    if config is None:
-        return False
-    archs = config.get("architectures")
-    archs = [archs] if isinstance(archs, str) else (archs if isinstance(archs, list) else [])
-    if archs:
-        return any(a in ARCHITECTURES for a in archs)
-    tc = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
-    return config.get("model_type") in MODEL_TYPES or tc.get("model_type") in MODEL_TYPES
-
-
 def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Gemma4Config:
     if config is None:
         return Gemma4Config.from_file(ckpt.directory / "config.json")
     return Gemma4Config.from_dict(config, source=str(ckpt.directory / "config.json"))
 
 
-def plan_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, expert_dtype: str = "q8_0",
-                    dense_dtype: str = "f32") -> LoadPlan:
-    """The plan of an open checkpoint and its parsed ``config.json`` (None: read it)."""
-    return plan_gemma4(ckpt, _config_of(ckpt, config), dense_dtype=dense_dtype, expert_dtype=expert_dtype,
-                       directory=ckpt.directory)
+class Gemma4Family(ModelFamily):
+    name = "gemma4"
+    description = "Gemma 4 text models, MoE and dense (experts in Q8_0 at load time)"
+    label = "Gemma 4"
+    options = (EXPERT_DTYPE, DENSE_DTYPE)
+
+    def recognises(self, config: Mapping[str, Any] | None) -> bool:
+        """An architecture ``Gemma4ForConditionalGeneration`` / ``Gemma4ForCausalLM``,
+        or (without ``architectures``) ``model_type`` ``gemma4`` / ``gemma4_text``."""
+        if config is None:
+            return False
+        archs = config.get("architectures")
+        archs = [archs] if isinstance(archs, str) else (archs if isinstance(archs, list) else [])
+        if archs:
+            return any(a in ARCHITECTURES for a in archs)
+        tc = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+        return config.get("model_type") in MODEL_TYPES or tc.get("model_type") in MODEL_TYPES
+
+    def parse_config(self, ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Gemma4Config:
+        return _config_of(ckpt, config)
+
+    def plan(self, ckpt: Checkpoint, config: Gemma4Config, *, expert_dtype: str = "q8_0",
+             dense_dtype: str = "f32") -> LoadPlan:
+        return plan_gemma4(ckpt, config, dense_dtype=dense_dtype, expert_dtype=expert_dtype, directory=ckpt.directory)
+
+    def model(self, device: Device, plan: LoadPlan, buffers: dict[str, Buffer]) -> Gemma4Model:
+        return Gemma4Model(device, plan.config, plan, buffers)
+
+    def target_heads(self, plan: LoadPlan) -> dict[str, Any]:
+        """GGUF names of the embedding and LM head, whether they are one
+        tensor, and the numbers a drafter must match."""
+        cfg: Gemma4Config = plan.config
+        tied = plan.extra["tied_output"]
+        return {"embedding": "token_embd.weight", "lm_head": "token_embd.weight" if tied else "output.weight",
+                "tied": tied, "declared_tied": cfg.tie_word_embeddings, "hidden_size": cfg.hidden_size,
+                "vocab_size": cfg.vocab_size, "embedding_rows": plan.extra["embedding_rows"],
+                "num_layers": cfg.num_hidden_layers, "tie_key": "tie_word_embeddings"}
+
+    def describe(self, plan: LoadPlan, ckpt: Checkpoint) -> dict[str, Any]:
+        by_kind: dict[str, int] = {}
+        for e in plan:
+            by_kind[e.kind] = by_kind.get(e.kind, 0) + e.nbytes
+        return {"planned_tensors": len(plan), "gpu_resident_bytes": plan.nbytes, "resident_bytes_by_kind": by_kind,
+                # by checkpoint name (the CLI's listing); the GGUF side in gguf_tensors
+                "device_dtypes": {p.tensor: e.dtype for e in plan for p in e.sources},
+                "gguf_tensors": [{"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "kind": e.kind}
+                                 for e in plan],
+                "skipped": list(plan.skipped), **plan.extra}
 
 
-def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
-                    expert_dtype: str = "q8_0", dense_dtype: str = "f32", check_finite: bool = False) -> Gemma4Model:
-    plan = plan_checkpoint(ckpt, config=config, expert_dtype=expert_dtype, dense_dtype=dense_dtype)
-    return load_planned(plan, ckpt, device, progress=progress, check_finite=check_finite)
-
-
-def load_planned(plan: LoadPlan, ckpt: Checkpoint, device: Device, *, progress: bool,
-                 check_finite: bool = False) -> Gemma4Model:
-    """Run a plan that :func:`plan_checkpoint` made for ``ckpt`` (a pair
-    checks the plan's heads first, then loads it: planned once)."""
-    return execute(plan, ckpt, device, lambda bufs: Gemma4Model(device, plan.config, plan, bufs),
-                   progress=progress, extra=plan.extra, check_finite=check_finite)
-
-
-def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, expert_dtype: str = "q8_0",
-                       dense_dtype: str = "f32") -> dict[str, Any]:
-    """The plan's numbers, reading no tensor bytes."""
-    plan = plan_checkpoint(ckpt, config=config, expert_dtype=expert_dtype, dense_dtype=dense_dtype)
-    by_kind: dict[str, int] = {}
-    for e in plan:
-        by_kind[e.kind] = by_kind.get(e.kind, 0) + e.nbytes
-    return {"planned_tensors": len(plan), "gpu_resident_bytes": plan.nbytes, "resident_bytes_by_kind": by_kind,
-            # by checkpoint name (the CLI's listing); the GGUF side in gguf_tensors
-            "device_dtypes": {p.tensor: e.dtype for e in plan for p in e.sources},
-            "gguf_tensors": [{"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "kind": e.kind}
-                             for e in plan],
-            "skipped": list(plan.skipped), **plan.extra}
-
-
-def target_heads(plan: LoadPlan) -> dict[str, Any]:
-    """Where a speculative drafter finds this model's embedding and LM head
-    (the family hook of :mod:`hf2q.pairs`): GGUF names, whether they are one
-    tensor, and the numbers a drafter must match."""
-    cfg: Gemma4Config = plan.config
-    tied = plan.extra["tied_output"]
-    return {"embedding": "token_embd.weight", "lm_head": "token_embd.weight" if tied else "output.weight",
-            "tied": tied, "declared_tied": cfg.tie_word_embeddings, "hidden_size": cfg.hidden_size,
-            "vocab_size": cfg.vocab_size, "embedding_rows": plan.extra["embedding_rows"],
-            "num_layers": cfg.num_hidden_layers, "tie_key": "tie_word_embeddings"}
+FAMILY = Gemma4Family()
+# The family's methods under their module names (the registry and hf2q.pairs use FAMILY).
+NAME = FAMILY.name
+OPTIONS = FAMILY.option_names
+recognises = FAMILY.recognises
+plan_checkpoint = FAMILY.plan_checkpoint
+load_checkpoint = FAMILY.load_checkpoint
+load_planned = FAMILY.load_planned
+inspect_checkpoint = FAMILY.inspect_checkpoint
+target_heads = FAMILY.target_heads
 
 
 def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",

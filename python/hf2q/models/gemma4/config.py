@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError, json_type_name
+from ..._configfile import json_type_name
+from ...errors import ConfigError
 
 __all__ = ["Gemma4Config", "Gemma4Layer", "FULL_ATTENTION", "SLIDING_ATTENTION", "MODEL_TYPES", "ARCHITECTURES",
            "MAX_LAYERS"]
@@ -176,7 +177,7 @@ class Gemma4Config:
     # ------------------------------------------------------------------ parsing
     @classmethod
     def from_file(cls, path: str | Path) -> Gemma4Config:
-        from ...errors import read_config_text
+        from ..._configfile import read_config_text
         import json
 
         p, text = read_config_text(path)

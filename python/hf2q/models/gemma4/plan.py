@@ -36,37 +36,25 @@ from ...errors import (
     MissingTensorError,
     ShapeMismatchError,
 )
-from ...plan import LoadPlan, Piece, TensorPlan
+from ...plan import CONVERT_DTYPES, LoadPlan, Piece, TensorPlan
+from .._names import GLOBAL_NAMES, LAYER_NAMES, multimodal_filter, with_additions
 from .config import Gemma4Config, Gemma4Layer
 
 __all__ = ["plan_gemma4", "DEVICE_DTYPES", "SOURCE_FORMATS", "is_multimodal_tensor", "gguf_name",
            "device_dtype", "vocab_rows", "rope_freqs"]
 
-DEVICE_DTYPES = ("f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+DEVICE_DTYPES = CONVERT_DTYPES  # the device formats a dtype option offers (hf2q.plan)
 SOURCE_FORMATS = ("bf16", "f16", "f32")
 
 #: The converter's text-model filter: checkpoint names that are not the text
-#: model (a multimodal wrapper's towers and projectors).
-_MM_PREFIXES = ("mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
-                "sound_projection.", "speech_embeddings.")
-_MM_PARTS = ("visual.", "vision.", "audio.", "talker.", "vision_", "audio_", "token2wav.", "code2wav.", "projector.",
-             "pre_mm_projector_norm", "image_newline", "view_seperator", "patch_embed", "patch_embedding",
-             "patch_merger.", "patch_merge_mlp.", "model.connector.")
+#: model (a multimodal wrapper's towers and projectors); the shared filter
+#: with this family's "patch_merge_mlp.".
+_MM_PREFIXES, _MM_PARTS = multimodal_filter(("patch_merge_mlp.",))
 
-# per-layer suffix (after "model.layers.{b}.") -> GGUF suffix (after "blk.{b}.")
-_LAYER_NAMES: dict[str, str] = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
+# Gemma 4's own names (the shared ones: hf2q.models._names). Per layer:
+# suffix after "model.layers.{b}." -> suffix after "blk.{b}.".
+_LAYER_NAMES: dict[str, str] = with_additions(LAYER_NAMES, {
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
     "layer_scalar": "layer_output_scale.weight",
     "router.proj.weight": "ffn_gate_inp.weight",
@@ -80,15 +68,12 @@ _LAYER_NAMES: dict[str, str] = {
     "per_layer_input_gate.weight": "inp_gate.weight",
     "per_layer_projection.weight": "proj.weight",
     "post_per_layer_input_norm.weight": "post_norm.weight",
-}
-_GLOBAL_NAMES: dict[str, str] = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "lm_head.weight": "output.weight",
-    "model.norm.weight": "output_norm.weight",
+})
+_GLOBAL_NAMES: dict[str, str] = with_additions(GLOBAL_NAMES, {
     "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
     "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
     "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
-}
+})
 _EXPERT_GGUF = ("ffn_gate_up_exps.weight", "ffn_down_exps.weight")
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\Z")
 _PER_EXPERT_RE = re.compile(r"^experts\.\d+\.")

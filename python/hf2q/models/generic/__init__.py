@@ -10,33 +10,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Union
 
-from ...device import Device
-from ...loader import execute
+from ...device import Buffer, Device
 from ...model import LoadedModel, check_layout
+from ...plan import LoadPlan
 from ...safetensors import Checkpoint, open_checkpoint
+from ..base import ModelFamily, Option
 from .config import DTYPE_POLICIES, GenericConfig
 from .plan import device_dtype, plan_generic
 
 __all__ = ["GenericConfig", "GenericModel", "DTYPE_POLICIES", "plan_generic", "device_dtype", "load",
-           "recognises", "NAME", "OPTIONS"]
+           "recognises", "NAME", "OPTIONS", "GenericFamily", "FAMILY"]
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-#: Family name in the registry and in summaries.
-NAME = "generic"
-#: Options of :func:`load` that the CLI offers.
-OPTIONS = ("dtype",)
-
-
-def recognises(config: Mapping[str, Any] | None) -> bool:
-    """Every checkpoint: the registry asks the generic family last."""
-    return True
 
 
 class GenericModel(LoadedModel):
     """A checkpoint's tensors on a device under their own names."""
 
-    family = NAME
+    family = "generic"
 
     def __init__(self, device: Device, config: GenericConfig, plan: Any, buffers: dict) -> None:
         super().__init__(device, config, buffers)
@@ -44,26 +35,51 @@ class GenericModel(LoadedModel):
         check_layout(buffers, plan.layout(), "generic device buffers break the planned layout")
 
 
-def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
-                    dtype: str = "keep", check_finite: bool = False) -> GenericModel:
-    plan = plan_generic(ckpt, config, dtype=dtype)
-    return execute(plan, ckpt, device, lambda bufs: GenericModel(device, plan.config, plan, bufs),
-                   progress=progress, extra={"architecture": plan.config.label, "dtype": dtype},
-                   check_finite=check_finite)
+class GenericFamily(ModelFamily):
+    name = "generic"
+    description = "any safetensors checkpoint, its own tensor names"
+    label = "generic checkpoints (no known architecture)"
+    options = (Option("dtype", DTYPE_POLICIES, "keep",
+                      "keep each tensor's dtype, or convert floats as llama.cpp's --outtype would (q8_0: 2-D "
+                      "weights whose rows are whole 32-blocks)"),)
+
+    def recognises(self, config: Mapping[str, Any] | None) -> bool:
+        """Every checkpoint: the registry asks the generic family last."""
+        return True
+
+    def parse_config(self, ckpt: Checkpoint, config: Mapping[str, Any] | None) -> GenericConfig:
+        # The registry hands over what it read (None: the checkpoint has no config.json).
+        return GenericConfig.from_dict(config)
+
+    def plan(self, ckpt: Checkpoint, config: GenericConfig, *, dtype: str = "keep") -> LoadPlan:
+        return plan_generic(ckpt, config, dtype=dtype)
+
+    def model(self, device: Device, plan: LoadPlan, buffers: dict[str, Buffer]) -> GenericModel:
+        return GenericModel(device, plan.config, plan, buffers)
+
+    def inspect_checkpoint(self, ckpt: Checkpoint, *, config: Mapping[str, Any] | None,
+                           **options: Any) -> dict[str, Any]:
+        """Device dtypes and bytes under ``dtype``; tensors no device format can
+        hold are listed in ``unloadable`` (a load would refuse them, a plan too)."""
+        from ... import formats
+
+        dtype = self.with_defaults(options)["dtype"]
+        out: dict[str, str | None] = {}
+        for name in ckpt.keys():
+            info = ckpt[name]
+            out[name] = device_dtype(name, formats.from_safetensors(info.dtype).name, tuple(info.shape), dtype)
+        nbytes = sum(formats.nbytes(ckpt[n].shape, d) for n, d in out.items() if d is not None)
+        return {"gpu_resident_bytes": nbytes, "device_dtypes": out, "dtype": dtype,
+                "unloadable": [n for n, d in out.items() if d is None]}
 
 
-def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, dtype: str = "keep") -> dict[str, Any]:
-    """Device dtypes and bytes under ``dtype``; tensors no device format can
-    hold are listed in ``unloadable`` (a load would refuse them)."""
-    from ... import formats
-
-    out: dict[str, str | None] = {}
-    for name in ckpt.keys():
-        info = ckpt[name]
-        out[name] = device_dtype(name, formats.from_safetensors(info.dtype).name, tuple(info.shape), dtype)
-    nbytes = sum(formats.nbytes(ckpt[n].shape, d) for n, d in out.items() if d is not None)
-    return {"gpu_resident_bytes": nbytes, "device_dtypes": out, "dtype": dtype,
-            "unloadable": [n for n, d in out.items() if d is None]}
+FAMILY = GenericFamily()
+# The family's methods under their module names (the registry uses FAMILY).
+NAME = FAMILY.name
+OPTIONS = FAMILY.option_names
+recognises = FAMILY.recognises
+load_checkpoint = FAMILY.load_checkpoint
+inspect_checkpoint = FAMILY.inspect_checkpoint
 
 
 def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", progress: bool = True,

@@ -7,11 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...plan import CONVERT_DTYPES
+
 __all__ = ["GenericConfig", "DTYPE_POLICIES"]
 
 #: ``--dtype`` policies: keep every tensor's dtype, or convert floats to f32 /
 #: bf16 / q8_0 the way llama.cpp's ``convert_hf_to_gguf.py --outtype`` would.
-DTYPE_POLICIES = ("keep", "f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+DTYPE_POLICIES = ("keep", *CONVERT_DTYPES)
 
 
 def _strings(v: Any) -> tuple[str, ...]:

@@ -98,4 +98,4 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
         raise DtypeMismatchError(
             f"{ckpt.directory}: {len(problems)} tensor(s) cannot be loaded with --dtype {dtype}:\n{lines}", problems
         )
-    return LoadPlan("generic", entries, cfg, extra={"dtype": dtype, "architecture": cfg.label})
+    return LoadPlan("generic", entries, cfg, extra={"architecture": cfg.label, "dtype": dtype})

@@ -70,6 +70,6 @@ from .load import Qwen35Layer, Qwen35Model, inspect, load  # noqa: E402
 
 __all__ += ["Qwen35Model", "Qwen35Layer", "load", "inspect"]
 
-# The family interface (hf2q.models.FAMILIES), not re-exported by hf2q.qwen35.
-from .load import NAME, OPTIONS, inspect_checkpoint, load_checkpoint, recognises  # noqa: E402,F401
-from .load import load_planned, plan_checkpoint, target_heads  # noqa: E402,F401  (hf2q.pairs)
+# The family interface (hf2q.models.FAMILIES reads FAMILY), not re-exported by hf2q.qwen35.
+from .load import FAMILY, NAME, OPTIONS, inspect_checkpoint, load_checkpoint, recognises  # noqa: E402,F401
+from .load import load_planned, plan_checkpoint, target_heads  # noqa: E402,F401

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ...errors import ConfigError, parse_config_json, read_config_text
+from ..._configfile import parse_config_json, read_config_text
+from ...errors import ConfigError
 from .._limits import check_bound
 
 __all__ = [

@@ -17,21 +17,16 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 
-from ... import formats
 from ...device import Buffer, Device
-from ...loader import execute
 from ...model import LoadedModel, check_layout
-from ...plan import LoadPlan, Piece, TensorPlan
 from ...safetensors import Checkpoint, open_checkpoint
+from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily, Option
 from .config import FULL_ATTENTION, Qwen35Config
-from .plan import PlannedTensor, Qwen35Plan, Transform, plan_qwen35_moe
-from .transforms import transform_tensor
+from .plan import Qwen35Plan, plan_qwen35_moe
 
-__all__ = ["Qwen35Layer", "Qwen35Model", "load", "inspect", "to_load_plan"]
+__all__ = ["Qwen35Layer", "Qwen35Model", "Qwen35Family", "FAMILY", "load", "inspect"]
 
 PathLike = Union[str, "os.PathLike[str]"]
-#: Transforms the loader does while streaming (pieces land at their offsets).
-_STREAMABLE = {Transform.FUSED_SPLIT, Transform.STACK_EXPERTS}
 
 
 @dataclass
@@ -89,48 +84,11 @@ class Qwen35Model(LoadedModel):
                 if b_text.isdigit() and len(b_text) < 19 and int(b_text) < plan.n_blocks:
                     self.layers[int(b_text)].tensors[rest] = buf
         # Always-on invariant: every buffer has its planned dtype and shape.
-        check_layout(buffers, {pt.gguf_name: (pt.dtype, tuple(pt.shape)) for pt in plan},
-                     "Qwen3.5 device buffers break the planned layout")
+        check_layout(buffers, plan.layout(), "Qwen3.5 device buffers break the planned layout")
 
     def __repr__(self) -> str:
         return (f"<hf2q.qwen35.Qwen35Model {len(self)} tensors, {self.gpu_resident_bytes():,} resident bytes "
                 f"on {self.device.kind}>")
-
-
-def _tensor_plan(pt: PlannedTensor, cfg: Qwen35Config) -> TensorPlan:
-    pieces = []
-    # An expert stack has hundreds of sources of one dtype and shape: look
-    # each format and element count up once, not per expert.
-    fmt_of: dict[str, str] = {}
-    numel_of: dict[tuple[int, ...], int] = {}
-    for sp in pt.sources:
-        fmt = fmt_of.get(sp.dtype)
-        if fmt is None:
-            fmt = fmt_of[sp.dtype] = formats.from_safetensors(sp.dtype).name
-        shape = tuple(sp.shape)
-        if sp.half is not None:  # fused [E, 2I, H]: rows [:I] or [I:] of every expert
-            i = shape[1] // 2
-            pieces.append(Piece(sp.name, fmt, shape, 0, (0, i) if sp.half == "gate" else (i, 2 * i)))
-        elif sp.expert is None:
-            pieces.append(Piece(sp.name, fmt, shape, 0))
-        else:
-            numel = numel_of.get(shape)
-            if numel is None:
-                numel = numel_of[shape] = formats.numel(shape)
-            pieces.append(Piece(sp.name, fmt, shape, sp.expert * numel))
-    streamed = set(pt.transforms) <= _STREAMABLE and all(formats.can_convert(f, pt.dtype) for f in fmt_of.values())
-    # The loader reads each source into a fresh array and drops it after the
-    # transform: hand it over (reorders in place, no second copy).
-    transform = None if streamed else (lambda arrays, pt=pt: transform_tensor(pt, arrays, cfg, consume=True))
-    return TensorPlan(pt.gguf_name, tuple(pt.shape), pt.dtype, tuple(pieces), transform=transform,
-                      group=pt.layer, kind=pt.kind)
-
-
-def to_load_plan(plan: Qwen35Plan, cfg: Qwen35Config) -> LoadPlan:
-    """The family's plan as the loader's :class:`~hf2q.plan.LoadPlan`: expert
-    stacks and fused halves streamed to their offsets, transformed tensors
-    through numpy."""
-    return LoadPlan("qwen35moe", [_tensor_plan(pt, cfg) for pt in plan], cfg, tuple(plan.skipped))
 
 
 def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
@@ -159,24 +117,6 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
                                dense_dtype=dense_dtype, mtp=mtp, check_finite=check_finite)
 
 
-def load_checkpoint(ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None, progress: bool,
-                    expert_dtype: str = "q8_0", dense_dtype: str = "f32", mtp: bool | None = None,
-                    check_finite: bool = False) -> Qwen35Model:
-    """:func:`load` of an open checkpoint and its parsed ``config.json`` (None: read it)."""
-    plan = plan_checkpoint(ckpt, config=config, expert_dtype=expert_dtype, dense_dtype=dense_dtype, mtp=mtp)
-    return load_planned(plan, ckpt, device, progress=progress, check_finite=check_finite)
-
-
-def load_planned(plan: Qwen35Plan, ckpt: Checkpoint, device: Device, *, progress: bool,
-                 check_finite: bool = False) -> Qwen35Model:
-    """Run a plan that :func:`plan_checkpoint` made for ``ckpt`` (hf2q.pairs: planned once)."""
-    cfg = plan.config  # the plan resolves what the file leaves out (mtp_num_hidden_layers)
-    return execute(to_load_plan(plan, cfg), ckpt, device, lambda bufs: Qwen35Model(device, cfg, plan, bufs),
-                   progress=progress, check_finite=check_finite,
-                   extra={"blocks": plan.n_blocks, "experts": cfg.num_experts, "expert_dtype": plan.expert_dtype,
-                          "dense_dtype": plan.dense_dtype, "skipped_tensors": len(plan.skipped)})
-
-
 def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
             revision: str | None = None) -> dict[str, Any]:
     """The load plan of a checkpoint (or cached Hugging Face repo id), without
@@ -187,38 +127,8 @@ def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0"
         return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
 
 
-def inspect_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, dense_dtype: str = "f32",
-                       expert_dtype: str = "q8_0", mtp: bool | None = None) -> dict[str, Any]:
-    """:func:`inspect` of an open checkpoint and its parsed ``config.json``."""
-    cfg = _config_of(ckpt, config)
-    plan = plan_qwen35_moe(ckpt, cfg, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
-    return {
-        "planned_tensors": len(plan),
-        "gpu_resident_bytes": plan.nbytes,
-        "resident_bytes_by_kind": plan.nbytes_by_kind(),
-        "skipped": list(plan.skipped),
-        "gguf_tensors": [{"name": pt.gguf_name, "shape": list(pt.shape), "dtype": pt.dtype, "kind": pt.kind}
-                         for pt in plan],
-    }
-
-
 # ----------------------------------------------------------------------------- family interface
-# (hf2q.models.FAMILIES: how the registry recognises, loads and inspects a Qwen3.5 MoE checkpoint)
-
-NAME = "qwen35moe"
-OPTIONS = ("expert_dtype", "dense_dtype", "mtp")
-
-
-def recognises(config: Mapping[str, Any] | None) -> bool:
-    """``model_type`` (root or ``text_config``) ``qwen3_5_moe[_text]``, or a ``Qwen3_5Moe*`` architecture."""
-    if config is None:
-        return False
-    archs = config.get("architectures") or []
-    archs = [archs] if isinstance(archs, str) else (archs if isinstance(archs, list) else [])
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    model_types = {m for m in (config.get("model_type"), text.get("model_type")) if isinstance(m, str)}
-    return bool(model_types & {"qwen3_5_moe", "qwen3_5_moe_text"}) or any("Qwen3_5Moe" in str(a) for a in archs)
-
+# (hf2q.models.FAMILIES: how the registry recognises, plans, loads and inspects a Qwen3.5 MoE checkpoint)
 
 def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Qwen35Config:
     if config is None:
@@ -226,18 +136,62 @@ def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Qwen35Conf
     return Qwen35Config.from_dict(config, source=str(ckpt.directory / "config.json"))
 
 
-# (hf2q.pairs: where a speculative drafter finds this model's embedding and LM head)
-def plan_checkpoint(ckpt: Checkpoint, *, config: Mapping[str, Any] | None, expert_dtype: str = "q8_0",
-                    dense_dtype: str = "f32", mtp: bool | None = None) -> Qwen35Plan:
-    """The plan of an open checkpoint and its parsed ``config.json``, reading no tensor bytes."""
-    return plan_qwen35_moe(ckpt, _config_of(ckpt, config), dense_dtype=dense_dtype, expert_dtype=expert_dtype,
-                           mtp=mtp)
+class Qwen35Family(ModelFamily):
+    name = "qwen35moe"
+    description = "Qwen3.5 / Qwen3.6 MoE (experts in Q8_0 at load time)"
+    label = "Qwen3.5/3.6 MoE"
+    options = (EXPERT_DTYPE, DENSE_DTYPE,
+               Option("mtp", (None, True, False), None, "keep (None: when present), require or drop the MTP block",
+                      cli=False))
+
+    def recognises(self, config: Mapping[str, Any] | None) -> bool:
+        """``model_type`` (root or ``text_config``) ``qwen3_5_moe[_text]``, or a ``Qwen3_5Moe*`` architecture."""
+        if config is None:
+            return False
+        archs = config.get("architectures") or []
+        archs = [archs] if isinstance(archs, str) else (archs if isinstance(archs, list) else [])
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        model_types = {m for m in (config.get("model_type"), text.get("model_type")) if isinstance(m, str)}
+        return bool(model_types & {"qwen3_5_moe", "qwen3_5_moe_text"}) or any("Qwen3_5Moe" in str(a) for a in archs)
+
+    def parse_config(self, ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Qwen35Config:
+        return _config_of(ckpt, config)
+
+    def plan(self, ckpt: Checkpoint, config: Qwen35Config, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
+             mtp: bool | None = None) -> Qwen35Plan:
+        return plan_qwen35_moe(ckpt, config, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+
+    def model(self, device: Device, plan: Qwen35Plan, buffers: dict[str, Buffer]) -> Qwen35Model:  # type: ignore[override]
+        # plan.config: the plan resolves what the file leaves out (mtp_num_hidden_layers)
+        return Qwen35Model(device, plan.config, plan, buffers)
+
+    def target_heads(self, plan: Qwen35Plan) -> dict[str, Any]:  # type: ignore[override]
+        """``token_embd.weight``; the LM head is ``output.weight``, or the embedding when tied."""
+        cfg = plan.config
+        return {"embedding": "token_embd.weight",
+                "lm_head": "token_embd.weight" if plan.tied_output else "output.weight",
+                "tied": plan.tied_output, "declared_tied": cfg.tie_word_embeddings, "hidden_size": cfg.hidden_size,
+                "vocab_size": cfg.vocab_size, "embedding_rows": plan["token_embd.weight"].shape[0],
+                "num_layers": cfg.num_hidden_layers}
+
+    def describe(self, plan: Qwen35Plan, ckpt: Checkpoint) -> dict[str, Any]:  # type: ignore[override]
+        return {
+            "planned_tensors": len(plan),
+            "gpu_resident_bytes": plan.nbytes,
+            "resident_bytes_by_kind": plan.nbytes_by_kind(),
+            "skipped": list(plan.skipped),
+            "gguf_tensors": [{"name": pt.gguf_name, "shape": list(pt.shape), "dtype": pt.dtype, "kind": pt.kind}
+                             for pt in plan],
+        }
 
 
-def target_heads(plan: Qwen35Plan) -> dict[str, Any]:
-    """``token_embd.weight``; the LM head is ``output.weight``, or the embedding when tied."""
-    cfg = plan.config
-    return {"embedding": "token_embd.weight", "lm_head": "token_embd.weight" if plan.tied_output else "output.weight",
-            "tied": plan.tied_output, "declared_tied": cfg.tie_word_embeddings, "hidden_size": cfg.hidden_size,
-            "vocab_size": cfg.vocab_size, "embedding_rows": plan["token_embd.weight"].shape[0],
-            "num_layers": cfg.num_hidden_layers}
+FAMILY = Qwen35Family()
+# The family's methods under their module names (the registry and hf2q.pairs use FAMILY).
+NAME = FAMILY.name
+OPTIONS = FAMILY.option_names
+recognises = FAMILY.recognises
+plan_checkpoint = FAMILY.plan_checkpoint
+load_checkpoint = FAMILY.load_checkpoint
+load_planned = FAMILY.load_planned
+inspect_checkpoint = FAMILY.inspect_checkpoint
+target_heads = FAMILY.target_heads

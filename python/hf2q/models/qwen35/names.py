@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from ...errors import ExtraTensorError
+from ...plan import CONVERT_DTYPES
+from .._names import GLOBAL_NAMES, LAYER_NAMES, multimodal_filter, with_additions
 from .config import Qwen35Config
+
+#: Checkpoint dtypes the family reads (safetensors codes).
+SOURCE_DTYPES = ("BF16", "F16", "F32")
+#: Device formats of ``dense_dtype`` / ``expert_dtype`` (:data:`hf2q.plan.CONVERT_DTYPES`).
+DEVICE_DTYPES = CONVERT_DTYPES
 
 __all__ = [
     "TensorKind",
@@ -65,7 +72,6 @@ class UnknownTensorError(ExtraTensorError):
 @dataclass(frozen=True)
 class _Spec:
     hf: str  # per-layer suffix after "model.layers.{b}." (global: the full name)
-    gguf: str  # per-layer suffix after "blk.{b}." (global: the full name)
     kind: TensorKind
     where: str  # "global" | "all" | "full" | "linear" | "mtp"
     shape: Callable[[Qwen35Config], tuple[int, ...]]
@@ -73,76 +79,107 @@ class _Spec:
     reorder: str | None = None
     aliases: tuple[str, ...] = ()
 
+    @property
+    def gguf(self) -> str:
+        """Per-layer suffix after "blk.{b}." (global: the full name), from the name map."""
+        return (GLOBAL_NAMES if self.where == "global" else _LAYER_NAMES)[self.hf]
+
 
 def _H(c: Qwen35Config) -> int:
     return c.hidden_size
 
 
+# Qwen3.5's own per-layer names (the shared ones: hf2q.models._names).
+_LAYER_NAMES = with_additions(LAYER_NAMES, {
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+    "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.A_log": "ssm_a",
+    "linear_attn.dt_bias": "ssm_dt.bias",
+    "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.experts.gate_proj.weight": "ffn_gate_exps.weight",
+    "mlp.experts.up_proj.weight": "ffn_up_exps.weight",
+    "mlp.experts.down_proj.weight": "ffn_down_exps.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "eh_proj.weight": "nextn.eh_proj.weight",
+    "enorm.weight": "nextn.enorm.weight",
+    "hnorm.weight": "nextn.hnorm.weight",
+    "shared_head.norm.weight": "nextn.shared_head_norm.weight",
+})
+
+
 _GLOBAL_SPECS = (
-    _Spec("model.embed_tokens.weight", "token_embd.weight", "dense", "global", lambda c: (c.vocab_size, _H(c))),
-    _Spec("model.norm.weight", "output_norm.weight", "f32", "global", lambda c: (_H(c),)),
-    _Spec("lm_head.weight", "output.weight", "dense", "global", lambda c: (c.vocab_size, _H(c))),
+    _Spec("model.embed_tokens.weight", "dense", "global", lambda c: (c.vocab_size, _H(c))),
+    _Spec("model.norm.weight", "f32", "global", lambda c: (_H(c),)),
+    _Spec("lm_head.weight", "dense", "global", lambda c: (c.vocab_size, _H(c))),
 )
 
 _EXPERT_PROJS = ("gate", "up", "down")
 
 # In plan order within a block.
 _LAYER_SPECS = (
-    _Spec("input_layernorm.weight", "attn_norm.weight", "f32", "all", lambda c: (_H(c),)),
+    _Spec("input_layernorm.weight", "f32", "all", lambda c: (_H(c),)),
     # full attention
-    _Spec("self_attn.q_proj.weight", "attn_q.weight", "dense", "full", lambda c: (c.q_proj_rows, _H(c))),
-    _Spec("self_attn.k_proj.weight", "attn_k.weight", "dense", "full",
+    _Spec("self_attn.q_proj.weight", "dense", "full", lambda c: (c.q_proj_rows, _H(c))),
+    _Spec("self_attn.k_proj.weight", "dense", "full",
           lambda c: (c.num_key_value_heads * c.head_dim, _H(c))),
-    _Spec("self_attn.v_proj.weight", "attn_v.weight", "dense", "full",
+    _Spec("self_attn.v_proj.weight", "dense", "full",
           lambda c: (c.num_key_value_heads * c.head_dim, _H(c))),
-    _Spec("self_attn.o_proj.weight", "attn_output.weight", "dense", "full",
+    _Spec("self_attn.o_proj.weight", "dense", "full",
           lambda c: (_H(c), c.num_attention_heads * c.head_dim)),
-    _Spec("self_attn.q_norm.weight", "attn_q_norm.weight", "f32", "full", lambda c: (c.head_dim,)),
-    _Spec("self_attn.k_norm.weight", "attn_k_norm.weight", "f32", "full", lambda c: (c.head_dim,)),
+    _Spec("self_attn.q_norm.weight", "f32", "full", lambda c: (c.head_dim,)),
+    _Spec("self_attn.k_norm.weight", "f32", "full", lambda c: (c.head_dim,)),
     # linear attention (Gated DeltaNet)
-    _Spec("linear_attn.in_proj_qkv.weight", "attn_qkv.weight", "dense", "linear",
+    _Spec("linear_attn.in_proj_qkv.weight", "dense", "linear",
           lambda c: (c.conv_channels, _H(c)), reorder=Transform.REORDER_V_QKV),
-    _Spec("linear_attn.in_proj_z.weight", "attn_gate.weight", "dense", "linear",
+    _Spec("linear_attn.in_proj_z.weight", "dense", "linear",
           lambda c: (c.linear_num_value_heads * c.linear_value_head_dim, _H(c)), reorder=Transform.REORDER_V_ROWS),
-    _Spec("linear_attn.in_proj_a.weight", "ssm_alpha.weight", "dense", "linear",
+    _Spec("linear_attn.in_proj_a.weight", "dense", "linear",
           lambda c: (c.linear_num_value_heads, _H(c)), reorder=Transform.REORDER_V_HEADS),
-    _Spec("linear_attn.in_proj_b.weight", "ssm_beta.weight", "dense", "linear",
+    _Spec("linear_attn.in_proj_b.weight", "dense", "linear",
           lambda c: (c.linear_num_value_heads, _H(c)), reorder=Transform.REORDER_V_HEADS),
-    _Spec("linear_attn.A_log", "ssm_a", "f32", "linear",
+    _Spec("linear_attn.A_log", "f32", "linear",
           lambda c: (c.linear_num_value_heads,), reorder=Transform.REORDER_V_HEADS),
-    _Spec("linear_attn.dt_bias", "ssm_dt.bias", "f32", "linear",
+    _Spec("linear_attn.dt_bias", "f32", "linear",
           lambda c: (c.linear_num_value_heads,), reorder=Transform.REORDER_V_HEADS,
           aliases=("linear_attn.dt_proj.bias",)),
-    _Spec("linear_attn.conv1d.weight", "ssm_conv1d.weight", "f32", "linear",
+    _Spec("linear_attn.conv1d.weight", "f32", "linear",
           lambda c: (c.conv_channels, c.linear_conv_kernel_dim),
           src_shape=lambda c: (c.conv_channels, 1, c.linear_conv_kernel_dim), reorder=Transform.REORDER_V_CONV1D),
-    _Spec("linear_attn.norm.weight", "ssm_norm.weight", "f32", "linear", lambda c: (c.linear_value_head_dim,)),
-    _Spec("linear_attn.out_proj.weight", "ssm_out.weight", "dense", "linear",
+    _Spec("linear_attn.norm.weight", "f32", "linear", lambda c: (c.linear_value_head_dim,)),
+    _Spec("linear_attn.out_proj.weight", "dense", "linear",
           lambda c: (_H(c), c.linear_num_value_heads * c.linear_value_head_dim), reorder=Transform.REORDER_V_COLS),
     # MoE block
-    _Spec("post_attention_layernorm.weight", "post_attention_norm.weight", "f32", "all", lambda c: (_H(c),)),
-    _Spec("mlp.gate.weight", "ffn_gate_inp.weight", "f32", "all", lambda c: (c.num_experts, _H(c))),
-    _Spec("mlp.experts.gate_proj.weight", "ffn_gate_exps.weight", "expert", "all",
+    _Spec("post_attention_layernorm.weight", "f32", "all", lambda c: (_H(c),)),
+    _Spec("mlp.gate.weight", "f32", "all", lambda c: (c.num_experts, _H(c))),
+    _Spec("mlp.experts.gate_proj.weight", "expert", "all",
           lambda c: (c.num_experts, c.moe_intermediate_size, _H(c)),
           src_shape=lambda c: (c.moe_intermediate_size, _H(c))),
-    _Spec("mlp.experts.up_proj.weight", "ffn_up_exps.weight", "expert", "all",
+    _Spec("mlp.experts.up_proj.weight", "expert", "all",
           lambda c: (c.num_experts, c.moe_intermediate_size, _H(c)),
           src_shape=lambda c: (c.moe_intermediate_size, _H(c))),
-    _Spec("mlp.experts.down_proj.weight", "ffn_down_exps.weight", "expert", "all",
+    _Spec("mlp.experts.down_proj.weight", "expert", "all",
           lambda c: (c.num_experts, _H(c), c.moe_intermediate_size),
           src_shape=lambda c: (_H(c), c.moe_intermediate_size)),
-    _Spec("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", "f32", "all", lambda c: (1, _H(c))),
-    _Spec("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight", "dense", "all",
+    _Spec("mlp.shared_expert_gate.weight", "f32", "all", lambda c: (1, _H(c))),
+    _Spec("mlp.shared_expert.gate_proj.weight", "dense", "all",
           lambda c: (c.shared_expert_intermediate_size, _H(c))),
-    _Spec("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight", "dense", "all",
+    _Spec("mlp.shared_expert.up_proj.weight", "dense", "all",
           lambda c: (c.shared_expert_intermediate_size, _H(c))),
-    _Spec("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight", "dense", "all",
+    _Spec("mlp.shared_expert.down_proj.weight", "dense", "all",
           lambda c: (_H(c), c.shared_expert_intermediate_size)),
     # MTP (nextn) block extras
-    _Spec("eh_proj.weight", "nextn.eh_proj.weight", "dense", "mtp", lambda c: (_H(c), 2 * _H(c))),
-    _Spec("enorm.weight", "nextn.enorm.weight", "f32", "mtp", lambda c: (_H(c),)),
-    _Spec("hnorm.weight", "nextn.hnorm.weight", "f32", "mtp", lambda c: (_H(c),)),
-    _Spec("shared_head.norm.weight", "nextn.shared_head_norm.weight", "f32", "mtp", lambda c: (_H(c),)),
+    _Spec("eh_proj.weight", "dense", "mtp", lambda c: (_H(c), 2 * _H(c))),
+    _Spec("enorm.weight", "f32", "mtp", lambda c: (_H(c),)),
+    _Spec("hnorm.weight", "f32", "mtp", lambda c: (_H(c),)),
+    _Spec("shared_head.norm.weight", "f32", "mtp", lambda c: (_H(c),)),
 )
 
 _GLOBAL_BY_HF = {s.hf: s for s in _GLOBAL_SPECS}
@@ -167,12 +204,9 @@ _PER_EXPERT_RE = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight\
 _FUSED_GATE_UP_RE = re.compile(r"^mlp\.experts\.gate_up_proj(?:\.weight)?\Z")
 _FUSED_DOWN_RE = re.compile(r"^mlp\.experts\.down_proj(?:\.weight)?\Z")
 
-# llama.cpp TextModel.filter_tensors: multimodal tensors a text model skips.
-_MM_PREFIXES = ("mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
-                "sound_projection.", "speech_embeddings.")
-_MM_SUBSTRINGS = ("visual.", "vision.", "audio.", "talker.", "vision_", "audio_", "sam_model", "token2wav.",
-                  "code2wav.", "projector.", "pre_mm_projector_norm", "image_newline", "view_seperator",
-                  "patch_embed", "patch_embedding", "patch_merger.", "model.connector.")
+# llama.cpp TextModel.filter_tensors: multimodal tensors a text model skips
+# (the shared filter, with the converter's "sam_model" for this family).
+_MM_PREFIXES, _MM_SUBSTRINGS = multimodal_filter(("sam_model",))
 
 
 def is_multimodal_tensor(name: str) -> bool:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
 from ... import formats
+from ...plan import LoadPlan, Piece, TensorPlan
 from ...safetensors import Checkpoint, SafetensorsFile
 from ...errors import (
     ConfigError,
@@ -35,7 +36,10 @@ from ...errors import (
     ShapeMismatchError,
 )
 from .config import Qwen35Config
+from .transforms import transform_tensor
 from .names import (  # noqa: F401  (the public names are re-exported in __all__)
+    DEVICE_DTYPES,
+    SOURCE_DTYPES,
     _EXPERT_SPEC,
     _GLOBAL_BY_HF,
     _LAYER_RE,
@@ -77,9 +81,9 @@ __all__ = [
 ]
 
 DeviceDtype = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
-SOURCE_DTYPES = ("BF16", "F16", "F32")
 _Q8_BLOCK = formats.get("q8_0").block_elems
-DEVICE_DTYPES = ("f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+#: Transforms the loader does while streaming (pieces land at their offsets).
+_STREAMABLE = frozenset((Transform.FUSED_SPLIT, Transform.STACK_EXPERTS))
 
 
 # --------------------------------------------------------------------------- errors
@@ -129,22 +133,26 @@ def _shape_error(lines: list[str]) -> ShapeMismatchError:
 
 # --------------------------------------------------------------------------- plan data
 @dataclass(frozen=True)
-class SourcePiece:
-    """One checkpoint tensor (or part of one) feeding a planned tensor.
+class SourcePiece(Piece):
+    """One checkpoint tensor (or part of one) feeding a planned tensor: a
+    :class:`hf2q.plan.Piece` (``dtype`` the safetensors code, as on disk)
+    that also says what it is in the model.
 
-    ``name``/``dtype``/``shape`` are as on disk. For a per-expert piece
-    ``expert`` is the index on axis 0 of the stack it fills (``dest[expert] =
-    source``). For a fused ``experts.gate_up_proj`` piece ``half`` says which
-    half of axis 1 is used: ``"gate"`` = ``[:, :I, :]``, ``"up"`` = ``[:, I:, :]``
-    (``dest[:] = source[:, :I]`` or ``source[:, I:]``). Otherwise both are None
-    and the whole tensor is used.
+    ``name`` (the piece's ``tensor``)/``dtype``/``shape`` are as on disk. For
+    a per-expert piece ``expert`` is the index on axis 0 of the stack it fills
+    (``dest[expert] = source``; it lands at element ``expert * numel``). For a
+    fused ``experts.gate_up_proj`` piece ``half`` says which half of axis 1 is
+    used: ``"gate"`` = ``[:, :I, :]``, ``"up"`` = ``[:, I:, :]`` (``dest[:] =
+    source[:, :I]`` or ``source[:, I:]``; ``rows`` is that half). Otherwise
+    both are None and the whole tensor is used.
     """
 
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
     expert: int | None = None
     half: Literal["gate", "up"] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.tensor
 
     def selection(self) -> tuple[slice, ...]:
         """Index into the source array that gives this piece's contribution."""
@@ -154,54 +162,68 @@ class SourcePiece:
         return (slice(None), slice(0, n) if self.half == "gate" else slice(n, 2 * n))
 
 
-@dataclass(frozen=True)
-class PlannedTensor:
-    """One device tensor of the model.
+def _half(name: str, dtype: str, shape: tuple[int, ...], half: Literal["gate", "up"]) -> SourcePiece:
+    i = shape[1] // 2 if len(shape) > 1 else 0
+    return SourcePiece(name, dtype, shape, 0, (0, i) if half == "gate" else (i, 2 * i), half=half)
 
-    - ``gguf_name``: GGUF tensor name (``blk.3.ffn_up_exps.weight``).
+
+@dataclass(frozen=True)
+class PlannedTensor(TensorPlan):
+    """One device tensor of the model: a :class:`hf2q.plan.TensorPlan` with
+    the family's own names for its fields and what the plan decided.
+
+    - ``gguf_name`` (the entry's ``name``): GGUF tensor name (``blk.3.ffn_up_exps.weight``).
     - ``hf_name``: the name after the renames of docs/QWEN35MOE.md (e.g.
       ``model.layers.3.mlp.experts.up_proj.weight``; MTP blocks as ``model.layers.{L+i}``).
     - ``shape``: logical numpy shape after every transform (Q8_0 keeps the logical shape).
     - ``kind``: ``"dense"`` | ``"f32"`` | ``"expert"`` (the dtype classes of docs/QWEN35MOE.md).
-    - ``dtype``: device dtype, ``"f32"`` | ``"bf16"`` | ``"q8_0"``.
-    - ``sources``: the checkpoint pieces, in the order :func:`transform_tensor` takes them.
+    - ``dtype``: device dtype, one of :data:`hf2q.plan.CONVERT_DTYPES`.
+    - ``sources``: the checkpoint pieces (:class:`SourcePiece`), in the order
+      :func:`~hf2q.models.qwen35.transforms.transform_tensor` takes them.
     - ``transforms``: :class:`Transform` tags, in application order.
-    - ``layer``: block index (``None`` for token_embd / output_norm / output).
+    - ``layer`` (the entry's ``group``): block index (``None`` for token_embd / output_norm / output).
     - ``source_dtype``: the (common) checkpoint dtype of the sources.
+    - ``transform``: the loader's numpy step (None when the pieces stream
+      straight to their offsets: expert stacks and fused halves).
     """
 
-    gguf_name: str
-    hf_name: str
-    shape: tuple[int, ...]
-    kind: TensorKind
-    dtype: DeviceDtype
-    sources: tuple[SourcePiece, ...]
-    transforms: tuple[str, ...]
-    layer: int | None
-    source_dtype: str
+    hf_name: str = ""
+    transforms: tuple[str, ...] = ()
+    source_dtype: str = ""
+
+    @property
+    def gguf_name(self) -> str:
+        return self.name
+
+    @property
+    def layer(self) -> int | None:
+        return self.group
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def nbytes(self) -> int:
-        """Device bytes (:func:`hf2q.formats.nbytes`)."""
-        return formats.nbytes(self.shape, self.dtype)
-
-    @property
-    def source_nbytes(self) -> int:
-        """Bytes read from the checkpoint (a fused gate_up piece counts its half)."""
-        total = 0
-        for p in self.sources:
-            n = int(np.prod(p.shape, dtype=np.int64)) * (4 if p.dtype == "F32" else 2)
-            total += n // 2 if p.half is not None else n
-        return total
+        return formats.numel(self.shape)
 
 
-@dataclass(frozen=True)
-class Qwen35Plan:
-    """The ordered tensor plan of one checkpoint.
+class _Transform:
+    """The loader's numpy step of a planned tensor: its transforms, on the
+    arrays the loader read for it and drops after the call (handed over:
+    reorders in place, no second copy)."""
+
+    __slots__ = ("cfg", "pt")
+
+    def __init__(self, cfg: Qwen35Config) -> None:
+        self.cfg = cfg
+        self.pt: PlannedTensor | None = None
+
+    def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
+        assert self.pt is not None
+        return transform_tensor(self.pt, arrays, self.cfg, consume=True)
+
+
+@dataclass
+class Qwen35Plan(LoadPlan):
+    """The ordered tensor plan of one checkpoint: a :class:`hf2q.plan.LoadPlan`
+    of :class:`PlannedTensor` entries, plus what the family decided.
 
     ``tensors``: token_embd, then blocks 0..n_blocks-1 (each: attn_norm,
     attention, post_attention_norm, router, experts, shared expert, and for MTP
@@ -213,56 +235,33 @@ class Qwen35Plan:
     ``lm_head.weight`` in the checkpoint): the consumer uses ``token_embd``.
     """
 
-    config: Qwen35Config
-    tensors: tuple[PlannedTensor, ...]
-    skipped: tuple[str, ...]
-    dropped: tuple[str, ...]
-    mtp_layers: int
-    dense_dtype: DeviceDtype
-    expert_dtype: DeviceDtype
+    dropped: tuple[str, ...] = ()
+    mtp_layers: int = 0
+    dense_dtype: str = "f32"
+    expert_dtype: str = "q8_0"
     tied_output: bool = False
-    _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._index.update({t.gguf_name: i for i, t in enumerate(self.tensors)})
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def __iter__(self) -> Iterator[PlannedTensor]:
-        return iter(self.tensors)
-
-    def __getitem__(self, key: str | int) -> PlannedTensor:
-        if isinstance(key, str):
-            return self.tensors[self._index[key]]
-        return self.tensors[key]
-
-    def __contains__(self, gguf_name: object) -> bool:
-        return gguf_name in self._index
 
     @property
-    def names(self) -> list[str]:
-        return [t.gguf_name for t in self.tensors]
+    def tensors(self) -> tuple[PlannedTensor, ...]:
+        return tuple(self.entries)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[PlannedTensor]:  # type: ignore[override]
+        return iter(self.entries)  # type: ignore[arg-type]
 
     @property
     def n_blocks(self) -> int:
         """``L`` plus the MTP blocks in the plan."""
         return self.config.num_hidden_layers + self.mtp_layers
 
-    @property
-    def nbytes(self) -> int:
-        """Total device bytes."""
-        return sum(t.nbytes for t in self.tensors)
-
     def nbytes_by_kind(self) -> dict[str, int]:
         out = {"dense": 0, "f32": 0, "expert": 0}
-        for t in self.tensors:
+        for t in self.entries:
             out[t.kind] += t.nbytes
         return out
 
     def source_names(self) -> set[str]:
         """Every checkpoint tensor the plan reads."""
-        return {p.name for t in self.tensors for p in t.sources}
+        return {p.tensor for t in self.entries for p in t.sources}
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -286,7 +285,7 @@ def select_device_dtype(kind: TensorKind, dense_dtype: str = "f32", expert_dtype
         want = dense_dtype
     else:
         raise ValueError(f"unknown tensor kind {kind!r}")
-    if shape:
+    if shape and want != "q8_0":  # q8_0 rows that are not whole blocks: the ConfigError of plan_qwen35
         want = formats.for_row(want, shape[-1], name)
     return want  # type: ignore[return-value]
 
@@ -531,10 +530,9 @@ def plan_qwen35_moe(
         want_src = (spec.src_shape or spec.shape)(cfg)
         check_piece(raw, dtype, shape, want_src)
         planned.append(PlannedTensor(
-            gguf_name=g, hf_name=canonical, shape=spec.shape(cfg), kind=spec.kind,
-            dtype=select_device_dtype(spec.kind, dense_dtype, expert_dtype, spec.shape(cfg), g),
-            sources=(SourcePiece(raw, dtype, shape),), transforms=_transforms(spec, cfg),
-            layer=layer, source_dtype=dtype,
+            g, spec.shape(cfg), select_device_dtype(spec.kind, dense_dtype, expert_dtype, spec.shape(cfg), g),
+            (SourcePiece(raw, dtype, shape),), group=layer, kind=spec.kind,
+            hf_name=canonical, transforms=_transforms(spec, cfg), source_dtype=dtype,
         ))
 
     def plan_experts(spec: _Spec, b: int, proj: str) -> None:
@@ -550,7 +548,7 @@ def plan_qwen35_moe(
                 tags: tuple[str, ...] = ()
             else:
                 want = (E, 2 * cfg.moe_intermediate_size, cfg.hidden_size)
-                pieces = (SourcePiece(raw, dtype, shape, half=proj),)  # type: ignore[arg-type]
+                pieces = (_half(raw, dtype, shape, proj),)  # type: ignore[arg-type]
                 tags = (Transform.FUSED_SPLIT,)
             # gate and up share one fused tensor: report its problems once
             if proj != "up":
@@ -573,7 +571,17 @@ def plan_qwen35_moe(
                                    + _mtp_name(f"model.layers.{b}.mlp.experts", cfg) + f".*.{proj}_proj.weight")
                 return
             want = (spec.src_shape or spec.shape)(cfg)
-            pieces = tuple(SourcePiece(*by_e[e][0], expert=e) for e in range(E))
+            # Expert e lands at element e * numel of the stack (one shape
+            # for all of them, unless the shape check below refuses one).
+            numel_of: dict[tuple[int, ...], int] = {}
+            pieces_l = []
+            for e in range(E):
+                n, d, sh = by_e[e][0]
+                numel = numel_of.get(sh)
+                if numel is None:
+                    numel = numel_of[sh] = formats.numel(sh)
+                pieces_l.append(SourcePiece(n, d, sh, e * numel, expert=e))
+            pieces = tuple(pieces_l)
             for p in pieces:
                 check_piece(p.name, p.dtype, p.shape, want)
             dts = sorted({p.dtype for p in pieces})
@@ -588,9 +596,9 @@ def plan_qwen35_moe(
                            + f" (fused experts.{form} or per-expert experts.{{0..{E - 1}}}.{proj}_proj.weight)")
             return
         planned.append(PlannedTensor(
-            gguf_name=g, hf_name=canonical, shape=logical, kind="expert",
-            dtype=select_device_dtype("expert", dense_dtype, expert_dtype, logical, g),
-            sources=pieces, transforms=tags, layer=b, source_dtype=src_dtype,
+            g, logical, select_device_dtype("expert", dense_dtype, expert_dtype, logical, g), pieces, group=b,
+            kind="expert",
+            hf_name=canonical, transforms=tags, source_dtype=src_dtype,
         ))
 
     plan_simple(_GLOBAL_BY_HF["model.embed_tokens.weight"], None)
@@ -622,8 +630,26 @@ def plan_qwen35_moe(
             f"(Q8_0 quantizes rows in blocks of 32; llama.cpp would silently fall back to F16):{_listing(not_q8)}"
         )
 
+    # What the loader does with each: the pieces stream to their offsets
+    # when no numpy step is needed and the device converts their format
+    # natively, else the tensor's transforms run on its sources.
+    convertible: dict[tuple[str, str], bool] = {}
+    for i, pt in enumerate(planned):
+        streamed = set(pt.transforms) <= _STREAMABLE
+        if streamed:
+            for code in {p.dtype for p in pt.sources}:
+                ok = convertible.get((code, pt.dtype))
+                if ok is None:
+                    ok = convertible[(code, pt.dtype)] = formats.can_convert(code, pt.dtype)
+                streamed = streamed and ok
+        if not streamed:
+            step = _Transform(cfg)
+            planned[i] = step.pt = dataclasses.replace(pt, transform=step)
+
     return Qwen35Plan(
-        config=cfg, tensors=tuple(planned), skipped=tuple(skipped), dropped=tuple(dropped),
-        mtp_layers=n_mtp, dense_dtype=dense_dtype, expert_dtype=expert_dtype,  # type: ignore[arg-type]
+        "qwen35moe", planned, cfg, tuple(skipped),
+        extra={"blocks": n_blocks, "experts": cfg.num_experts, "expert_dtype": expert_dtype,
+               "dense_dtype": dense_dtype, "skipped_tensors": len(skipped)},
+        dropped=tuple(dropped), mtp_layers=n_mtp, dense_dtype=dense_dtype, expert_dtype=expert_dtype,
         tied_output="output.weight" not in simple,
     )

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ... import formats
-from ..._arrays import BF16, F16, F32, U16
+from ..._arrays import F16, F32, U16, bf16, is_bf16
 from .names import Transform as T  # noqa: N817
-from .plan import DEVICE_DTYPES, SOURCE_DTYPES
+from .names import DEVICE_DTYPES, SOURCE_DTYPES
 
 if TYPE_CHECKING:
     from .config import Qwen35Config
@@ -198,7 +198,7 @@ def reorder_out_proj(x: np.ndarray, nk: int, nv: int, dv: int, *, in_place: bool
 def _widen(x: np.ndarray) -> np.ndarray:
     """BF16/F16/F32 -> float32, exactly (BF16: bits << 16; F16: IEEE)."""
     x = np.asarray(x)
-    if x.dtype not in (BF16, F16, F32):
+    if x.dtype not in (F16, F32) and not is_bf16(x.dtype):
         raise TypeError(f"expected a bfloat16, float16 or float32 array, got {x.dtype}")
     return x.astype(F32)
 
@@ -348,7 +348,7 @@ def to_device_dtype(x: np.ndarray, dtype: str, *, name: str | None = None) -> np
     if dtype == "f32":
         return _widen(x) if x.dtype != F32 else np.ascontiguousarray(x)
     if dtype == "bf16":
-        return np.ascontiguousarray(x if x.dtype == BF16 else _widen(x).astype(BF16))
+        return np.ascontiguousarray(x if is_bf16(x.dtype) else _widen(x).astype(bf16()))
     if dtype == "q8_0":
         from ... import ops
 

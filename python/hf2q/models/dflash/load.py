@@ -1,0 +1,41 @@
+"""Loading a DFlash drafter (:func:`load`): alone, or bound to its target
+(:mod:`hf2q.models.dflash.pairs`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+from ...device import Device
+from ...model import LoadedModel
+from .config import DFlashConfig
+from .manifest import DFlashWeights
+from .model import DFlashModelTensors
+from .pairs import bind
+
+__all__ = ["load"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def load(path: PathLike, device: Device | None = None, progress: bool = True,
+         config: DFlashConfig | None = None, *, target: LoadedModel | None = None, revision: str | None = None,
+         download: bool = False, check_finite: bool = False) -> DFlashModelTensors:
+    """Validate a DFlash drafter checkpoint (file or directory with
+    ``config.json``, or a Hugging Face repo id in the local cache: see
+    :func:`hf2q.hub.resolve` for ``revision`` and ``download``) and make it
+    resident on ``device`` (default: :meth:`hf2q.Device.default`).
+    ``model.summary`` holds the load summary; ``progress`` draws a bar on a
+    terminal only.
+
+    ``target``: a loaded target model (Qwen3.5/3.6 MoE, Gemma 4) to bind the
+    drafter to — checked first, then ``embed_tokens`` / ``lm_head`` are the
+    target's own buffers (see :mod:`hf2q.pairs`)."""
+    from ...hub import resolve
+
+    path = resolve(path, revision, download=download)
+    if target is not None:
+        return bind(path, target, device, progress=progress, config=config, check_finite=check_finite)
+    dev = device if device is not None else Device.default()
+    with DFlashWeights.load(path, config) as weights:
+        return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress, check_finite=check_finite)
