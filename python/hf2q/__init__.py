@@ -96,7 +96,7 @@ def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, fami
     """Load any checkpoint with the model family its ``config.json`` names
     (DFlash drafter, Qwen3.5/3.6 MoE, Gemma 4, else ``generic``: its own tensor names);
     ``family`` forces one. ``options`` go to the family's loader: ``dtype``
-    (generic: ``keep``/``f32``/``bf16``/``q8_0``), ``expert_dtype`` /
+    (generic: ``keep``/``f32``/``bf16``/``q8_0``/``q4_0``/``q4_k``/``q5_k``/``q6_k``), ``expert_dtype`` /
     ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). ``path`` may be a Hugging Face
     repo id in the local cache (``revision``, ``download``: see
     :func:`hf2q.hub.resolve`). ``check_finite=True``: a NaN/Inf weight kept
