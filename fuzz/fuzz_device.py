@@ -68,6 +68,10 @@ def _shape(fdp: atheris.FuzzedDataProvider):
     kind = fdp.ConsumeIntInRange(0, 15)
     if kind == 0:
         return pick(fdp, [(), 5, -3, (2.5,), "abc", None, (True, 32), [np.int64(4), 32]])
+    if kind == 1:  # zero elements, the other dimensions anything (issue 26: no overflow, an empty buffer)
+        dims = [pick(fdp, [1, 3, 32, 2**31, 2**62, 2**63 - 1]) for _ in range(fdp.ConsumeIntInRange(1, 3))]
+        dims.insert(fdp.ConsumeIntInRange(0, len(dims)), 0)
+        return tuple(dims)
     rank = fdp.ConsumeIntInRange(1, 3)
     dims = [small_or_edge_int(fdp, 64) for _ in range(rank)]
     if fdp.ConsumeBool():

@@ -79,6 +79,11 @@ def test_one_input(data: bytes) -> None:
             except TypeError:
                 if info.dtype not in SUB_BYTE:
                     raise
+            except hf2q.SafetensorsError as e:
+                # The one typed rule for shapes numpy cannot hold: only zero-element tensors can have them
+                # (a tensor with bytes fits in the file, so numpy can hold its shape).
+                if e.code != "NotRepresentable" or info.nbytes != 0:
+                    raise OracleFailure(f"read_array({info.name!r}) refused a valid tensor: {e}") from e
             else:
                 if arr.shape != info.shape or arr.nbytes != info.nbytes:
                     raise OracleFailure(f"read_array({info.name!r}) has shape {arr.shape}, nbytes {arr.nbytes}")

@@ -60,6 +60,9 @@ def safetensors_seeds(tmp: Path) -> dict[str, bytes]:
     seeds["metadata_only"] = st_file({}, {"format": "pt", "k": "v"})
     seeds["scalar"] = st_file({"s": ("F32", [], b"\x00\x00\x80\x3f")})
     seeds["empty_tensor"] = st_file({"e": ("F16", [0, 4], b""), "x": ("U8", [3], b"abc")})
+    # zero elements with huge other dimensions (issue 26): legal; numpy holds some of them
+    seeds["empty_huge"] = st_file({"a": ("F32", [0, (1 << 64) - 1], b""), "b": ("F32", [0, 1 << 62], b""),
+                                   "c": ("U8", [1 << 62, 0], b""), "x": ("U8", [2], b"ab")})
     seeds["many"] = st_file({f"layers.{i}.w": ("BF16", [4, 2], rng.bytes(16)) for i in range(6)},
                             {"format": "pt"})
     seeds["f4"] = st_file({"q": ("F4", [2, 4], rng.bytes(4))})
@@ -152,6 +155,7 @@ def write_all(out: Path) -> dict[str, int]:
             "checkpoint": checkpoint_seeds(tmp),
             "ops": byte_seeds("ops"),
             "device": byte_seeds("device"),
+            "hub": byte_seeds("hub"),
         }
     for target, seeds in groups.items():
         d = out / target

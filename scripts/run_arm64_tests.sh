@@ -126,7 +126,7 @@ CXXFLAGS=(-std=c++17 -O3 -DNDEBUG -Wall -Wextra -Wshadow -ffp-contract=off -fno-
 # Every portable kernel file, as CMakeLists.txt globs them (the AVX2 file is x86 only).
 SOURCES=()
 for f in "$ROOT"/csrc/kernels/*.cpp; do
-  [ "$(basename "$f")" = x86_avx2.cpp ] || SOURCES+=("csrc/kernels/$(basename "$f")")
+  case "$(basename "$f")" in *_avx2.cpp) ;; *) SOURCES+=("csrc/kernels/$(basename "$f")") ;; esac
 done
 SOURCES+=(tests/native/arm64_driver.cpp)
 pids=()

@@ -2,7 +2,7 @@
 # Coverage-guided fuzzing of hf2q with atheris (libFuzzer), against a native
 # core built with ASan + UBSan + libFuzzer coverage (clang), in its own venv.
 #
-#   scripts/run_fuzz.sh [TARGET...]      targets: safetensors checkpoint ops device (default: all)
+#   scripts/run_fuzz.sh [TARGET...]      targets: safetensors checkpoint ops device hub (default: all)
 #
 # Environment:
 #   FUZZ_SECONDS     time budget per target (default 60; a longer run: FUZZ_SECONDS=3600)
@@ -33,7 +33,7 @@ BUILD_DIR=${HF2Q_FUZZ_BUILD:-build/fuzz-build}
 WORK=${HF2Q_FUZZ_WORK:-build/fuzz-work}
 SECONDS_PER_TARGET=${FUZZ_SECONDS:-60}
 PY=${PYTHON:-python3}
-ALL_TARGETS=(safetensors checkpoint ops device)
+ALL_TARGETS=(safetensors checkpoint ops device hub)
 
 replay=""
 if [ "${1:-}" = "--replay" ]; then

@@ -31,6 +31,9 @@ MM = "csrc/device/metal/metal_backend.mm"
 CI = os.environ.get("CI", "").strip().lower() == "true"
 INSTALL = "--install" if CI else "--no-install"  # CI may install clang/cmake/nanobind; elsewhere never
 
+# slow (configures CMake and compiles every Apple translation unit, several times); run in every suite, CI included
+pytestmark = pytest.mark.slow
+
 
 def _sdk() -> Path | None:
     env = os.environ.get("HF2Q_APPLE_SDK")

@@ -25,6 +25,9 @@ SCRIPT = ROOT / "scripts" / "run_arm64_tests.sh"
 GENERATOR = ROOT / "tests" / "native" / "gen_arm64_vectors.py"
 INSTALL_HINT = "apt-get install g++-aarch64-linux-gnu qemu-user-static"
 
+# slow (cross-compiles the kernels and runs them under qemu); run in every suite, CI included
+pytestmark = pytest.mark.slow
+
 
 def _load_generator():
     spec = importlib.util.spec_from_file_location("hf2q_gen_arm64_vectors", GENERATOR)

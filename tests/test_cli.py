@@ -75,16 +75,14 @@ def test_version_module() -> None:
 
 
 def test_version_main(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as ei:
-        main(["--version"])
-    assert ei.value.code == 0
+    assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"hf2q {hf2q.__version__}"
 
 
-def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = run(capsys)
-    assert rc == 0 and "inspect" in out and "load" in out and "demo" in out
-    assert "--config" not in out
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys)  # argparse's convention: usage on stderr, status 2
+    assert rc == 2 and out == "" and err.startswith("usage: hf2q") and "a command is required" in err
+    assert "inspect" in err and "load" in err and "demo" in err and "--config" not in err
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -267,7 +265,7 @@ def test_load_without_config_or_path(capsys: pytest.CaptureFixture[str], bare: P
 @pytest.mark.skipif(sys.platform == "darwin", reason="Metal may exist on macOS")
 def test_load_metal_on_linux(capsys: pytest.CaptureFixture[str], tiny: Path) -> None:
     rc, out, err = run(capsys, "load", "--device", "metal", str(tiny))
-    assert rc == 2 and out == ""
+    assert rc == 1 and out == "" and "use --device host" in err  # a device that cannot be opened: status 1
     assert err.startswith("hf2q load: error:") and "Metal" in err and "Traceback" not in err
 
 

@@ -90,9 +90,7 @@ def test_q8_0_expert_stack_byte_len(dev):
 @pytest.mark.parametrize(
     "shape,dtype,exc",
     [
-        ((0,), "f32", ValueError),
-        ((4, 0, 2), "bf16", ValueError),
-        ((-1, 4), "f32", ValueError),
+        ((-1, 4), "f32", ValueError),  # ((0,) and (4, 0, 2) are empty buffers: tests/test_hardening_zero.py)
         ((2**62, 2**62), "f32", OverflowError),
         ((2**40, 2**30), "bf16", OverflowError),
         ((2**64,), "u8", OverflowError),

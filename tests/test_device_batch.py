@@ -90,9 +90,11 @@ def test_alloc_many_is_all_or_nothing(dev: Device) -> None:
         hf2q._core.inject_alloc_failure(0)
     gc.collect()
     assert dev.residency.count == before
-    with pytest.raises(ValueError, match="zero-size"):
-        dev.alloc_many([((64,), "f32"), ((0, 3), "f32")])
+    with pytest.raises(ValueError, match="negative"):
+        dev.alloc_many([((64,), "f32"), ((0, 3), "f32"), ((-1, 3), "f32")])
     assert dev.residency.count == before
+    empty = dev.alloc_many([((64,), "f32"), ((0, 3), "f32")])  # a zero-element buffer is one like any other
+    assert [b.byte_len for b in empty] == [256, 0]
 
 
 def test_alloc_many_memory_returns_with_its_last_buffer(dev: Device) -> None:

@@ -122,7 +122,7 @@ def all_ones_norm_checkpoint(directory: Path) -> Path:
 def test_projections_are_byte_identical_and_norms_f32(ckpt: Path, dev: Device) -> None:
     ref = file_tensors(ckpt)
     model = dflash.load(ckpt, dev, progress=False)
-    bufs = model.named_buffers()
+    bufs = model.buffers_by_name()
     assert list(bufs) == [e.name for e in expected_manifest(TINY)] == model.names()
     assert set(bufs) == set(ref)
     n_norm = 0
@@ -150,7 +150,7 @@ def test_projections_are_byte_identical_and_norms_f32(ckpt: Path, dev: Device) -
 def test_bytes_match_hf2q_reader(single: Path, dev: Device) -> None:
     model = dflash.load(single, dev, progress=False)
     with hf2q.open_checkpoint(single) as ck:
-        for name, buf in model.named_buffers().items():
+        for name, buf in model.named_buffers():
             raw = bytes(ck.read_bytes(name))
             if buf.dtype == "bf16":
                 assert buf.numpy().tobytes() == raw
@@ -161,7 +161,7 @@ def test_bytes_match_hf2q_reader(single: Path, dev: Device) -> None:
 def test_sharded_equals_single(single: Path, sharded: Path, dev: Device) -> None:
     a = dflash.load(single, dev, progress=False)
     b = dflash.load(sharded, dev, progress=False)
-    for (na, ba), (nb, bb) in zip(a.named_buffers().items(), b.named_buffers().items()):
+    for (na, ba), (nb, bb) in zip(a.named_buffers(), b.named_buffers()):
         assert na == nb and ba.dtype == bb.dtype and ba.numpy().tobytes() == bb.numpy().tobytes()
     assert count(dev) == 2 * N_TENSORS
 
@@ -214,7 +214,7 @@ def test_resident_bytes(ckpt: Path, dev: Device) -> None:
     assert model.gpu_resident_bytes() == resident == total + 2 * TINY.n_norm_elements
     assert resident == expected_resident_bytes(TINY) and total == expected_total_data_bytes(TINY)
     assert model.allocated_bytes() == dev.residency.allocated_size
-    assert all(b.alloc_len % dev.page_size == 0 and b.alloc_len >= b.byte_len for b in model.named_buffers().values())
+    assert all(b.alloc_len % dev.page_size == 0 and b.alloc_len >= b.byte_len for b in model.buffers_by_name().values())
     s = model.summary
     assert s is not None
     d = s.as_dict()
@@ -228,8 +228,8 @@ def test_resident_bytes(ckpt: Path, dev: Device) -> None:
 def test_residency_count_and_release(ckpt: Path, dev: Device) -> None:
     assert count(dev) == 0
     model = dflash.load(ckpt, dev, progress=False)
-    assert count(dev) == N_TENSORS == len(model.named_buffers())
-    assert all(b.registered for b in model.named_buffers().values())
+    assert count(dev) == N_TENSORS == len(model.buffers_by_name())
+    assert all(b.registered for b in model.buffers_by_name().values())
     assert dev.residency.allocated_size == model.allocated_bytes()
     del model
     gc.collect()
@@ -371,7 +371,7 @@ def test_verify_passes(ckpt: Path, dev: Device) -> None:
     rep = model.verify()
     assert rep["buffers"] == N_TENSORS and rep["groups"] > 0 and rep["seconds"] >= 0
     # groups cover every element
-    assert rep["groups"] >= sum(-(-b.numel // int(hf2q._core.VERIFY_GROUP)) for b in model.named_buffers().values())
+    assert rep["groups"] >= sum(-(-b.numel // int(hf2q._core.VERIFY_GROUP)) for b in model.buffers_by_name().values())
 
 
 # --------------------------------------------------------------------------- failures leave nothing behind

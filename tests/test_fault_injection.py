@@ -68,7 +68,7 @@ def load(kind: str, path: Path, dev: Device) -> Any:
 
 
 def model_bytes(kind: str, model: Any) -> dict[str, bytes]:
-    bufs = model.named_buffers() if kind.startswith("dflash") else {n: model[n] for n in model.names()}
+    bufs = model.buffers_by_name() if kind.startswith("dflash") else {n: model[n] for n in model.names()}
     return {n: b.numpy().reshape(-1).view(np.uint8).tobytes() for n, b in bufs.items()}
 
 

@@ -16,7 +16,7 @@ from hf2q import _core, formats
 def test_table_comes_from_native_core() -> None:
     rows = _core.format_table()
     assert [r[0] for r in rows] == list(formats.FORMATS)
-    assert formats.DEVICE_FORMATS == ("f32", "f16", "bf16", "u8", "i32", "q8_0")
+    assert formats.DEVICE_FORMATS == ("f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
     assert formats.DEVICE_FORMATS == hf2q.device.DTYPES
     for i, name in enumerate(formats.DEVICE_FORMATS):
         assert formats.get(name).id == i
@@ -81,7 +81,8 @@ def test_nbytes(shape: tuple[int, ...], dtype: str, expect: int) -> None:
 def test_nbytes_equals_the_device_byte_len() -> None:
     dev = hf2q.Device("host")
     for dtype in formats.DEVICE_FORMATS:
-        for shape in ((64,), (2, 96), (3, 1, 32)):
+        k = formats.get(dtype).block_elems // 32 or 1  # whole blocks: 32 (q8_0, q4_0) or 256 (k-quants)
+        for shape in ((64 * k,), (2, 96 * k), (3, 1, 32 * k)):
             buf = dev.alloc(shape, dtype)
             assert buf.byte_len == formats.nbytes(shape, dtype)
             assert buf.numpy().shape == formats.storage_shape(shape, dtype)
@@ -94,9 +95,13 @@ def test_block_formats_need_whole_blocks_in_the_last_axis() -> None:
         formats.nbytes((64, 33), "q8_0")
     with pytest.raises(ValueError, match="multiple of 32"):
         formats.nbytes((), "q8_0")
+    with pytest.raises(ValueError, match="multiple of 256"):
+        formats.nbytes((4, 128), "q4_k")
     with pytest.raises(ValueError, match="unknown dtype"):
-        formats.get("q4_k")
+        formats.get("q3_k")
     assert formats.storage_shape((4, 64), "q8_0") == (4, 68)
+    assert formats.storage_shape((4, 512), "q6_k") == (4, 420)
+    assert formats.nbytes((3, 256), "q4_k") == 3 * 144
 
 
 def test_nbytes_of_every_format() -> None:

@@ -183,7 +183,7 @@ def test_options_are_checked(llama: tuple[Path, dict]) -> None:
     with pytest.raises(TypeError, match="takes no option"):
         hf2q.load(d, hf2q.Device("host"), expert_dtype="q8_0")
     with pytest.raises(ValueError, match="dtype must be one of"):
-        hf2q.load(d, hf2q.Device("host"), dtype="q4_k")
+        hf2q.load(d, hf2q.Device("host"), dtype="q3_k")
 
 
 def test_load_dispatches_every_family(tmp_path: Path) -> None:

@@ -289,7 +289,7 @@ def test_dflash_every_tensor_equals_converter(dev, variant, outtype) -> None:
     meta, blobs = golden(variant)
     conv = meta["outtypes"][outtype]["tensors"]
     model = dflash.load(GOLDEN / variant / "hf", device=dev, progress=False)
-    ours = model.named_buffers()
+    ours = model.buffers_by_name()
     assert sorted(t["hf_name"] for t in conv) == sorted(ours)
     assert len(conv) == model.config.num_tensors
     for t in conv:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -125,3 +126,82 @@ def test_qwen35_check_finite_on_bf16_tensors_transformed_in_numpy(name: str, tmp
     with pytest.raises(NonFiniteError) as ei:
         qwen35.load(ck, Device._isolated("host"), progress=False, check_finite=True)
     assert ei.value.value_class == "nan"
+
+
+# --------------------------------------------------------------------------- what the load makes (issue 26)
+
+
+def _no_warnings() -> Any:
+    import warnings
+
+    w = warnings.catch_warnings()
+    w.__enter__()
+    warnings.simplefilter("error")  # a numpy RuntimeWarning (overflow in exp / cast) fails the test
+    return w
+
+
+def test_qwen35_transform_that_overflows(tmp_path: Path) -> None:
+    """A_log = 100: finite in the file, -exp(100) = -inf in f32 after the transform (passed before, with a
+    numpy RuntimeWarning on stderr)."""
+    ck = make_qwen35_moe_checkpoint(tmp_path / "q", "tiny", seed=6)
+    name = "model.layers.0.linear_attn.A_log"
+    f = ck / "model.safetensors"
+    tensors = load_file(str(f))
+    t = tensors[name].copy()
+    t.reshape(-1)[2] = 100
+    tensors[name] = t
+    save_file(tensors, str(f))
+    w = _no_warnings()
+    try:
+        with pytest.raises(NonFiniteError) as ei:
+            qwen35.load(ck, Device._isolated("host"), progress=False, check_finite=True)
+        e = ei.value
+        assert e.step == "transform" and e.value_class == "-inf" and e.tensor is not None
+        assert "made by the transform of 'model.layers.0.linear_attn.A_log'" in str(e)
+        m = qwen35.load(ck, Device._isolated("host"), progress=False)  # default: the values as the load makes them
+        assert np.isneginf(m[e.tensor].numpy().reshape(-1)[e.index])
+    finally:
+        w.__exit__(None, None, None)
+
+
+def _generic(tmp_path: Path, tensors: dict[str, np.ndarray]) -> Path:
+    d = tmp_path / "g"
+    d.mkdir()
+    save_file(tensors, str(d / "model.safetensors"))
+    (d / "config.json").write_text("{}")
+    return d
+
+
+@pytest.mark.parametrize(("src", "value", "policy", "dst"), [
+    (np.float32, 3.4e38, "bf16", "bf16"),  # f32's largest values round up past bf16's
+    (np.float32, 70000.0, "q8_0", "f16"),  # rows of 3: not q8_0, llama.cpp's f16 fallback
+    (np.float64, 1e300, "f32", "f32"),
+    (np.float64, -1e39, "bf16", "bf16"),
+])
+def test_narrowing_conversion_that_overflows(src: Any, value: float, policy: str, dst: str, tmp_path: Path) -> None:
+    import hf2q
+
+    x = np.ones((4, 3), dtype=src)
+    x[2, 1] = value
+    ck = _generic(tmp_path, {"blk.0.w.weight": x, "ok.weight": np.ones((2, 3), dtype=src)})
+    w = _no_warnings()
+    try:
+        with pytest.raises(NonFiniteError) as ei:
+            hf2q.load(ck, Device._isolated("host"), dtype=policy, progress=False, check_finite=True)
+        e = ei.value
+        assert e.tensor == "blk.0.w.weight" and e.index == 7 and e.multi_index == (2, 1)
+        assert e.step is not None and e.step.startswith("conversion ") and e.step.endswith(f"->{dst}"), e.step
+        assert e.value_class == ("+inf" if value > 0 else "-inf")
+        m = hf2q.load(ck, Device._isolated("host"), dtype=policy, progress=False)  # default: converted as it is
+        assert m["blk.0.w.weight"].dtype == dst
+    finally:
+        w.__exit__(None, None, None)
+
+
+def test_values_in_the_file_say_step_file(dflash_ck: Path, tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    shutil.copytree(dflash_ck, d)
+    _poison(d, "fc.weight", 5, BITS["+inf"])
+    with pytest.raises(NonFiniteError) as ei:
+        dflash.load(d, Device._isolated("host"), progress=False, check_finite=True)
+    assert ei.value.tensor == "fc.weight" and ei.value.step in ("file", None)

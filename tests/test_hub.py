@@ -160,12 +160,14 @@ def test_download_goes_through_huggingface_hub(hub_cache: Path, monkeypatch: pyt
         return str(hub_cache / "models--z-lab--tiny-DFlash" / "snapshots" / COMMIT_MAIN)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
-    hub.resolve("z-lab/new", "dev", download=True)
-    assert calls == [{"repo_id": "z-lab/new", "revision": "dev", "cache_dir": None,
+    hub.resolve(REPO, "dev", download=True)
+    assert calls == [{"repo_id": REPO, "revision": "dev", "cache_dir": None,
                       "allow_patterns": ["*.json", "*.safetensors", "tokenizer.model"]}]
     calls.clear()
-    hub.resolve("z-lab/new")
-    assert calls[0]["local_files_only"] is True  # offline unless asked
+    with pytest.raises(hub.RepoNotCachedError):
+        hub.resolve("z-lab/new")
+    assert hub.resolve(REPO).name == COMMIT_MAIN
+    assert calls == []  # offline unless asked: the cache is read by hf2q itself
 
 
 def test_download_offline_says_so(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,10 +269,10 @@ def test_gemma4_takes_repo_ids(hub_cache: Path, monkeypatch: pytest.MonkeyPatch)
         return str(snaps / ("e" * 40))
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
-    hf2q.gemma4.load("google/new", dev, progress=False, revision="v1", download=True)
-    hf2q.gemma4.inspect("google/new", download=True)
+    hf2q.gemma4.load(GEMMA_REPO, dev, progress=False, revision="v1", download=True)
+    hf2q.gemma4.inspect(GEMMA_REPO, download=True)
     assert [(c["repo_id"], c["revision"], c["allow_patterns"]) for c in calls] == [
-        ("google/new", "v1", hub.DOWNLOAD_PATTERNS), ("google/new", None, hub.DOWNLOAD_PATTERNS)]
+        (GEMMA_REPO, "v1", hub.DOWNLOAD_PATTERNS), (GEMMA_REPO, None, hub.DOWNLOAD_PATTERNS)]
 
 
 @pytest.mark.parametrize("loader", ["hf2q.load", "dflash.load", "qwen35.load", "qwen35.inspect", "gemma4.load",
@@ -290,12 +292,10 @@ def test_every_loader_resolves_through_hub_resolve(loader: str, monkeypatch: pyt
     fn = {"hf2q.load": hf2q.load, "dflash.load": hf2q.dflash.load, "qwen35.load": hf2q.qwen35.load,
           "qwen35.inspect": hf2q.qwen35.inspect, "gemma4.load": hf2q.gemma4.load,
           "gemma4.inspect": hf2q.gemma4.inspect}[loader]
-    kwargs: dict[str, Any] = {"revision": "r1"}
-    if loader != "qwen35.inspect":  # (takes no download)
-        kwargs["download"] = True
+    kwargs: dict[str, Any] = {"revision": "r1", "download": True}  # (qwen35.inspect took no download before)
     with pytest.raises(Stop):
         fn("o/n", **kwargs)
-    assert seen == [("o/n", "r1", kwargs.get("download", False))]
+    assert seen == [("o/n", "r1", True)]
 
 
 # --------------------------------------------------------------------------- a failed download, classified
@@ -307,13 +307,15 @@ def _response(status: int) -> Any:
     """What huggingface_hub's HTTP errors read from a response (any version)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(status_code=status, headers={}, request=None, url="https://huggingface.co/api/x")
+    return SimpleNamespace(status_code=status, headers={}, request=None, url="https://huggingface.co/api/x",
+                           json=lambda: {}, text="", content=b"")
 
 
 def _http_error(name: str, status: int, message: str | None = None) -> BaseException:
-    from huggingface_hub import errors as hub_errors
-
-    cls = getattr(hub_errors, name)
+    found = hub._hub_class(name)  # (huggingface_hub.errors, or .utils before 0.24)
+    if not found:
+        pytest.skip(f"this huggingface_hub has no {name}")
+    cls = found[0]
     return cls(message or f"{status} Client Error for url: https://huggingface.co/api/models/o/n", response=_response(status))
 
 
@@ -333,13 +335,11 @@ def _transport_error(kind: str) -> BaseException:
 
 def _local_missing_from(cause: BaseException) -> BaseException:
     """What snapshot_download raises when the Hub did not answer and nothing is cached."""
-    from huggingface_hub import errors as hub_errors
-
     try:
         try:
             raise cause
         except BaseException as c:
-            raise hub_errors.LocalEntryNotFoundError(
+            raise hub._hub_class("LocalEntryNotFoundError")[0](
                 f"Got: {type(c).__name__}: {c}\nAn error happened while trying to locate the files on the Hub, "
                 "and we cannot find the appropriate snapshot folder for the specified revision on the local "
                 "disk. Please check your internet connection and try again.") from c
@@ -360,14 +360,13 @@ BAD_INPUT = {
     "repo not found": (lambda: _http_error("RepositoryNotFoundError", 401), "o/n: no such repo on the Hub"),
     "gated": (lambda: _http_error("GatedRepoError", 403), "o/n: a gated repo: request access"),
     "revision not found": (lambda: _http_error("RevisionNotFoundError", 404), "o/n@v9: the Hub has no revision 'v9'"),
-    "file missing": (lambda: _http_error("RemoteEntryNotFoundError" if hasattr(
-        __import__("huggingface_hub").errors, "RemoteEntryNotFoundError") else "EntryNotFoundError", 404),
+    "file missing": (lambda: _http_error("RemoteEntryNotFoundError", 404),
         "o/n@v9: a file the repo lists is missing on the Hub"),
     "disabled": (lambda: _http_error("DisabledRepoError", 403), "o/n: the repo is disabled on the Hub"),
     "forbidden": (lambda: _http_error("HfHubHTTPError", 403), "o/n@v9: the Hub refused the download (HTTP 403"),
     "answered 4xx, then not cached": (lambda: _local_missing_from(_http_error("HfHubHTTPError", 400)),
                                       "o/n@v9: the Hub refused the download (HTTP 400)"),
-    "invalid repo id": (lambda: __import__("huggingface_hub").errors.HFValidationError("Repo id must be ..."),
+    "invalid repo id": (lambda: hub._hub_class("HFValidationError")[0]("Repo id must be ..."),
                         "o/n@v9: Repo id must be"),
 }
 
@@ -426,9 +425,7 @@ def test_the_machines_own_os_errors_pass_through(hub_cache: Path, monkeypatch: p
 
 
 def test_offline_mode_is_not_a_network_failure(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from huggingface_hub import errors as hub_errors
-
-    _failing(monkeypatch, _local_missing_from(hub_errors.OfflineModeIsEnabled("offline")))
+    _failing(monkeypatch, _local_missing_from(hub._hub_class("OfflineModeIsEnabled")[0]("offline")))
     with pytest.raises(hub.HubError, match="offline mode is on .HF_HUB_OFFLINE is set.") as ei:
         hub.resolve("o/n", download=True)
     assert not isinstance(ei.value, hub.HubNetworkError)
@@ -437,25 +434,34 @@ def test_offline_mode_is_not_a_network_failure(hub_cache: Path, monkeypatch: pyt
 def test_a_repo_without_safetensors(hub_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import huggingface_hub
 
-    only_config = tmp_path / "snap"
-    only_config.mkdir()
+    only_config = hub_cache / "models--o--n" / "snapshots" / ("d" * 40)
+    only_config.mkdir(parents=True)
     (only_config / "config.json").write_text("{}")
-    for folder in (only_config, tmp_path / "never-created"):  # (no file matched: huggingface_hub makes no folder)
+    never = hub_cache / "models--o--n" / "snapshots" / ("9" * 40)
+    for folder in (only_config, never):  # (no file matched: huggingface_hub makes no folder)
         monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: str(folder))
         with pytest.raises(hub.HubError, match=r"^o/n: the repo has no .safetensors files at this revision") as ei:
             hub.resolve("o/n", download=True)
         assert not isinstance(ei.value, (hub.HubNetworkError, hub.RepoNotCachedError))
+    shutil.rmtree(hub_cache / "models--o--n")
 
 
-def test_an_incomplete_cached_snapshot(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from huggingface_hub import errors as hub_errors
-
-    if not hasattr(hub_errors, "IncompleteSnapshotError"):
-        pytest.skip("this huggingface_hub has no IncompleteSnapshotError")
-    _failing(monkeypatch, hub_errors.IncompleteSnapshotError("2 file(s) are missing", snapshot_path="/x"))
-    with pytest.raises(hub.RepoNotCachedError, match="the cached snapshot is incomplete.*fetch the rest with: "
-                                                     "hf2q load o/n --download$"):
-        hub.resolve("o/n")
+def test_an_incomplete_cached_snapshot(tmp_path: Path) -> None:
+    """huggingface_hub (newer versions) caches a commit's file listing in trees/<commit>.json; a snapshot
+    that lacks a file of the kinds hf2q downloads is incomplete (a README it lacks is not)."""
+    c = tmp_path / "hub"
+    add_snapshot(c, "o/n", COMMIT_MAIN, make_dflash_checkpoint(tmp_path / "ck", "tiny", seed=1))
+    trees = c / "models--o--n" / "trees"
+    trees.mkdir()
+    listing = {"format_version": 1, "files": {"config.json": {}, "model.safetensors": {}, "README.md": {}}}
+    (trees / f"{COMMIT_MAIN}.json").write_text(json.dumps(listing))
+    assert hub.resolve("o/n", cache_dir=c).name == COMMIT_MAIN
+    listing["files"]["model-00002-of-00002.safetensors"] = {}
+    (trees / f"{COMMIT_MAIN}.json").write_text(json.dumps(listing))
+    with pytest.raises(hub.RepoNotCachedError, match="the cached snapshot is incomplete.*"
+                       r"1 file\(s\) missing \(model-00002-of-00002.safetensors\); "
+                       "fetch the rest with: hf2q load o/n --download$"):
+        hub.resolve("o/n", cache_dir=c)
 
 
 @pytest.mark.parametrize(("error", "status", "kind"), [
@@ -491,3 +497,34 @@ def test_cli_download_with_the_hub_unreachable(cache: Path, tmp_path: Path) -> N
     p = hf2q_cli("load", REPO, "--download", "--device", "host", "--json", env=env)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["resident_bytes"] == RESIDENT
+
+
+def test_drafter_has_its_own_revision_and_download(hub_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`--revision`/`--download` are the target's; `--drafter-revision`/`--drafter-download` the drafter's."""
+    seen: list[tuple[Any, ...]] = []
+    real = hub.resolve
+
+    class Stop(Exception):
+        pass
+
+    def spy(path: Any, revision: Any = None, *, download: bool = False, **kw: Any) -> Path:
+        seen.append((path, revision, download))
+        if len(seen) == 2:
+            raise Stop
+        return real(path, revision, download=download, **kw)
+
+    monkeypatch.setattr(hub, "resolve", spy)
+    with pytest.raises(Stop):
+        main(["load", GEMMA_REPO, "--revision", "dev", "--drafter", REPO, "--drafter-revision", "v1.0",
+              "--drafter-download", "--device", "host"])
+    assert seen == [(GEMMA_REPO, "dev", False), (REPO, "v1.0", True)]
+    monkeypatch.setattr(hub, "resolve", real)
+    capsys.readouterr()
+    assert main(["load", GEMMA_REPO, "--drafter-revision", "dev", "--device", "host"]) == 2
+    assert "--drafter-revision and --drafter-download apply to --drafter only" in capsys.readouterr().err
+    assert main(["load", GEMMA_REPO, "--drafter", str(tmp_path), "--drafter-download", "--device", "host"]) == 2
+    assert "--drafter-download applies to Hugging Face repo ids only" in capsys.readouterr().err
+    assert main(["load", GEMMA_REPO, "--drafter", REPO, "--drafter-revision", "..", "--device", "host",
+                 "--json"]) == 2
+    assert "not a valid revision" in json.loads(capsys.readouterr().out)["error"]["message"]

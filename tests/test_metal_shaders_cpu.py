@@ -24,10 +24,14 @@ import pytest
 
 from hf2q import formats, reference
 
+# slow (compiles the Metal shaders as C++ and sweeps every f16/bf16 pattern); run in every suite, CI included
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {name: formats.get(name).id for name in formats.DEVICE_FORMATS}  # native DType ids
-# The portable kernels as CMakeLists.txt globs them (every csrc/kernels/*.cpp but the AVX2 file).
-SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc/kernels").glob("*.cpp") if p.name != "x86_avx2.cpp") + [
+# The portable kernels as CMakeLists.txt globs them (every csrc/kernels/*.cpp but the AVX2 files).
+SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc/kernels").glob("*.cpp")
+                 if not p.name.endswith("_avx2.cpp")) + [
     "csrc/device/dtype.cpp", "csrc/device/verify.cpp", "tests/native/metal_verify_cpu.cpp"]
 
 

@@ -73,8 +73,8 @@ def test_api_binds_drafter_to_tied_gemma4_target(dev, gemma_drafter: Path) -> No
     assert drafter.lm_head.address == emb.address
     assert drafter.target is target
     # counted once: the drafter's own buffers are its manifest; residency grew by exactly those
-    assert "token_embd.weight" not in drafter.named_buffers()
-    assert _count(dev) == n_target + len(drafter.named_buffers())
+    assert "token_embd.weight" not in drafter.buffers_by_name()
+    assert _count(dev) == n_target + len(drafter.buffers_by_name())
     pair = drafter.pair
     assert pair.gpu_resident_bytes() == target.gpu_resident_bytes() + drafter.gpu_resident_bytes()
     s = drafter.summary.as_dict()
@@ -160,7 +160,7 @@ def test_load_free_load_restores_residency(dev, gemma_drafter: Path) -> None:
     pair = pairs.load_pair(GEMMA_TINY, gemma_drafter, dev, progress=False, dense_dtype="q8_0")
     loaded = _state(dev)
     total = pair.gpu_resident_bytes()
-    assert loaded["count"] == before["count"] + len(pair.target) + len(pair.drafter.named_buffers())
+    assert loaded["count"] == before["count"] + len(pair.target) + len(pair.drafter.buffers_by_name())
     del pair
     gc.collect()
     assert _state(dev) == before

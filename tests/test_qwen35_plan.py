@@ -295,7 +295,7 @@ def test_bad_dtype_option() -> None:
     with pytest.raises(ValueError, match="dense_dtype"):
         plan_qwen35_moe(tiny_specs(), tiny(), dense_dtype="f16")
     with pytest.raises(ValueError, match="expert_dtype"):
-        plan_qwen35_moe(tiny_specs(), tiny(), expert_dtype="q4_0")
+        plan_qwen35_moe(tiny_specs(), tiny(), expert_dtype="q3_k")
 
 
 def test_q8_0_last_dim_not_multiple_of_32() -> None:

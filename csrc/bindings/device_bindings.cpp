@@ -106,6 +106,8 @@ void bind_device(nb::module_& m) {
       nb::object cls = nb::module_::import_("hf2q.device").attr("FileReadError");
       nb::object err = cls(nb::str(e.what()));
       err.attr("code") = nb::str(truncated ? "FileTruncated" : "Io");
+      err.attr("job") = nb::int_(e.job);
+      if (e.sys_errno != 0) err.attr("system_errno") = nb::int_(e.sys_errno);
       PyErr_SetObject(cls.ptr(), err.ptr());
     }
   });

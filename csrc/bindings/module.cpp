@@ -76,6 +76,32 @@ NB_MODULE(_core, m) {
       },
       "src"_a.noconvert(), "out"_a.noconvert());
   m.def(
+      "quantize_blocks",
+      [](RoBytes src, const std::string& src_dtype, const std::string& format, RwBytes out) {
+        const hf2q::DType s = hf2q::device::dtype_from_name(src_dtype);
+        const hf2q::DType d = hf2q::device::dtype_from_name(format);
+        hf2q::kernels::EncodeResult r;
+        {
+          hf2q::bindings::ReleaseGil nogil;
+          r = hf2q::ops::encode(d, s, src.data(), src.size(), out.data(), out.size());
+        }
+        const long long first = r.first_nonfinite == hf2q::kernels::kNoIndex
+                                    ? -1
+                                    : static_cast<long long>(r.first_nonfinite);
+        return std::make_pair(first, static_cast<unsigned long long>(r.inf_scales));
+      },
+      "src"_a.noconvert(), "src_dtype"_a, "format"_a, "out"_a.noconvert(),
+      "Encode into a block format through its row's kernels; returns (first non-finite flat index or -1, "
+      "blocks with an Inf scale).");
+  m.def(
+      "dequantize_blocks",
+      [](RoBytes src, const std::string& format, RwBytes out) {
+        const hf2q::DType t = hf2q::device::dtype_from_name(format);
+        hf2q::bindings::ReleaseGil nogil;
+        hf2q::ops::to_f32(t, src.data(), src.size(), out.data(), out.size());
+      },
+      "src"_a.noconvert(), "format"_a, "out"_a.noconvert());
+  m.def(
       "f32_to_f16_rne",
       [](RoU32 src, RwU16 out) {
         if (src.size() != out.size()) throw std::invalid_argument("src and out sizes differ");

@@ -32,6 +32,12 @@ class DeviceError : public std::runtime_error {
 class FileReadError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  // Which job of a batched read failed (Backend::read_file_batch), -1 when
+  // not known: the error then names that job's tensor, not the batch's first.
+  long job = -1;
+  // The errno of a failed read (EIO ...), 0 when none: the caller tells a
+  // failing machine (exit 1) from a bad file.
+  int sys_errno = 0;
 };
 
 // DLPack device types (DLDeviceType in dlpack.h) that backends report.

@@ -292,8 +292,10 @@ Device::~Device() {
 
 std::size_t Device::alloc_len_for(const std::vector<std::int64_t>& shape, DType dtype, std::size_t* byte_len) const {
   *byte_len = tensor_byte_len(dtype, shape);
-  if (*byte_len == 0) throw std::invalid_argument("cannot allocate a zero-size buffer (shape has a 0 dimension)");
   const std::size_t page = info().page_size;
+  // A tensor with a 0 dimension (legal in safetensors) is an empty buffer; it still gets one page, so
+  // that it has an address like every other buffer (DLPack, residency sets and backends never see 0).
+  if (*byte_len == 0) return page;
   std::size_t padded = 0;
   if (!ops::checked_add(*byte_len, page - 1, &padded)) throw std::overflow_error("buffer size overflows");
   const std::size_t alloc_len = padded / page * page;
@@ -690,7 +692,14 @@ std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& j
 std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchItem>& items) {
   std::vector<UploadResult> out;
   out.reserve(items.size());
-  for (const FileBatchItem& it : items) out.push_back(read_file_segments(it.dst, it.segments));
+  for (const FileBatchItem& it : items) {
+    try {
+      out.push_back(read_file_segments(it.dst, it.segments));
+    } catch (FileReadError& e) {
+      if (e.job < 0) e.job = static_cast<long>(out.size());  // the job that failed, not the batch's first
+      throw;
+    }
+  }
   return out;
 }
 

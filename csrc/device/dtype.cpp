@@ -99,9 +99,14 @@ std::string conversions_text() {
 }
 
 std::size_t shape_numel(const std::vector<std::int64_t>& shape) {
-  std::size_t n = 1;
+  bool empty = false;  // a 0 anywhere: 0 elements, whatever the other dimensions multiply to
   for (std::int64_t d : shape) {
     if (d < 0) throw std::invalid_argument("negative dimension " + std::to_string(d) + " in shape");
+    empty = empty || d == 0;
+  }
+  if (empty) return 0;
+  std::size_t n = 1;
+  for (std::int64_t d : shape) {
     if (!ops::checked_mul(n, static_cast<std::size_t>(d), &n)) {
       throw std::overflow_error("shape's element count overflows 64 bits");
     }

@@ -18,8 +18,11 @@ void pread_full(int fd, std::uint8_t* dst, std::size_t len, std::uint64_t off) {
     const ssize_t r = ::pread(fd, dst, want, static_cast<off_t>(off));
     if (r < 0) {
       if (errno == EINTR) continue;
-      throw CheckpointReadError(ReadFailure::Io, "read of " + std::to_string(want) + " bytes at offset " +
-                                                     std::to_string(off) + " failed: " + std::strerror(errno));
+      const int err = errno;
+      CheckpointReadError e(ReadFailure::Io, "read of " + std::to_string(want) + " bytes at offset " +
+                                                 std::to_string(off) + " failed: " + std::strerror(err));
+      e.sys_errno = err;
+      throw e;
     }
     if (r == 0) {
       throw CheckpointReadError(ReadFailure::Truncated,

@@ -20,8 +20,10 @@ namespace hf2q {
 // Native ids of the formats a device buffer can hold: the one enum of
 // element types (stable: Python and the kernels' callers use them). The
 // kernels take these too (a quantizer's source type is a DType).
-enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5 };
-inline constexpr int kNumDTypes = 6;
+enum class DType : int {
+  F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5, Q4_0 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9
+};
+inline constexpr int kNumDTypes = 10;
 
 // Bit of `t` in a set of dtypes (FormatRow::sources).
 constexpr std::uint32_t dtype_bit(DType t) { return 1u << static_cast<int>(t); }
@@ -32,6 +34,8 @@ namespace kernels {
 // format's kernels; the existing formats' in kernels/format_kernels.cpp.
 struct FormatKernels;
 extern const FormatKernels kF32Kernels, kF16Kernels, kBF16Kernels, kU8Kernels, kI32Kernels, kQ8_0Kernels;
+// kquants.cpp
+extern const FormatKernels kQ4_0Kernels, kQ4_KKernels, kQ5_KKernels, kQ6_KKernels;
 }  // namespace kernels
 
 struct FormatRow {
@@ -64,6 +68,11 @@ inline constexpr FormatRow kFormats[] = {
     {"u8", 3, 1, 1, "uint8", "U8", -1, 0, 0, &kernels::kU8Kernels},
     {"i32", 4, 1, 4, "int32", "I32", 26, 0, 0, &kernels::kI32Kernels},
     {"q8_0", 5, 32, 34, "", "", 8, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ8_0Kernels},
+    // ggml's 4/5/6-bit block formats (docs/KQUANTS.md).
+    {"q4_0", 6, 32, 18, "", "", 2, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ4_0Kernels},
+    {"q4_k", 7, 256, 144, "", "", 12, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ4_KKernels},
+    {"q5_k", 8, 256, 176, "", "", 13, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ5_KKernels},
+    {"q6_k", 9, 256, 210, "", "", 14, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ6_KKernels},
     // Checkpoint-only dtypes (read and validated, never a device buffer).
     {"bool", -1, 1, 1, "bool", "BOOL", -1},
     {"i8", -1, 1, 1, "int8", "I8", 24},
@@ -86,6 +95,14 @@ inline constexpr FormatRow kFormats[] = {
 inline constexpr std::size_t kNumFormats = sizeof(kFormats) / sizeof(kFormats[0]);
 
 constexpr const FormatRow& format_of(DType t) { return kFormats[static_cast<int>(t)]; }
+
+// The row called `name` (compile time; kFormats[0] if there is none).
+constexpr const FormatRow& format_named(std::string_view name) {
+  for (const FormatRow& r : kFormats) {
+    if (name == r.name) return r;
+  }
+  return kFormats[0];
+}
 
 // Block constants of Q8_0 for the kernels, read from the table.
 inline constexpr std::size_t kQ8BlockElems = format_of(DType::Q8_0).block_elems;

@@ -5,11 +5,11 @@ core, the readers and the model loaders are imported on first use
 (``hf2q.Device``, ``hf2q.dflash``, ...), not at import (PEP 562).
 """
 
-from __future__ import annotations
-
-import importlib
-import os
-from typing import TYPE_CHECKING, Any
+# No ``from __future__ import annotations``, no plain ``import os``/``typing``:
+# every name bound here shows in ``dir(hf2q)``, so helpers are imported under
+# an underscore name and annotations naming lazy classes are strings.
+import importlib as _importlib
+import typing as _typing
 
 from ._env import EnvVarWarning, check_environment
 from ._version import __version__
@@ -29,10 +29,15 @@ from .errors import (
     ShardError,
 )
 
-if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
+if _typing.TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
+    import os
+
     from . import _core, dflash, formats, gemma4, hub, models, ops, qwen35, reference, safetensors, testing
     from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
     from .hub import HubError, HubNetworkError, RepoNotCachedError
+    from . import export
+    from .export import ConvertError, OutputExistsError, UnsupportedModelError, convert
+    from .model import LoadedModel
     from .safetensors import open_checkpoint
     from .shard import Shard
 
@@ -51,6 +56,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "safetensors": ("hf2q.safetensors", None),
     "hub": ("hf2q.hub", None),
     "testing": ("hf2q.testing", None),
+    "torch": ("hf2q.torch", None),  # imports torch: only when used
+    "transformers": ("hf2q.transformers", None),  # imports torch and transformers: only when used
     "Device": ("hf2q.device", "Device"),
     "Buffer": ("hf2q.device", "Buffer"),
     "Residency": ("hf2q.device", "Residency"),
@@ -62,40 +69,50 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "RepoNotCachedError": ("hf2q.hub", "RepoNotCachedError"),
     "HubNetworkError": ("hf2q.hub", "HubNetworkError"),
     "Shard": ("hf2q.shard", "Shard"),
+    "export": ("hf2q.export", None),
+    "convert": ("hf2q.export", "convert"),
+    "ConvertError": ("hf2q.export", "ConvertError"),
+    "OutputExistsError": ("hf2q.export", "OutputExistsError"),
+    "UnsupportedModelError": ("hf2q.export", "UnsupportedModelError"),
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'hf2q' has no attribute {name!r}")
-    module = importlib.import_module(target[0])
+    module = _importlib.import_module(target[0])
     value = module if target[1] is None else getattr(module, target[1])
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public API (``__all__``) and the module's own dunder attributes;
+    not the helpers this module imports."""
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__") and n.endswith("__")})
 
 
 def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, family: str | None = None,
          progress: bool = True, revision: str | None = None, download: bool = False, check_finite: bool = False,
-         shard: "Shard | None" = None, **options: object) -> object:
+         shard: "Shard | None" = None, **options: object) -> "LoadedModel":
     """Load any checkpoint with the model family its ``config.json`` names
     (DFlash drafter, Qwen3.5/3.6 MoE, Gemma 4, else ``generic``: its own tensor names);
     ``family`` forces one. ``options`` go to the family's loader: ``dtype``
-    (generic: ``keep``/``f32``/``bf16``/``q8_0``), ``expert_dtype`` /
+    (generic: ``keep``/``f32``/``bf16``/``q8_0``/``q4_0``/``q4_k``/``q5_k``/``q6_k``), ``expert_dtype`` /
     ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). ``path`` may be a Hugging Face
     repo id in the local cache (``revision``, ``download``: see
     :func:`hf2q.hub.resolve`). ``check_finite=True``: a NaN/Inf weight kept
     as it is raises NonFiniteError. ``shard`` (:class:`hf2q.Shard`): only
     this rank's slice of each tensor is read and loaded (docs/SHARDING.md).
-    See :mod:`hf2q.models`."""
+    Returns the family's
+    :class:`~hf2q.model.LoadedModel` subclass (``hf2q.dflash.DFlashModelTensors``,
+    ``hf2q.qwen35.Qwen35Model``, ...). See :mod:`hf2q.models`."""
     from . import models
 
-    return models.load(path, device, family=family, progress=progress, revision=revision, download=download,
-                       check_finite=check_finite, shard=shard, **options)
+    model: LoadedModel = models.load(path, device, family=family, progress=progress, revision=revision,
+                                     download=download, check_finite=check_finite, shard=shard, **options)
+    return model
 
 
 def get_num_threads() -> int:
@@ -151,6 +168,11 @@ __all__ = [
     "DtypeMismatchError",
     "ShapeMismatchError",
     "DeviceError",
+    "export",
+    "convert",
+    "ConvertError",
+    "OutputExistsError",
+    "UnsupportedModelError",
     "HubError",
     "RepoNotCachedError",
     "HubNetworkError",

@@ -90,18 +90,20 @@ def half_source(src: Any, what: str = "src") -> tuple[np.ndarray, tuple[int, ...
     return arr.reshape(-1).view(U8), shape
 
 
-def quant_source(src: Any, what: str = "src") -> tuple[np.ndarray, np.dtype]:
-    """Validate a quantizer input: C-contiguous F32/F16/BF16 with last axis % 32 == 0."""
+def quant_source(src: Any, what: str = "src", fmt: str = "q8_0") -> tuple[np.ndarray, np.dtype]:
+    """Validate a quantizer input: C-contiguous F32/F16/BF16 whose last axis is
+    a multiple of the block of ``fmt``."""
     if not isinstance(src, np.ndarray):
         raise TypeError(f"{what} must be a numpy.ndarray of float32, float16 or bfloat16, got {type(src).__name__}")
     if src.dtype not in QUANT_SOURCE_DTYPES and not is_bf16(src.dtype):
         raise TypeError(f"{what} must have dtype float32, float16 or bfloat16, got {src.dtype}")
     if not src.flags.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous")
-    if src.ndim == 0 or src.shape[-1] % formats.get("q8_0").block_elems != 0:
+    block = formats.get(fmt).block_elems
+    if src.ndim == 0 or src.shape[-1] % block != 0:
         raise ValueError(
-            f"Q8_0 quantizes along the last axis in blocks of 32: shape {tuple(src.shape)} "
-            "needs a last dimension that is a multiple of 32"
+            f"{fmt.upper()} quantizes along the last axis in blocks of {block}: shape {tuple(src.shape)} "
+            f"needs a last dimension that is a multiple of {block}"
         )
     return src, src.dtype
 
@@ -111,16 +113,19 @@ def q8_0_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return formats.storage_shape(shape, "q8_0")
 
 
-def q8_source(blocks: Any, what: str = "blocks") -> tuple[np.ndarray, tuple[int, ...]]:
-    """Q8_0 bytes as (flat uint8 view, shape of the dequantized result)."""
+def q8_source(blocks: Any, what: str = "blocks", fmt: str = "q8_0") -> tuple[np.ndarray, tuple[int, ...]]:
+    """Block-format bytes (Q8_0 by default) as (flat uint8 view, shape of the
+    dequantized result)."""
     arr = as_byte_array(blocks, what)
+    up = fmt.upper()
     if arr.dtype != U8:
-        raise TypeError(f"{what} must hold raw Q8_0 bytes (uint8), got dtype {arr.dtype}")
-    if arr.ndim == 0 or arr.shape[-1] % formats.get("q8_0").block_bytes != 0:
+        raise TypeError(f"{what} must hold raw {up} bytes (uint8), got dtype {arr.dtype}")
+    block_bytes = formats.get(fmt).block_bytes
+    if arr.ndim == 0 or arr.shape[-1] % block_bytes != 0:
         raise ValueError(
-            f"Q8_0 data of shape {tuple(arr.shape)}: the last dimension must be a multiple of 34 bytes"
+            f"{up} data of shape {tuple(arr.shape)}: the last dimension must be a multiple of {block_bytes} bytes"
         )
-    return arr.reshape(-1), formats.logical_shape(arr.shape, "q8_0")
+    return arr.reshape(-1), formats.logical_shape(arr.shape, fmt)
 
 
 def check_out(out: Any, dtype: np.dtype, count: int, what: str = "out") -> np.ndarray:

@@ -75,6 +75,13 @@ class FileIdentity:
         return out
 
 
+def _marked(err: BaseException, cause: OSError) -> BaseException:
+    """``err`` marked as the machine's failure when ``cause`` is one (EMFILE, ENOMEM, EIO ...)."""
+    from .errors import mark_system_failure
+
+    return mark_system_failure(err, cause)
+
+
 def open_regular(path: str, error: Callable[[str, OSError | None], BaseException]) -> tuple[int, os.stat_result]:
     """Open ``path`` read-only without blocking and return ``(fd, fstat)`` of
     a regular file. Anything else, or an OSError, raises ``error(reason, oserror)``."""
@@ -83,7 +90,7 @@ def open_regular(path: str, error: Callable[[str, OSError | None], BaseException
         try:
             fd = os.open(path, _OPEN_FLAGS)
         except OSError as e:
-            raise error(f"cannot open: {e.strerror or e}", e) from None
+            raise _marked(error(f"cannot open: {e.strerror or e}", e), e) from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise error(f"is {file_kind(st.st_mode)}, not a regular file", None)
@@ -110,7 +117,7 @@ def read_capped(path: str, cap: int, what: str, error: Callable[[str, OSError | 
             try:
                 b = os.read(fd, min(1 << 20, cap + 1 - total))
             except OSError as e:
-                raise error(f"cannot read: {e.strerror or e}", e) from None
+                raise _marked(error(f"cannot read: {e.strerror or e}", e), e) from None
             if not b:
                 break
             chunks.append(b)

@@ -1,4 +1,4 @@
-"""The ``hf2q`` command line: inspect, load, demo.
+"""The ``hf2q`` command line: inspect, load, demo, convert.
 
 Layout (each part is one block below): naming a checkpoint (local path or
 Hugging Face repo id), architecture detection, output for people (units: see
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from ._progress import format_bytes
-from .errors import ConfigError, Hf2qError, SafetensorsError
+from .errors import ConfigError, DeviceError, Hf2qError, SafetensorsError
 
 DEFAULT_DEMO_CONFIG = "gemma-4-26B-A4B-it"
-COMMANDS = ("inspect", "load", "demo")
+COMMANDS = ("inspect", "load", "demo", "convert", "cache")
 
 # =========================================================================== naming a checkpoint
 
@@ -65,14 +65,20 @@ def _seconds(s: float) -> str:
 
 
 def print_summary(d: dict[str, Any]) -> None:
-    """The load summary (``LoadSummary.as_dict()`` plus ``verify``) for people."""
+    """The load summary (``LoadSummary.as_dict()`` plus ``verify``) for people:
+    one ``label: value`` line each, the values in one column as wide as the
+    longest label needs."""
     res = d["residency"]
-    print(f"model:            {d['model']}")
-    print(f"device:           {d['device']}")
-    print(f"tensors:          {d['tensors']}")
-    print(f"resident bytes:   {d['resident_bytes']:,} ({format_bytes(d['resident_bytes'])})")
-    print(f"load time:        {_seconds(d['seconds'])} ({d['gb_per_s']:.2f} GB/s of checkpoint data, "
-          f"{format_bytes(d['data_bytes'])})")
+    lines = [("model", d["model"]), ("device", d["device"]), ("tensors", d["tensors"]),
+             ("resident bytes", f"{d['resident_bytes']:,} ({format_bytes(d['resident_bytes'])})"),
+             ("load time", f"{_seconds(d['seconds'])} ({d['gb_per_s']:.2f} GB/s of checkpoint data, "
+                           f"{format_bytes(d['data_bytes'])})")]
+    if d.get("cpu_seconds") is not None:  # what the time went on (a fresh process: mostly the kernel)
+        spent = (f"CPU {_seconds(d['cpu_seconds'])} over all threads ({_seconds(d['system_seconds'])} in the "
+                 f"kernel: file pages copied in, fresh memory faulted in, {d['page_faults']:,} page faults)")
+        if d["seconds"] > d["cpu_seconds"]:  # no thread on a CPU for at least this long
+            spent += f"; at least {_seconds(d['seconds'] - d['cpu_seconds'])} waiting (disk, other processes)"
+        lines.append(("time spent", spent))
     if not res["enabled"]:
         state = "off (HF2Q_NO_RESIDENCY=1)" if os.environ.get("HF2Q_NO_RESIDENCY") == "1" else "off"
     else:
@@ -80,15 +86,18 @@ def print_summary(d: dict[str, Any]) -> None:
                  f"{format_bytes(res['allocated_bytes'])} allocated, {format_bytes(res['locked_bytes'])} locked")
         if res["unwired_bytes"]:
             state += f", {format_bytes(res['unwired_bytes'])} over the wired budget"
-    print(f"residency:        {state}")
+    lines.append(("residency", state))
     for k, v in d.items():
         if k not in ("model", "device", "tensors", "resident_bytes", "data_bytes", "seconds", "gb_per_s",
-                     "residency", "verify"):
-            print(f"{k.replace('_', ' ') + ':':<18}{v}")
+                     "cpu_seconds", "system_seconds", "page_faults", "residency", "verify"):
+            lines.append((k.replace("_", " "), v))
     if "verify" in d:
         v = d["verify"]
-        print(f"verify:           {v['buffers']} buffers read back through the device, "
-              f"{v['groups']:,} checksum groups equal ({_seconds(v['seconds'])})")
+        lines.append(("verify", f"{v['buffers']} buffers read back through the device, "
+                                f"{v['groups']:,} checksum groups equal ({_seconds(v['seconds'])})"))
+    width = max(18, *(len(label) + 2 for label, _ in lines))  # label, colon, at least one space
+    for label, value in lines:
+        print(f"{label + ':':<{width}}{value}")
 
 
 def note(args: argparse.Namespace, text: str) -> None:
@@ -121,12 +130,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         report["repo_id"] = args.path
         report["revision"] = args.revision or "main"
     device_dtypes = plan.pop("device_dtypes", None)
+    gguf_names = plan.pop("gguf_names", None)  # families that plan GGUF tensors (Qwen3.5 MoE, Gemma 4)
     if "gpu_resident_bytes" in plan:  # the model API's name; the report says what it is
         plan["resident_bytes"] = plan.pop("gpu_resident_bytes")
     report.update(plan)
-    if device_dtypes is not None:
-        for r in rows:
-            r["device_dtype"] = device_dtypes.get(r["name"])
+    for r in rows:
+        if device_dtypes is not None:
+            r["device_dtype"] = device_dtypes.get(r["name"])  # None: not loaded (skipped)
+        if gguf_names is not None:
+            r["gguf_names"] = gguf_names.get(r["name"], [])
     report["tensor_list"] = rows
     if args.json:
         emit_json(report)
@@ -137,8 +149,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"resident bytes: {report['resident_bytes']:,} ({format_bytes(report['resident_bytes'])})")
     width = max((len(r["name"]) for r in rows), default=4)
     for r in rows:
-        dev = f"  -> {r['device_dtype']}" if r.get("device_dtype") else ""
-        print(f"  {r['name']:<{width}}  {r['dtype']:<5} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}{dev}")
+        line = f"  {r['name']:<{width}}  {r['dtype']:<5} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}"
+        if "device_dtype" in r:  # the device dtype column, then the GGUF tensor(s) it goes into
+            line += f"  -> {r['device_dtype'] or 'skipped':<7}"
+            if r.get("gguf_names"):
+                line += " " + ", ".join(r["gguf_names"])
+        print(line.rstrip())
     return 0
 
 
@@ -150,7 +166,17 @@ def open_device(kind: str | None) -> Any:
     is none fails here, with nothing written or read)."""
     from .device import Device
 
-    return Device.default() if kind in (None, "auto") else Device(kind)
+    if kind in (None, "auto"):
+        return Device.default()
+    try:
+        return Device(kind)
+    except DeviceError as e:
+        if kind == "host":
+            raise
+        hint = "use --device host (the weights in this machine's memory) or --device auto (the first one available)"
+        err = DeviceError(f"{e}; {hint}")
+        err.hint = hint  # type: ignore[attr-defined]  # --json's "hint"
+        raise err from None
 
 
 def _cli_options() -> dict[str, Any]:
@@ -195,7 +221,7 @@ def _load_model(path: Path, device: Any, progress: bool, args: argparse.Namespac
 
     _, config = models.read_config(path)
     fam = models.detect(config)
-    return models.load_with(path, config, fam, device, progress=progress,
+    return models.load_with(path, config, fam, device, progress=progress, check_finite=args.check_finite,
                             **_options_for(fam, path, args))  # config.json read once
 
 
@@ -213,6 +239,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     path = resolve_source(args)
     if args.drafter:
         return _load_pair(path, args, device)
+    if args.drafter_revision is not None or args.drafter_download:
+        raise UsageError("--drafter-revision and --drafter-download apply to --drafter only")
     model = _load_model(path, device, not args.json and not args.no_progress, args)
     source: dict[str, Any] = {"checkpoint": str(path)}
     if args.path != str(path):  # a repo id
@@ -230,13 +258,17 @@ def _load_pair(path: Path, args: argparse.Namespace, device: Any) -> int:
     loaded as a bound pair (hf2q.pairs); prints both summaries and the pair's."""
     from . import hub, models, pairs
 
-    drafter = hub.resolve(args.drafter, command=args.command)
+    try:
+        drafter = hub.resolve(args.drafter, args.drafter_revision, download=args.drafter_download,
+                              command=args.command)
+    except ValueError as e:  # --drafter-revision/--drafter-download with a local path
+        raise UsageError(str(e).replace("--download", "--drafter-download")) from None
     if not os.path.lexists(drafter):
         raise SafetensorsError(f"{drafter}: no such file or directory", code="Io", path=str(drafter))
     _, config = models.read_config(path)
     fam = models.detect(config)
     pair = pairs.load_pair_with(path, config, fam, drafter, device, progress=not args.json and not args.no_progress,
-                                **_options_for(fam, path, args))  # config.json read once, the target planned once
+                                check_finite=args.check_finite, **_options_for(fam, path, args))  # config.json read once, the target planned once
     verify = pair.verify() if args.verify else None
     target = {**pair.target.summary.as_dict(), "checkpoint": str(path)}
     drafted = {**pair.drafter.summary.as_dict(), "checkpoint": str(drafter)}
@@ -283,6 +315,134 @@ def _remove_hint(args: argparse.Namespace) -> str:
     return f"hf2q demo --remove{extra}"
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived while ``hf2q demo`` was writing its cache: raised so
+    that the temporary folder is removed on the way out (exit 143)."""
+
+
+def _terminate_as_exception() -> Any:
+    """A context in which SIGTERM raises :class:`Terminated` (main thread
+    only; the previous handler is put back after)."""
+    import contextlib
+    import signal
+    import threading
+
+    @contextlib.contextmanager
+    def ctx() -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            raise Terminated("terminated (SIGTERM)")
+
+        old = signal.signal(signal.SIGTERM, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
+    return ctx()
+
+
+def _demo_lock(target: Path, create: bool = True) -> Any:
+    """An exclusive ``flock`` on the cache folder that holds the demo's
+    folder (a directory can be locked; no lock file is left behind): demos
+    writing into the same cache folder, and ``--remove``, run one after the
+    other. Released when the process ends, however it ends. (Not POSIX: no
+    lock.)"""
+    import contextlib
+
+    @contextlib.contextmanager
+    def ctx() -> Any:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            yield
+            return
+        if not create and not target.parent.is_dir():  # --remove with no cache folder: nothing to guard
+            yield
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(target.parent), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    return ctx()
+
+
+def _remove_stale_temporaries(target: Path) -> list[str]:
+    """Remove ``<target>.tmp*`` folders (under the lock no other run writes
+    one); their names."""
+    if not target.parent.is_dir():
+        return []
+    gone = []
+    for stale in sorted(target.parent.glob(target.name + ".tmp*")):
+        if stale.is_symlink() or not stale.is_dir():
+            stale.unlink()
+        else:
+            shutil.rmtree(stale)
+        gone.append(str(stale))
+    return gone
+
+
+def _remove_demo(target: Path) -> dict[str, Any]:
+    """``hf2q demo --remove``: what was there and what was done, in words
+    (``did``) and fields. A symbolic link is removed, never followed (what it
+    points to is not the demo's to delete); a failure to remove raises."""
+    temporaries = _remove_stale_temporaries(target)
+    report: dict[str, Any] = {"removed": str(target), "existed": os.path.lexists(target), "symlink": False,
+                              "temporaries_removed": temporaries}
+    if os.path.islink(target):
+        dest = os.readlink(target)
+        os.unlink(target)
+        report.update(symlink=True, link_target=dest)
+        did = f"removed the symbolic link {target} (it pointed to {dest}, which was left as it is)"
+    elif os.path.isdir(target):
+        shutil.rmtree(target)
+        did = f"removed {target}"
+    elif os.path.lexists(target):
+        os.unlink(target)
+        did = f"removed {target} (a file, not the demo's folder)"
+    else:
+        did = f"nothing to remove: {target} does not exist"
+    if temporaries:
+        did += f"; removed {len(temporaries)} temporary folder(s) of an interrupted run"
+    report["did"] = did
+    return report
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file under ``folder``, then each folder (deepest first)."""
+    dirs = []
+    for root, subdirs, files in os.walk(folder):
+        dirs.append(Path(root))
+        for f in files:
+            _fsync_path(Path(root) / f)
+    for d in reversed(dirs):
+        _fsync_path(d)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Write a synthetic drafter once into ``<cache>/demo-<config>-dflash``
     (``<cache>``: ``--cache-dir``, else :func:`demo_cache_dir`) and load it.
@@ -294,46 +454,206 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cache folder itself."""
     target, config = demo_target(args)
     if args.remove:
-        existed = target.exists()
-        shutil.rmtree(target, ignore_errors=True)
-        for stale in target.parent.glob(target.name + ".tmp*") if target.parent.is_dir() else ():
-            shutil.rmtree(stale, ignore_errors=True)
+        with _demo_lock(target, create=False):
+            report = _remove_demo(target)
         if args.json:
-            emit_json({"removed": str(target), "existed": existed})
+            emit_json(report)
         else:
-            note(args, f"removed {target}" if existed else f"nothing to remove: {target} does not exist")
+            note(args, report["did"])
         return 0
     device = open_device(args.device)  # before writing anything
     from . import dflash
     from .dflash import DFlashConfig, expected_total_data_bytes
 
+    # With --json the lines for people wait until the demo succeeded: a
+    # failure prints its error object and nothing on stderr.
+    held: list[str] = []
+    say = held.append if args.json else (lambda text: note(args, text))
     size = format_bytes(expected_total_data_bytes(DFlashConfig.from_dict(dflash.DRAFTER_CONFIGS[config])))
-    if (target / ".complete").is_file():
-        note(args, f"using the cached synthetic drafter ({size}) in {target}; remove it with: {_remove_hint(args)}")
-    else:
-        from . import testing
+    with _demo_lock(target):  # one writer at a time; a second run waits, then finds it cached
+        stale = _remove_stale_temporaries(target)  # left by a run that was killed (SIGKILL, power loss)
+        if stale:
+            say(f"removed {len(stale)} temporary folder(s) left by an interrupted run: {', '.join(stale)}")
+        if (target / ".complete").is_file():
+            say(f"using the cached synthetic drafter ({size}) in {target}; remove it with: {_remove_hint(args)}")
+        else:
+            from . import testing
 
-        what = (f"the full-size synthetic gemma-4-26B-A4B DFlash drafter ({size})" if config == DEFAULT_DEMO_CONFIG
-                else f"the synthetic {config} DFlash drafter ({size})")
-        note(args, f"writing {what} to {target} (once)")
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            testing.make_dflash_checkpoint(tmp, None if config == DEFAULT_DEMO_CONFIG else config,
-                                           progress=not args.json)
-            (tmp / ".complete").write_text("ok\n")
-            shutil.rmtree(target, ignore_errors=True)
-            tmp.rename(target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        note(args, f"cached in {target}; remove it with: {_remove_hint(args)}")
+            what = (f"the full-size synthetic gemma-4-26B-A4B DFlash drafter ({size})"
+                    if config == DEFAULT_DEMO_CONFIG else f"the synthetic {config} DFlash drafter ({size})")
+            say(f"writing {what} to {target} (once)")
+            tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+            try:
+                with _terminate_as_exception():
+                    testing.make_dflash_checkpoint(tmp, None if config == DEFAULT_DEMO_CONFIG else config,
+                                                   progress=not args.json)
+                    _sync_tree(tmp)  # the data is on disk before anything says it is complete
+                    _write_synced(tmp / ".complete", b"ok\n")
+                    _fsync_path(tmp)
+                    if os.path.islink(target) or os.path.isfile(target):
+                        os.unlink(target)
+                    else:
+                        shutil.rmtree(target, ignore_errors=True)  # an incomplete earlier copy
+                    os.replace(tmp, target)
+                    _fsync_path(target.parent)  # the rename itself
+            except OSError as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise DemoCacheError(target.parent, e, args) from e
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            say(f"cached in {target}; remove it with: {_remove_hint(args)}")
     model = dflash.load(target, device=device, progress=not args.json)
     d = load_report(model, not args.no_verify, checkpoint=str(target))
+    for text in held:
+        note(args, text)
     if args.json:
         emit_json(d)
     else:
         print_summary(d)
+    return 0
+
+
+class DemoCacheError(OSError):
+    """The demo's cache folder cannot be written: the system's failure (exit
+    status 1), named by the folder the user chose (``--cache-dir``,
+    ``HF2Q_CACHE`` or the default), not by the temporary folder inside it,
+    with a hint to choose another."""
+
+    def __init__(self, cache: Path, cause: OSError, args: argparse.Namespace) -> None:
+        why = cause.strerror or str(cause)
+        blocker = next((p for p in (cache, *cache.parents) if os.path.lexists(p)), None)
+        if blocker is not None and blocker != cache and not blocker.is_dir():
+            why = f"{why} ({blocker} is a file, not a folder)"
+        source = ("--cache-dir" if args.cache_dir else
+                  "HF2Q_CACHE" if os.environ.get("HF2Q_CACHE") else "the default cache folder")
+        self.hint = "choose a folder that can be written with --cache-dir DIR or HF2Q_CACHE=DIR"
+        self.path = str(cache)  # --json's "path"; the message names it already
+        super().__init__(cause.errno, f"cannot write the demo checkpoint in {cache} ({source}): {why}; {self.hint}")
+
+
+# =========================================================================== version, cache
+
+#: Packages whose versions ``hf2q --version --verbose`` reports (read from their
+#: installed metadata, none imported): the dependencies, then the optional ones.
+_DEPENDENCIES = ("numpy", "ml_dtypes", "safetensors", "tqdm", "huggingface_hub")
+_OPTIONAL = ("torch", "transformers", "gguf", "nvidia-cuda-nvrtc")
+
+
+def _package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_report() -> dict[str, Any]:
+    """What ``hf2q --version --verbose`` prints: the build, the kernels'
+    instruction set, each backend this build has and whether it opens here
+    (with the reason when not), the dependencies' versions and the caches."""
+    import platform
+
+    from . import _core, _cuda
+    from ._version import __version__
+    from .device import Device
+
+    backends: dict[str, str] = {}
+    for kind in _core.backend_kinds():
+        try:
+            Device(kind)
+            backends[kind] = "available"
+        except (DeviceError, OSError) as e:
+            backends[kind] = f"unavailable: {e}"
+    forced = not _core.simd_enabled()
+    return {
+        "version": __version__,
+        "python": f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})",
+        "platform": f"{platform.system()} {platform.machine()}",
+        "native_core": str(getattr(_core, "__file__", "")),
+        "simd": {"in_use": _core.simd_isa(), "best": _core.best_isa(),
+                 "forced_scalar": forced},  # HF2Q_FORCE_SCALAR=1
+        "threads": int(_core.get_num_threads()),
+        "backends": backends,
+        "dependencies": {n: _package_version(n) for n in _DEPENDENCIES},
+        "optional": {n: _package_version(n) for n in _OPTIONAL},
+        "caches": {"demo": str(demo_cache_dir()), "cuda_kernels": _cuda.cache_dir() or None},
+    }
+
+
+def print_version(verbose: bool, as_json: bool) -> int:
+    from ._version import __version__
+
+    if not verbose:
+        print(json.dumps({"version": __version__}) if as_json else f"hf2q {__version__}")
+        return 0
+    r = version_report()
+    if as_json:
+        emit_json(r)
+        return 0
+    simd = r["simd"]
+    lines = [
+        ("python", r["python"]), ("platform", r["platform"]), ("native core", r["native_core"]),
+        ("SIMD", f"{simd['in_use']} (best on this CPU: {simd['best']}"
+                 + ("; scalar forced by HF2Q_FORCE_SCALAR=1)" if simd["forced_scalar"] else ")")),
+        ("threads", r["threads"]),
+        *((f"backend {k}", v) for k, v in r["backends"].items()),
+        ("dependencies", ", ".join(f"{k} {v or 'missing'}" for k, v in r["dependencies"].items())),
+        ("optional", ", ".join(f"{k} {v or '-'}" for k, v in r["optional"].items())),
+        ("demo cache", r["caches"]["demo"]),
+        ("CUDA kernel cache", r["caches"]["cuda_kernels"] or "off (HF2Q_CACHE_DIR is empty)"),
+    ]
+    print(f"hf2q {r['version']}")
+    width = max(len(label) for label, _ in lines) + 2
+    for label, value in lines:
+        print(f"{label + ':':<{width}}{value}")
+    return 0
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def cache_entries() -> list[tuple[str, Path]]:
+    """What hf2q itself keeps on disk: the demo's checkpoints
+    (``<demo cache>/demo-*-dflash``, with interrupted ``.tmp*`` copies) and
+    the CUDA kernel cache (``$HF2Q_CACHE_DIR/cuda``). Nothing else in those
+    folders is hf2q's."""
+    from . import _cuda
+
+    out: list[tuple[str, Path]] = []
+    demo = demo_cache_dir()
+    if demo.is_dir():
+        out += [("demo checkpoint", p) for p in sorted(demo.glob("demo-*-dflash*")) if p.is_dir()]
+    cuda = _cuda.cache_dir()
+    if cuda and os.path.isdir(cuda):
+        out.append(("CUDA kernels", Path(cuda)))
+    return out
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``hf2q cache``: list what hf2q keeps on disk; ``--clear`` removes it."""
+    entries = [(what, path, _tree_bytes(path)) for what, path in cache_entries()]
+    if args.clear:
+        for _, path, _ in entries:
+            shutil.rmtree(path)
+    rows = [{"what": what, "path": str(path), "bytes": n} for what, path, n in entries]
+    if args.json:
+        emit_json({"entries": rows, "cleared": bool(args.clear)})
+        return 0
+    if not rows:
+        print("nothing cached")
+    for r in rows:
+        verb = "removed " if args.clear else ""
+        print(f"{verb}{r['what']}: {r['path']} ({format_bytes(r['bytes'])})")
     return 0
 
 
@@ -355,7 +675,8 @@ def error_object(e: BaseException) -> dict[str, Any]:
     ``revision``, ``hint`` where the error has them (``type``: the exception
     class name, e.g. ``SafetensorsError``; ``"UsageError"`` for a wrong
     command line)."""
-    err: dict[str, Any] = {"type": type(e).__name__, "message": str(e)}
+    err: dict[str, Any] = {"type": type(e).__name__, "message": str(e) or ("out of memory" if isinstance(
+        e, MemoryError) else type(e).__name__)}
     if isinstance(e, OSError) and not isinstance(e, Hf2qError):  # the system's error: say which file
         err["message"] = str(e.strerror or e)
         if e.filename:
@@ -364,6 +685,8 @@ def error_object(e: BaseException) -> dict[str, Any]:
         v = getattr(e, attr, None)
         if isinstance(v, (str, int)) and not isinstance(v, bool) and attr not in err:
             err[attr] = v
+    if exit_code(e) == 1:  # the machine's own failure, not the input: may work elsewhere or later
+        err["system_failure"] = True
     problems = getattr(e, "problems", None)
     if problems:
         err["problems"] = [{"kind": p.kind, "tensor": p.tensor, "expected": p.expected, "actual": p.actual}
@@ -372,14 +695,17 @@ def error_object(e: BaseException) -> dict[str, Any]:
 
 
 def exit_code(e: BaseException) -> int:
-    """2 for bad input or a wrong command line, 1 for anything else (the
-    system: a cache folder that cannot be written, a download that failed on
-    the network or the server, :class:`hf2q.hub.HubNetworkError`)."""
-    from .hub import HubNetworkError
-
-    if isinstance(e, HubNetworkError):
-        return 1
-    return 2 if isinstance(e, (Hf2qError, UsageError)) else 1
+    """The one rule (README, docs/RELIABILITY.md): 2 for bad input or a wrong
+    command line (a :class:`UsageError`, an :class:`Hf2qError` that is not a
+    ``system_failure``); 1 for the machine's own failure (out of memory, out
+    of file descriptors, a full disk, an I/O error, a device that cannot be
+    opened, a download that failed on the network or the server, any other
+    ``OSError``)."""
+    if isinstance(e, UsageError):
+        return 2
+    if isinstance(e, Hf2qError):
+        return 1 if e.system_failure else 2
+    return 1
 
 
 def report_error(command: str | None, e: BaseException, as_json: bool) -> int:
@@ -392,6 +718,8 @@ def report_error(command: str | None, e: BaseException, as_json: bool) -> int:
     elif isinstance(e, OSError) and not isinstance(e, Hf2qError):
         where = f"{e.filename}: " if e.filename else ""
         print(f"hf2q {command}: error: {where}{e.strerror or e}", file=sys.stderr)
+    elif isinstance(e, MemoryError):
+        print(f"hf2q {command}: error: out of memory{': ' + str(e) if str(e) else ''}", file=sys.stderr)
     else:
         print(f"hf2q {command}: error: {e}", file=sys.stderr)
     return exit_code(e)
@@ -406,13 +734,23 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, self.format_usage())
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse's own swallows OSError: `hf2q --version | (exec <&-)` would exit 0 having printed
+        # nothing; here a broken pipe reaches main(), which exits 141 like every other command.
+        file = file or sys.stderr
+        if message and file is not None:
+            file.write(message)
+
 
 def _add_source(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("path", metavar="PATH_OR_REPO", help=what)
     p.add_argument("--revision", metavar="REV",
                    help="repo ids: branch, tag or commit hash in the Hugging Face cache (default: main)")
+    from .hub import DOWNLOAD_PATTERNS  # what --download fetches: said from the list the code uses
+
+    fetched = ", ".join(DOWNLOAD_PATTERNS[:-1]) + " and " + DOWNLOAD_PATTERNS[-1]
     p.add_argument("--download", action="store_true",
-                   help="repo ids: fetch the repo's *.json and *.safetensors files into the Hugging Face cache "
+                   help=f"repo ids: fetch the repo's {fetched} files into the Hugging Face cache "
                         "first (otherwise hf2q never downloads)")
     p.add_argument("--json", action="store_true",
                    help='print one JSON object on stdout (on failure: {"error": {...}})')
@@ -445,8 +783,11 @@ def build_parser() -> argparse.ArgumentParser:
                "HF2Q_HUGEPAGES, HF2Q_CUDA_STAGING_MIB, HF2Q_CUDA_SLOT_MIB, HF2Q_CACHE, HF2Q_CACHE_DIR, and "
                "Hugging Face's HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_HUB_DISABLE_PROGRESS_BARS (see the README).",
     )
-    parser.add_argument("--version", action="version", version=f"hf2q {__version__}",
-                        help="print the version and exit")
+    parser.add_argument("--version", action="store_true",
+                        help=f"print the version ({__version__}) and exit; with --verbose also the SIMD path, the "
+                             "backends and whether each opens here, the dependencies' versions and the caches")
+    parser.add_argument("--verbose", action="store_true", help="with --version: the details")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # with --version
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("inspect", help="list a checkpoint's tensors, dtypes, shapes and bytes",
@@ -470,8 +811,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read every buffer back through the device and compare with a CPU decode")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (bars are drawn only on a terminal anyway)")
+    p.add_argument("--check-finite", action="store_true",
+                   help="refuse a NaN/Inf weight that would be kept as it is (copied or decoded), naming the tensor "
+                        "and element (quantized tensors refuse them always); off by default: the bytes are the "
+                        "file's")
     p.add_argument("--drafter", metavar="DRAFTER", help="a DFlash drafter (path or repo id) to load bound to this "
                    "target (its embedding and LM head become the target's buffers)")
+    p.add_argument("--drafter-revision", metavar="REV",
+                   help="a drafter repo id: branch, tag or commit hash (default: main; --revision is the target's)")
+    p.add_argument("--drafter-download", action="store_true",
+                   help="a drafter repo id: fetch it into the Hugging Face cache first (--download is the target's)")
     _add_family_options(p)
     p.set_defaults(func=cmd_load)
 
@@ -488,36 +837,166 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remove", action="store_true", help="delete the demo's cached checkpoint and exit")
     p.add_argument("--config", help=argparse.SUPPRESS)  # another drafter config (tests: tiny); or HF2Q_DEMO_CONFIG
     p.set_defaults(func=cmd_demo)
+
+    from .export.cli import add_parser as add_convert  # the convert subcommand lives with the GGUF writer
+
+    add_convert(sub, _add_source)
+
+    p = sub.add_parser("cache", help="list (or --clear) what hf2q keeps on disk: demo checkpoints, CUDA kernels",
+                       description="List what hf2q keeps on disk, with sizes: the demo's synthetic checkpoints "
+                                   "(in $HF2Q_CACHE, else $XDG_CACHE_HOME/hf2q or ~/.cache/hf2q) and the compiled "
+                                   "CUDA kernels (in $HF2Q_CACHE_DIR/cuda, same default root). Nothing else in "
+                                   "those folders is touched.")
+    p.add_argument("--clear", action="store_true", help="remove them")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON object on stdout (on failure: {"error": {...}})')
+    p.set_defaults(func=cmd_cache)
     return parser
 
 
 # =========================================================================== main
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    as_json = "--json" in argv
+#: Exit status when stdout's reader went away (``hf2q inspect ... | head``):
+#: 128 + SIGPIPE, what a shell reports for a program SIGPIPE ended.
+EXIT_BROKEN_PIPE = 128 + 13
+#: Exit status when interrupted (SIGINT): 128 + SIGINT.
+EXIT_INTERRUPTED = 128 + 2
+#: Exit status when ``demo`` is ended by SIGTERM while writing: 128 + SIGTERM.
+EXIT_TERMINATED = 128 + 15
+
+
+def _path_safe(exc: UnicodeEncodeError) -> tuple[bytes | str, int]:
+    """Encoding error handler of the CLI's stdout: a file name with bytes
+    that are not UTF-8 (held as ``surrogateescape`` surrogates) is written
+    back as those bytes; any other character the stream cannot encode as a
+    backslash escape. So any path prints, on any locale."""
+    out = bytearray()
+    for ch in exc.object[exc.start:exc.end]:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:
+            out.append(o - 0xDC00)
+        else:
+            out += ch.encode("ascii", "backslashreplace")
+    return bytes(out), exc.end
+
+
+_HANDLER = "hf2q.path_safe"
+
+
+class _Streams:
+    """stdout with :func:`_path_safe` for the duration of ``main`` (the
+    caller's stream settings are put back after)."""
+
+    def __enter__(self) -> _Streams:
+        import codecs
+
+        try:
+            codecs.lookup_error(_HANDLER)
+        except LookupError:
+            codecs.register_error(_HANDLER, _path_safe)
+        self.old: str | None = None
+        out = sys.stdout
+        if out is not None and hasattr(out, "reconfigure"):
+            try:
+                self.old = out.errors
+                out.reconfigure(errors=_HANDLER)
+            except (AttributeError, ValueError, OSError):
+                self.old = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        out = sys.stdout
+        if self.old is not None and out is not None:
+            try:
+                out.reconfigure(errors=self.old)
+            except (AttributeError, ValueError, OSError):
+                pass
+
+
+def _stdout_gone() -> int:
+    """stdout's reader left: point fd 1 at /dev/null so that what is still
+    buffered, flushed at interpreter exit, goes nowhere instead of raising
+    there ("Exception ignored ... BrokenPipeError"); say nothing."""
     try:
-        args = parser.parse_args(argv)
-    except UsageError as e:
-        command = next((a for a in argv if not a.startswith("-")), None)
-        return report_error(command if command in COMMANDS else None, e, as_json)
-    if args.command is None:
-        parser.print_help()
-        return 0
-    as_json = bool(getattr(args, "json", False))
-    try:
-        return int(args.func(args))
-    except BrokenPipeError:  # `hf2q inspect ... | head`: the reader left; say nothing
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so that the exit-time flush does not fail again
-        return 1
-    except (Hf2qError, UsageError, OSError) as e:
-        return report_error(args.command, e, as_json)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, ValueError, OSError):  # not a real file (a test's capture): nothing to redirect
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def _broken_pipe(e: BaseException) -> bool:
+    import errno
+
+    return isinstance(e, BrokenPipeError) or (isinstance(e, OSError) and e.errno == errno.EPIPE)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``hf2q`` command. Returns the exit status (see the README): 0, 2
+    for bad input, 1 for the machine's own failure, 130 when interrupted,
+    141 when stdout's reader went away (nothing printed then)."""
+    with _Streams():
+        try:
+            try:
+                code = _main(argv)
+            except SystemExit:  # argparse's --version/--help: printed, then exit
+                _flush_stdout()
+                raise
+            _flush_stdout()  # here, where a failure can be handled, not at interpreter exit
+            return code
+        except OSError as e:
+            if not _broken_pipe(e):
+                raise
+            return _stdout_gone()
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:
+        sys.stdout.flush()
+
+
+def _interrupted(command: str | None, as_json: bool, what: str = "interrupted", status: int = 0) -> int:
+    """SIGINT (SIGTERM while ``demo`` writes): under ``--json`` still the one
+    error object on stdout (and nothing on stderr), else one line on stderr;
+    status 130 (143)."""
+    if as_json:
+        kind = "KeyboardInterrupt" if what == "interrupted" else "Terminated"
+        emit_json({"error": {"type": kind, "message": what}})
+    else:
+        print(f"hf2q{' ' + command if command else ''}: {what}", file=sys.stderr)
+    return status or EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    command = next((a for a in argv if a in COMMANDS), None)
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except UsageError as e:
+            command = next((a for a in argv if not a.startswith("-")), None)
+            return report_error(command if command in COMMANDS else None, e, as_json)
+        if args.command is None and not args.version:  # argparse's convention: usage on stderr, status 2
+            return report_error(None, UsageError("a command is required (inspect, load, demo, convert, cache); "
+                                                 "hf2q --help lists them", parser.format_usage()), as_json)
+        command = args.command
+        as_json = bool(getattr(args, "json", False))
+        try:
+            if args.version:
+                return print_version(args.verbose, as_json)
+            return int(args.func(args))
+        except (Hf2qError, UsageError, OSError, MemoryError) as e:
+            if _broken_pipe(e) and not isinstance(e, Hf2qError):
+                raise  # stdout went away: main() handles it
+            return report_error(args.command, e, as_json)
     except KeyboardInterrupt:
-        print(f"hf2q {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(command, as_json)
+    except Terminated:
+        return _interrupted(command, as_json, "terminated", EXIT_TERMINATED)
 
 
 if __name__ == "__main__":  # pragma: no cover

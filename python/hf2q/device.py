@@ -623,7 +623,8 @@ class Device:
         from one tensor to the next (a loader's run of tensors); elsewhere the
         jobs run one after another. Every job is checked before any byte is
         read. Errors as for :meth:`write_from_file_segments`: a read that
-        fails names the first job whose ranges the file no longer holds (else
+        fails names the job that failed (where the backend says which: the host
+        always; else the first job whose ranges the file no longer holds, else
         the first job); non-finite input names the first job, in order, that
         holds it."""
         planned = []
@@ -649,13 +650,15 @@ class Device:
                     [(buf._native, [(o, fd, f, n) for o, f, n in segs], src_dtype, bool(check_finite))
                      for (buf, _, segs, src_dtype, _), fd in zip(planned, fd_of)])
             except FileReadError as e:
-                bad = 0
-                for i, ((_, _, segs, _, _), fd) in enumerate(zip(planned, fd_of)):
-                    size = os.fstat(fd).st_size
-                    if any(foff + n > size for _, foff, n in segs):
-                        bad = i
-                        break
-                raise _file_read_error(planned[bad][1], planned[bad][4], e) from None
+                bad = getattr(e, "job", -1)  # set natively where the backend knows (host: always)
+                if not isinstance(bad, int) or not 0 <= bad < len(planned):
+                    bad = 0
+                    for i, ((_, _, segs, _, _), fd) in enumerate(zip(planned, fd_of)):
+                        size = os.fstat(fd).st_size
+                        if any(foff + n > size for _, foff, n in segs):
+                            bad = i
+                            break
+                raise _file_read_error(planned[bad][1], planned[bad][4], e, bad) from None
             for i, ((_, file, _, _, name), fd) in enumerate(zip(planned, fd_of)):
                 if before[fd] is not None and before[fd] != _fd_identity(file, fd):
                     raise _file_error(file, name, "the file was modified while it was read (device, inode, size "
@@ -807,11 +810,17 @@ def _segment_value_class(fd: int, segs: list[tuple[int, int, int]], first_bad: i
     return ""
 
 
-def _file_read_error(file: PathOrFd, name: str | None, e: BaseException) -> FileReadError:
+def _file_read_error(file: PathOrFd, name: str | None, e: BaseException, job: int = -1) -> FileReadError:
+    from .errors import SYSTEM_ERRNOS
+
     what = f" for '{name}'" if name else ""
     err = FileReadError(f"{_describe(file)}{what}: {e}")
     err.reason = str(e)  # without the file/tensor prefix, for callers that name them
     err.code = getattr(e, "code", "Io")  # set natively: "FileTruncated" or "Io"
+    err.job = job  # type: ignore[attr-defined]  # (a batch: the job that failed)
+    if getattr(e, "system_errno", None) in SYSTEM_ERRNOS:  # EIO: the machine, not the file (exit 1)
+        err.system_failure = True
+        err.system_errno = e.system_errno  # type: ignore[attr-defined]
     return err
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from typing import Sequence
@@ -26,8 +27,40 @@ __all__ = [
 ]
 
 
+#: errno values that are this machine failing, not the input being wrong:
+#: out of memory, out of file descriptors, disk or quota full, I/O error. An
+#: error caused by one of them is a system failure (exit 1). Not ENXIO or
+#: ENODEV: opening a socket or a device node in a checkpoint's place gives
+#: those, and that is bad input.
+SYSTEM_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOMEM", "EMFILE", "ENFILE", "ENOSPC", "EDQUOT", "EIO")
+                          if hasattr(errno, n))
+
+
 class Hf2qError(Exception):
-    """Base class of every hf2q error."""
+    """Base class of every hf2q error.
+
+    ``system_failure`` says whose fault it is: False (the default) for bad
+    input, True when this machine failed (``system_errno`` is then the errno
+    behind it where one is known: ``ENOMEM``, ``EMFILE``, ``ENOSPC``, ``EIO``
+    ...; a :class:`DeviceError` and :class:`hf2q.HubNetworkError` always are).
+    The class still says which stage failed; the CLI exits 2 for bad input
+    and 1 for a system failure."""
+
+    system_failure: bool = False
+    system_errno: int | None = None
+
+
+def mark_system_failure(err: BaseException, cause: BaseException | None) -> BaseException:
+    """``err``, marked as a system failure when ``cause`` is an ``OSError``
+    whose errno is in :data:`SYSTEM_ERRNOS` (or a ``MemoryError``)."""
+    if isinstance(err, Hf2qError):
+        if isinstance(cause, MemoryError):
+            err.system_failure = True
+            err.system_errno = errno.ENOMEM
+        elif isinstance(cause, OSError) and cause.errno in SYSTEM_ERRNOS:
+            err.system_failure = True
+            err.system_errno = cause.errno
+    return err
 
 
 class NonFiniteError(Hf2qError, ValueError):
@@ -36,6 +69,10 @@ class NonFiniteError(Hf2qError, ValueError):
     ``index`` is the smallest flat (row-major) element index, ``multi_index`` the
     same position in the input's shape, ``value_class`` one of ``"nan"``,
     ``"+inf"``, ``"-inf"`` and ``tensor`` the tensor's name when known.
+    ``step`` says where it appeared: ``"file"`` (the checkpoint holds it),
+    ``"transform"`` (a load-time transform made it, e.g. Qwen's
+    ``-exp(A_log)``), ``"conversion SRC->DST"`` (a narrowing conversion
+    overflowed, e.g. ``f32->f16``), or None where not known.
     """
 
     def __init__(
@@ -46,12 +83,14 @@ class NonFiniteError(Hf2qError, ValueError):
         multi_index: tuple[int, ...] | None = None,
         value_class: str = "nan",
         tensor: str | None = None,
+        step: str | None = None,
     ) -> None:
         super().__init__(message)
         self.index = index
         self.multi_index = multi_index
         self.value_class = value_class
         self.tensor = tensor
+        self.step = step
 
 
 class ScaleOverflowWarning(UserWarning):
@@ -179,7 +218,10 @@ class FileReadError(Hf2qError, OSError):
 
 
 class DeviceError(Hf2qError):
-    """A device could not be opened, or memory could not be allocated or made resident."""
+    """A device could not be opened, or memory could not be allocated or made
+    resident: the machine's own failure (``system_failure`` is True)."""
+
+    system_failure = True
 
 
 class ShardError(Hf2qError, ValueError):

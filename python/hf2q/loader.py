@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import formats
-from ._progress import progress_bar
+from ._progress import progress_bar, progress_enabled
 from .device import Buffer, Device
 from .device import _detached as detached
 from .errors import FileReadError, NonFiniteError, SafetensorsError
@@ -42,6 +42,11 @@ BATCH_BYTES = 1 << 30
 GPU_BATCH_BYTES = 4 << 30
 #: ... or this many entries.
 BATCH_ENTRIES = 256
+#: The batch bound while a progress bar is drawn (a terminal): the bar moves
+#: at least every this many bytes. On the host the jobs of a batch run one
+#: after another anyway; on a GPU a batch of this size keeps the staging
+#: ring (128 MiB) busy.
+BAR_BATCH_BYTES = 128 << 20
 
 M = TypeVar("M")
 
@@ -51,7 +56,11 @@ def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsErro
     code (``FileTruncated`` / ``Io``) is the one the native reader set."""
     reason = getattr(e, "reason", str(e))
     code = getattr(e, "code", "Io")
-    return SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code=code, path=path, tensor=tensor)
+    err = SafetensorsError(f"{path}: tensor '{tensor}': {reason}", code=code, path=path, tensor=tensor)
+    if getattr(e, "system_failure", False):  # an I/O error of the machine (EIO): exit 1, not bad input
+        err.system_failure = True
+        err.system_errno = getattr(e, "system_errno", None)
+    return err
 
 
 @dataclass
@@ -66,6 +75,16 @@ class LoadSummary:
     seconds: float
     residency: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: What ``seconds`` was spent on, from ``getrusage`` over the load (all
+    #: of the process's threads; None where unavailable): CPU time (user +
+    #: kernel), the kernel's part of it, and page faults. The kernel's part
+    #: is the file's pages copied in and every page of fresh memory zeroed
+    #: (on some machines compacted) on first touch: most of a first load in a
+    #: fresh process. Wall time beyond the CPU time was spent waiting: for
+    #: the disk (a cold page cache) or for cores other processes held.
+    cpu_seconds: float | None = None
+    system_seconds: float | None = None
+    page_faults: int | None = None
 
     @property
     def gb_per_s(self) -> float:
@@ -80,9 +99,24 @@ class LoadSummary:
             "data_bytes": self.data_bytes,
             "seconds": round(self.seconds, 3),
             "gb_per_s": round(self.gb_per_s, 2),
+            **({} if self.cpu_seconds is None else {"cpu_seconds": round(self.cpu_seconds, 3),
+                                                    "system_seconds": round(self.system_seconds or 0.0, 3),
+                                                    "page_faults": self.page_faults}),
             "residency": self.residency,
             **self.extra,
         }
+
+
+def process_usage() -> tuple[float, float, int] | None:
+    """(CPU seconds, of them in the kernel, page faults) of this process so
+    far, all threads (the native readers' included); None without
+    ``resource`` (not POSIX)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Linux and macOS have it
+        return None
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime, ru.ru_stime, ru.ru_minflt + ru.ru_majflt
 
 
 def residency_state(device: Device, buffers: Iterable[Buffer]) -> dict[str, Any]:
@@ -132,6 +166,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     quantization always refuses them). Off by default: the bytes are the
     file's."""
     t0 = time.perf_counter()
+    _check_representable(plan, ckpt)
+    usage0 = process_usage()
     bufs: dict[str, Buffer] = {}
     bar = progress_bar(plan.source_nbytes, "hf2q load", progress)
     group: object = object()
@@ -139,6 +175,11 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     pending_sizes: list[int] = []
     pending_bytes = 0
     batch_bytes = BATCH_BYTES if device._native.cpu_visible else GPU_BATCH_BYTES
+    if progress_enabled(progress):
+        # A batch updates the bar once, when it is done: while a bar is drawn,
+        # batches end every BAR_BATCH_BYTES so that it moves (one batch held the
+        # whole full-size drafter: the bar was updated only when the read ended).
+        batch_bytes = min(batch_bytes, BAR_BATCH_BYTES)
 
     def flush() -> None:
         nonlocal pending_bytes
@@ -177,12 +218,33 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         bar.close()
         raise detached(e)
     bar.close()
+    seconds = time.perf_counter() - t0
+    usage1 = process_usage()
     model.summary = LoadSummary(  # type: ignore[attr-defined]
         model=plan.family, device=device.kind, tensors=len(bufs),
         resident_bytes=sum(b.byte_len for b in bufs.values()), data_bytes=plan.source_nbytes,
-        seconds=time.perf_counter() - t0, residency=residency_state(device, bufs.values()), extra=dict(extra or {}),
+        seconds=seconds, residency=residency_state(device, bufs.values()), extra=dict(extra or {}),
     )
+    if usage0 is not None and usage1 is not None:
+        model.summary.cpu_seconds = usage1[0] - usage0[0]  # type: ignore[attr-defined]
+        model.summary.system_seconds = usage1[1] - usage0[1]  # type: ignore[attr-defined]
+        model.summary.page_faults = usage1[2] - usage0[2]  # type: ignore[attr-defined]
     return model
+
+
+def _check_representable(plan: LoadPlan, ckpt: Checkpoint) -> None:
+    """A zero-element tensor loads as an empty buffer; one whose shape no
+    buffer view can hold (``[0, 2^64-1]``: numpy's rule, as ``read_array``)
+    is refused before anything is allocated, naming the tensor."""
+    from .safetensors import NOT_REPRESENTABLE, REPRESENTABLE_RULE, numpy_representable
+    from .errors import SafetensorsError
+
+    for entry in plan:
+        if not numpy_representable(entry.shape, 8):
+            src = entry.sources[0].tensor if entry.sources else entry.name
+            path = ckpt[src].path if src in ckpt else None
+            raise SafetensorsError(f"{path}: tensor '{src}' of shape {list(entry.shape)} cannot be loaded: a buffer "
+                                   f"holds {REPRESENTABLE_RULE}", code=NOT_REPRESENTABLE, path=path, tensor=src)
 
 
 def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
@@ -204,13 +266,19 @@ def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
         b = None
         try:
             device.write_from_file_batch(jobs, check_finite=check_finite)
-        except NonFiniteError:
+        except NonFiniteError as e:
             _check_unchanged(ckpt, pieces)  # a file changed since validation explains it better
+            if e.step is None:
+                e.step = "file"  # found in the bytes as read, before any conversion
             raise
         except FileReadError as e:
             _check_unchanged(ckpt, pieces)
             raise _read_error(ckpt, e, [(job[1], segs) for job, segs in zip(jobs, owner)]) from None
         _check_unchanged(ckpt, pieces)
+        if check_finite:
+            for entry, b in zip(entries, made):
+                _check_converted(b, entry)
+            b = None
     except BaseException as e:
         made, jobs, b = [], [], None  # nothing in this frame may keep a buffer alive in the traceback
         raise detached(e)
@@ -234,8 +302,13 @@ def _file_groups(ckpt: Checkpoint, pieces: tuple[Piece, ...] | list[Piece]
 
 def _read_error(ckpt: Checkpoint, e: FileReadError,
                 groups: list[tuple[int, list[tuple[tuple[int, int, int], Piece]]]]) -> Exception:
-    """The failed read as a SafetensorsError naming the first piece its file
-    no longer holds (truncated), else the first piece."""
+    """The failed read as a SafetensorsError naming the job that failed (the
+    device says which where it knows), else the first piece its file no
+    longer holds (truncated), else the first piece."""
+    job = getattr(e, "job", -1)
+    if isinstance(job, int) and 0 <= job < len(groups) and groups[job][1]:
+        p = groups[job][1][0][1]
+        return file_read_error(e, ckpt[p.tensor].path, p.tensor)
     sizes: dict[int, int] = {}
     for fd, segs in groups:
         size = sizes.setdefault(fd, os.fstat(fd).st_size)
@@ -258,20 +331,46 @@ def _check_unchanged(ckpt: Checkpoint, pieces: list[Piece] | tuple[Piece, ...]) 
             f.check_unchanged(p.tensor)
 
 
-def _check_finite_array(a: np.ndarray, name: str) -> None:
+def _check_finite_array(a: np.ndarray, name: str, step: str = "file", shape: tuple[int, ...] | None = None,
+                        offset: int = 0, sources: tuple[Piece, ...] = ()) -> None:
+    """NonFiniteError for the first NaN/Inf of ``a`` (``offset``: where ``a``
+    starts in the tensor of logical ``shape``); ``step`` says what made it."""
     flat = a.reshape(-1)
     fmt = formats.from_numpy(flat.dtype)  # bfloat16's numpy kind is 'V': ask the table
     if flat.dtype.kind not in "fc" and (fmt is None or fmt.name not in ("bf16", "f16", "f32")):
         return
-    bad = np.flatnonzero(~np.isfinite(flat.astype(np.float32, copy=False)))
+    vals = flat if flat.dtype.kind in "fc" else flat.astype(np.float32)  # (f64 as it is: 1e300 is finite)
+    bad = np.flatnonzero(~np.isfinite(vals))
     if bad.size:
         from ._arrays import value_class
 
         i = int(bad[0])
         cls = value_class(float(flat[i]))
-        multi = tuple(int(j) for j in np.unravel_index(i, a.shape)) if a.ndim > 1 else None
-        raise NonFiniteError(f"non-finite weight in '{name}' at flat index {i}: {cls}", index=i,
-                             multi_index=multi, value_class=cls, tensor=name)
+        shape = tuple(a.shape) if shape is None else shape
+        i += offset
+        multi = tuple(int(j) for j in np.unravel_index(i, shape)) if len(shape) > 1 else None
+        of = f" of {', '.join(repr(p.tensor) for p in sources)}" if sources else ""
+        made = "" if step == "file" else f" (made by the {step}{of}; the file's values are finite)"
+        raise NonFiniteError(f"non-finite weight in '{name}' at flat index {i}: {cls}{made}", index=i,
+                             multi_index=multi, value_class=cls, tensor=name, step=step)
+
+
+#: Conversions that can overflow: the destination's largest finite value is
+#: smaller than the source's (f16: 65504; bf16: ~3.39e38, just under f32's
+#: ~3.40e38). The others (widening, f16 -> bf16) and q8_0 (its own rule:
+#: ScaleOverflowWarning) cannot make a finite value infinite.
+NARROWING = frozenset({("f32", "bf16"), ("f32", "f16"), ("bf16", "f16"), ("f64", "f32"), ("f64", "bf16"),
+                       ("f64", "f16")})
+
+
+def _check_converted(buf: Buffer, entry: TensorPlan) -> None:
+    """``check_finite`` after a narrowing conversion: the source was checked
+    finite as it was read, so a NaN/Inf in ``buf`` now is the conversion's
+    (read back once, only for these entries, only when asked)."""
+    narrowed = sorted({p.dtype for p in entry.sources if (p.dtype, entry.dtype) in NARROWING})
+    if narrowed:
+        _check_finite_array(buf.to_host().reshape(-1), entry.name, f"conversion {'/'.join(narrowed)}->{entry.dtype}",
+                            shape=tuple(entry.shape), sources=entry.sources)
 
 
 def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: bool = False) -> Buffer:
@@ -281,7 +380,21 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
         if check_finite:
             for p, a in zip(entry.sources, arrays):
                 _check_finite_array(a, p.tensor)
-        return upload_array(device, entry.transform(arrays), entry.dtype, entry.shape, entry.name)
+        with np.errstate(all="ignore"):  # overflow is reported by check_finite, not as a numpy warning
+            y = entry.transform(arrays)
+        if check_finite:
+            _check_finite_array(y, entry.name, "transform", shape=tuple(entry.shape), sources=entry.sources)
+        buf = upload_array(device, y, entry.dtype, entry.shape, entry.name)
+        if check_finite:
+            src = formats.from_numpy(y.dtype)
+            if src is not None and (src, entry.dtype) in NARROWING:
+                try:
+                    _check_finite_array(buf.to_host().reshape(-1), entry.name, f"conversion {src}->{entry.dtype}",
+                                        shape=tuple(entry.shape), sources=entry.sources)
+                except BaseException as e:
+                    del buf
+                    raise detached(e)
+        return buf
     buf = device.alloc(entry.shape, entry.dtype)
     try:
         streamed = []
@@ -293,6 +406,8 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
         if streamed:
             _stream(device, ckpt, entry, streamed, buf, check_finite)
         _check_unchanged(ckpt, entry.sources)
+        if check_finite:
+            _check_converted(buf, entry)
     except BaseException as e:
         del buf
         raise detached(e)
@@ -328,8 +443,10 @@ def _stream(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Pi
         try:
             device.write_from_file_segments(buf, fd, [seg for seg, _ in segs], dtype, name=entry.name,
                                             check_finite=check_finite)
-        except NonFiniteError:
+        except NonFiniteError as e:
             _check_unchanged(ckpt, pieces)  # a file changed since validation explains it better
+            if e.step is None:
+                e.step = "file"  # found in the bytes as read, before any conversion
             raise
         except FileReadError as e:
             _check_unchanged(ckpt, pieces)
@@ -365,7 +482,9 @@ def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, bu
             file.read_slice_into(piece.tensor, (s0 + e0) * fmt.itemsize, chunk)
             if check_finite:
                 _check_finite_array(chunk, piece.tensor)
-            device.write(buf, np.ascontiguousarray(convert(chunk)), offset=d0 + e0, name=entry.name)
+            with np.errstate(all="ignore"):  # overflow: check_finite's to report (after the entry), not numpy's
+                out = np.ascontiguousarray(convert(chunk))
+            device.write(buf, out, offset=d0 + e0, name=entry.name)
 
 
 def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -376,8 +495,10 @@ def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
     def cast(x: np.ndarray) -> np.ndarray:
         if formats.can_convert(formats.from_numpy(x.dtype) or "u8", dtype):
             return x
-        # Through float32 (exact from bf16/f16), then round to nearest even.
-        return x.astype(np.float32, copy=False).astype(target)
+        # Through float32 (exact from bf16/f16), then round to nearest even. Overflow gives +-inf
+        # quietly: check_finite reports it with the tensor and element; no numpy warning on stderr.
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x.astype(np.float32, copy=False).astype(target)
 
     return cast
 

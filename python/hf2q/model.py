@@ -69,45 +69,68 @@ class LoadedModel:
         self.summary: Any = None
 
     # ------------------------------------------------------------------ access
-    def named_buffers(self) -> dict[str, Buffer]:
-        """Every buffer under its name, in load order. Family views whose
-        fields can be reassigned override this to read the fields, so the
-        checks below always see what a consumer would."""
-        return self._buffers
+    def buffers_by_name(self) -> dict[str, Buffer]:
+        """Every buffer under its name, in load order, as a new dict. Family
+        views whose fields can be reassigned override this to read the
+        fields, so the checks below always see what a consumer would."""
+        return dict(self._buffers)
+
+    def named_buffers(self) -> Iterator[tuple[str, Buffer]]:
+        """``(name, buffer)`` pairs in load order, as ``torch.nn.Module.named_buffers``
+        yields them; :meth:`buffers_by_name` is the same as a dict."""
+        return iter(self.buffers_by_name().items())
+
+    def _by_name(self) -> Mapping[str, Buffer]:
+        # the live mapping for the accessors below (no copy per lookup); a
+        # family that overrides buffers_by_name is read through it
+        if type(self).buffers_by_name is LoadedModel.buffers_by_name:
+            return self._buffers
+        return self.buffers_by_name()
 
     def names(self) -> list[str]:
-        return list(self.named_buffers())
+        return list(self._by_name())
 
     def __getitem__(self, name: str) -> Buffer:
         try:
-            return self.named_buffers()[name]
+            return self._by_name()[name]
         except KeyError:
             raise KeyError(f"{name!r} is not a tensor of this model") from None
 
     def __contains__(self, name: object) -> bool:
-        return name in self.named_buffers()
+        return name in self._by_name()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.named_buffers())
+        return iter(self._by_name())
 
     def __len__(self) -> int:
-        return len(self.named_buffers())
+        return len(self._by_name())
+
+    def state_dict(self, framework: str = "torch") -> dict[str, Any]:
+        """``{name: torch.Tensor}`` sharing memory with the buffers (DLPack, no
+        copy; on the buffers' device), each tensor keeping its buffer alive;
+        see :mod:`hf2q.torch` for the dtypes (``q8_0``: ``uint8`` bytes of
+        shape ``(rows, row_bytes)``). torch is imported here, on first use."""
+        if framework != "torch":
+            raise ValueError(f"state_dict: framework must be 'torch', got {framework!r}")
+        from . import torch as hf2q_torch
+
+        return hf2q_torch.state_dict(dict(self.named_buffers()))
 
     # ------------------------------------------------------------------ bytes
     def gpu_resident_bytes(self) -> int:
         """Sum of logical buffer lengths."""
-        return sum(b.byte_len for b in self.named_buffers().values())
+        return sum(b.byte_len for b in self._by_name().values())
 
     def allocated_bytes(self) -> int:
         """Sum of page-rounded allocation sizes."""
-        return sum(b.alloc_len for b in self.named_buffers().values())
+        return sum(b.alloc_len for b in self._by_name().values())
 
     # ------------------------------------------------------------------ checks
     def verify(self) -> dict[str, Any]:
         """Read every buffer back through the device and compare with a CPU
         decode (see :meth:`hf2q.Device.verify`); raises DeviceError on a mismatch."""
         t0 = time.perf_counter()
-        bufs = self.named_buffers()
+        bufs = self._by_name()
         groups = sum(self.device.verify(b).groups for b in bufs.values())
         return {"buffers": len(bufs), "groups": groups, "seconds": time.perf_counter() - t0}
 

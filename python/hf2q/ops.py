@@ -1,9 +1,12 @@
-"""Native conversion kernels: BF16/F16 -> F32 decode and ggml Q8_0.
+"""Native conversion kernels: BF16/F16 -> F32 decode and ggml's block formats
+(Q8_0, Q4_0, Q4_K, Q5_K, Q6_K).
 
-Every function is multi-threaded (:func:`hf2q.set_num_threads`), uses AVX2/F16C
-or NEON where the CPU has them, and releases the GIL. Results are
-bit-identical to :mod:`hf2q.reference` for every input, and Q8_0 bytes equal
-ggml's ``quantize_row_q8_0_ref`` (and gguf-py's quantizer) for finite input.
+Every function is multi-threaded (:func:`hf2q.set_num_threads`) and releases
+the GIL; the decoders and Q8_0 use AVX2/F16C or NEON where the CPU has them
+(the 4/5/6-bit quantizers are scalar for now). Results are bit-identical to
+:mod:`hf2q.reference` for every input; quantized bytes equal ggml's reference
+quantizers (``quantize_row_<type>_ref``, no importance matrix) for finite
+input (docs/Q8_0.md, docs/KQUANTS.md).
 """
 
 from __future__ import annotations
@@ -31,12 +34,17 @@ __all__ = [
     "f16_to_f32",
     "quantize_q8_0",
     "dequantize_q8_0",
+    "quantize",
+    "dequantize",
+    "BLOCK_FORMATS",
     "simd_isa",
     "best_isa",
     "set_simd_enabled",
 ]
 
 _Q8 = formats.get("q8_0")
+#: The block formats :func:`quantize` / :func:`dequantize` handle.
+BLOCK_FORMATS: tuple[str, ...] = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
 
 
 def _aligned(raw: np.ndarray, align: int) -> np.ndarray:
@@ -103,6 +111,68 @@ def quantize_q8_0(src: np.ndarray, out: np.ndarray | None = None, *, name: str |
             ScaleOverflowWarning,
             stacklevel=2,
         )
+    return result
+
+
+def _block_format(fmt: str) -> str:
+    name = formats.get(fmt).name
+    if name not in BLOCK_FORMATS:
+        raise ValueError(f"{fmt!r} is not a block format; expected one of {', '.join(BLOCK_FORMATS)}")
+    return name
+
+
+def quantize(src: np.ndarray, fmt: str, out: np.ndarray | None = None, *, name: str | None = None) -> np.ndarray:
+    """Quantize to ggml block format ``fmt`` (one of :data:`BLOCK_FORMATS`),
+    byte-identical to ggml's ``quantize_row_<fmt>_ref`` (no importance matrix)
+    for finite input.
+
+    ``src``: C-contiguous float32, float16 or ``ml_dtypes.bfloat16`` array
+    whose last dimension is a multiple of the block (32 for q8_0 / q4_0, 256
+    for the k-quants; blocks never span rows). Returns uint8 of shape
+    ``src.shape[:-1] + (last // block_elems * block_bytes,)`` (gguf-py's
+    layout), or ``out`` (any shape with that many bytes).
+
+    Raises :class:`hf2q.NonFiniteError` on NaN/Inf input (first bad flat index,
+    ``name`` when given). Blocks whose float16 scale overflows are written as
+    ggml writes them (an Inf scale) with a :class:`hf2q.ScaleOverflowWarning`.
+    """
+    fmt = _block_format(fmt)
+    if fmt == "q8_0":
+        return quantize_q8_0(src, out, name=name)
+    f = formats.get(fmt)
+    arr, dtype = quant_source(src, fmt=fmt)
+    nbytes = f.storage_bytes(arr.size)
+    shape = formats.storage_shape(arr.shape, f)
+    result = np.empty(shape, dtype=U8) if out is None else check_out(out, U8, nbytes)
+    raw = _aligned(arr.reshape(-1).view(U8), dtype.itemsize)
+    src_format = formats.from_numpy(dtype)
+    assert src_format is not None  # quant_source admits f32 / f16 / bf16 only
+    first_bad, inf_scales = _core.quantize_blocks(raw, src_format.name, fmt, result.reshape(-1))
+    if first_bad >= 0:
+        raise nonfinite_error(arr, first_bad, name)
+    if inf_scales:
+        where = f"'{name}'" if name else "tensor"
+        warnings.warn(
+            f"{where}: {inf_scales} {fmt.upper()} block(s) have a scale that overflows float16 and is "
+            "stored as Inf, as ggml's reference quantizer does",
+            ScaleOverflowWarning,
+            stacklevel=2,
+        )
+    return result
+
+
+def dequantize(blocks: Any, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
+    """ggml block-format bytes to float32, bit-identical to ggml's
+    ``dequantize_row_<fmt>``. ``blocks``: uint8 array whose last dimension is
+    a multiple of the block's byte size, or a bytes-like object. Returns shape
+    ``blocks.shape[:-1] + (last // block_bytes * block_elems,)``, or ``out``."""
+    fmt = _block_format(fmt)
+    if fmt == "q8_0":
+        return dequantize_q8_0(blocks, out)
+    raw, shape = q8_source(blocks, fmt=fmt)
+    count = formats.numel(shape)
+    result = np.empty(shape, dtype=F32) if out is None else check_out(out, F32, count)
+    _core.dequantize_blocks(raw, fmt, result.reshape(-1).view(U8))
     return result
 
 

@@ -33,7 +33,7 @@ __all__ = ["Piece", "TensorPlan", "LoadPlan", "CONVERT_DTYPES"]
 #: The device formats a family offers for the tensors it converts (its
 #: ``dense_dtype`` / ``expert_dtype`` / ``dtype`` options): every family and
 #: the command line read this one tuple.
-CONVERT_DTYPES: tuple[str, ...] = ("f32", "bf16", "q8_0")
+CONVERT_DTYPES: tuple[str, ...] = ("f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
 
 
 @dataclass(frozen=True)
@@ -168,3 +168,16 @@ class LoadPlan(Sequence[TensorPlan]):
     def layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """name -> (device format, logical shape), for the layout check."""
         return {e.name: (e.dtype, tuple(e.shape)) for e in self.entries}
+
+
+def destinations_by_source(plan: LoadPlan) -> dict[str, list[str]]:
+    """Checkpoint tensor -> the planned tensors it feeds, in plan order
+    (``hf2q inspect``'s listing of GGUF names; a fused ``gate_up_proj``
+    feeds two: its gate and up halves)."""
+    out: dict[str, list[str]] = {}
+    for e in plan:
+        for p in e.sources:
+            names = out.setdefault(p.tensor, [])
+            if e.name not in names:
+                names.append(e.name)
+    return out

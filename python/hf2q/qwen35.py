@@ -1,6 +1,4 @@
 """``import hf2q.qwen35``: re-exports :mod:`hf2q.models.qwen35`."""
 
-from __future__ import annotations
-
 from .models.qwen35 import *  # noqa: F403
 from .models.qwen35 import __all__  # noqa: F401

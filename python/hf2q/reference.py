@@ -11,10 +11,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import formats
 from ._arrays import F32, check_out, half_source, nonfinite_error, q8_0_shape, q8_source, quant_source
 
-__all__ = ["bf16_to_f32", "f16_to_f32", "quantize_q8_0", "dequantize_q8_0", "f32_to_f16_bits", "READBACK",
-           "readback_bits"]
+__all__ = ["bf16_to_f32", "f16_to_f32", "quantize_q8_0", "dequantize_q8_0", "dequantize", "f32_to_f16_bits",
+           "READBACK", "readback_bits"]
 
 
 def _u16(src: Any) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -136,6 +137,10 @@ READBACK: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "u8": lambda raw: raw.astype(np.uint32),
     "i32": lambda raw: raw.view(np.uint32),
     "q8_0": lambda raw: dequantize_q8_0(raw).view(np.uint32),
+    "q4_0": lambda raw: dequantize(raw, "q4_0").view(np.uint32),
+    "q4_k": lambda raw: dequantize(raw, "q4_k").view(np.uint32),
+    "q5_k": lambda raw: dequantize(raw, "q5_k").view(np.uint32),
+    "q6_k": lambda raw: dequantize(raw, "q6_k").view(np.uint32),
 }
 
 
@@ -146,3 +151,102 @@ def readback_bits(dtype: str, raw: np.ndarray) -> np.ndarray:
     if fn is None:
         raise ValueError(f"no numpy read-back oracle for dtype {dtype!r} (hf2q.reference.READBACK)")
     return fn(raw)
+
+
+# ---------------------------------------------------------------- 4/5/6-bit
+# ggml's dequantize_row_<type> (docs/KQUANTS.md), vectorized over blocks;
+# every product is one float32 operation in ggml's order.
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Little-endian float16 bits in the last axis (2 bytes) to float32."""
+    bits = b[..., 0].astype(np.uint32) | (b[..., 1].astype(np.uint32) << 8)
+    return f16_bits_to_f32_bits(bits).view(F32)
+
+
+def _scale_min_k4(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: the eight 6-bit scales and mins packed in 12 bytes."""
+    sc = sc.astype(np.uint8)
+    d = np.empty(sc.shape[:-1] + (8,), dtype=np.uint8)
+    m = np.empty_like(d)
+    d[..., :4] = sc[..., 0:4] & 63
+    m[..., :4] = sc[..., 4:8] & 63
+    d[..., 4:] = (sc[..., 8:12] & 0xF) | ((sc[..., 0:4] >> 6) << 4)
+    m[..., 4:] = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
+    return d, m
+
+
+def _dequant_q4_0(b: np.ndarray) -> np.ndarray:
+    d = _f16(b[:, 0:2])[:, None]
+    qs = b[:, 2:18]
+    lo = ((qs & 0xF).astype(np.int32) - 8).astype(F32)
+    hi = ((qs >> 4).astype(np.int32) - 8).astype(F32)
+    return np.concatenate([lo * d, hi * d], axis=1)
+
+
+def _dequant_affine(b: np.ndarray, high_bits: bool) -> np.ndarray:
+    """Q4_K (high_bits False) and Q5_K: d * scale_g * q - dmin * min_g."""
+    nb = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _scale_min_k4(b[:, 4:16])
+    d_g = (d[:, None] * sc.astype(F32)).astype(F32)  # [nb, 8]
+    m_g = (dmin[:, None] * mn.astype(F32)).astype(F32)
+    if high_bits:
+        qh = b[:, 16:48].astype(np.int32)
+        ql = b[:, 48:176].reshape(nb, 4, 32).astype(np.int32)
+    else:
+        ql = b[:, 16:144].reshape(nb, 4, 32).astype(np.int32)
+    y = np.empty((nb, 8, 32), dtype=F32)
+    for c in range(4):
+        lo, hi = ql[:, c] & 0xF, ql[:, c] >> 4
+        if high_bits:
+            lo = lo + ((qh >> (2 * c)) & 1) * 16
+            hi = hi + ((qh >> (2 * c + 1)) & 1) * 16
+        for g, q in ((2 * c, lo), (2 * c + 1, hi)):
+            y[:, g] = d_g[:, g, None] * q.astype(F32) - m_g[:, g, None]
+    return y.reshape(nb, 256)
+
+
+def _dequant_q6_K(b: np.ndarray) -> np.ndarray:
+    nb = b.shape[0]
+    d = _f16(b[:, 208:210])
+    sc = b[:, 192:208].view(np.int8).reshape(nb, 2, 8).astype(F32)
+    ql = b[:, 0:128].reshape(nb, 2, 64).astype(np.int32)
+    qh = b[:, 128:192].reshape(nb, 2, 32).astype(np.int32)
+    y = np.empty((nb, 2, 4, 32), dtype=F32)
+    for k, (lo, shift, nib) in enumerate(((0, 0, False), (32, 2, False), (0, 4, True), (32, 6, True))):
+        low = ql[:, :, lo:lo + 32]
+        low = (low >> 4) if nib else (low & 0xF)
+        q = ((low | (((qh >> shift) & 3) << 4)) - 32).astype(F32)  # [nb, 2, 32]
+        # group of element l in quarter k: 2k + l // 16 (ggml's is + 2k)
+        s = np.repeat(sc[:, :, 2 * k:2 * k + 2], 16, axis=2)  # [nb, 2, 32]
+        y[:, :, k] = (d[:, None, None] * s).astype(F32) * q
+    return y.reshape(nb, 256)
+
+
+_DEQUANT = {"q4_0": _dequant_q4_0, "q4_k": lambda b: _dequant_affine(b, False),
+            "q5_k": lambda b: _dequant_affine(b, True), "q6_k": _dequant_q6_K}
+
+
+def dequantize(blocks: Any, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
+    """ggml's ``dequantize_row_<fmt>`` for q8_0, q4_0, q4_k, q5_k, q6_k:
+
+    - q4_0: ``(q - 8) * d``; q8_0: ``q * d``;
+    - q4_k / q5_k: ``(d * scale_g) * q - (dmin * min_g)`` with 6-bit group
+      scales and mins (groups of 32);
+    - q6_k: ``(d * scale_g) * (q - 32)`` with signed 8-bit group scales
+      (groups of 16).
+    """
+    if fmt == "q8_0":
+        return dequantize_q8_0(blocks, out)
+    if fmt not in _DEQUANT:
+        raise ValueError(f"no reference dequantizer for {fmt!r}")
+    raw, shape = q8_source(blocks, fmt=fmt)
+    f = formats.get(fmt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = _DEQUANT[fmt](raw.reshape(-1, f.block_bytes)).astype(F32).reshape(shape)
+    if out is None:
+        return y
+    check_out(out, F32, y.size)
+    out.reshape(-1)[...] = y.reshape(-1)
+    return out

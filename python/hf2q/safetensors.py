@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, Union, cast
+from typing import Any, Sequence, TypeVar, Union, cast
 
 import numpy as np
 
@@ -399,7 +399,9 @@ def _validate_header(
         raise _err(
             METADATA_INCOMPLETE_BUFFER,
             path,
-            f"header + tensors end at byte {expected} but the file is {file_size} bytes long",
+            f"header + tensors end at byte {expected} but the file is {file_size} bytes long"
+            + ("; the file is cut short (an interrupted download or copy?): re-download it"
+               if file_size < expected else ""),
         )
     return metadata, entries
 
@@ -421,7 +423,7 @@ def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -
         code = FILE_TRUNCATED if getattr(e, "code", IO_ERROR) == FILE_TRUNCATED else IO_ERROR
         if code == FILE_TRUNCATED:
             msg = (f"{path}: file shrank/truncated while reading {what} "
-                   f"(bytes {offset}..{offset + total}): {e}")
+                   f"(bytes {offset}..{offset + total}): {e}; re-download it")
         else:
             msg = f"{path}: reading {what} at offset {offset}: {e}"
         raise SafetensorsError(msg, code=code, path=path) from None
@@ -670,17 +672,40 @@ class SafetensorsFile:
         dt = _numpy_dtype(info.dtype)
         if dt is None:
             raise TypeError(f"tensor '{name}' has dtype {info.dtype}, which has no numpy equivalent")
-        if any(d > np.iinfo(np.intp).max for d in info.shape) or len(info.shape) > 64:
+        if not numpy_representable(info.shape, dt.itemsize):
             # Valid safetensors (a zero-element tensor may have a 2^64-1
             # dimension), but numpy cannot build the array.
             raise _err(NOT_REPRESENTABLE, str(self._path),
-                       f"shape {list(info.shape)} cannot be a numpy array (dimensions must be < 2^63, rank <= 64)", name)
+                       f"shape {list(info.shape)} cannot be a numpy array ({REPRESENTABLE_RULE})", name)
         arr = np.empty(info.shape, dtype=dt)
         self.read_into(name, arr)
         return arr
 
     def _read_range(self, dest: memoryview, offset: int, what: str) -> None:
         _pread_exact(self._fd, dest, offset, str(self._path), what)
+
+
+#: What numpy (and so a device buffer's view) can hold, in words.
+REPRESENTABLE_RULE = ("dimensions < 2^63, rank <= 64, and the non-zero dimensions times the item size < 2^63, "
+                      "zero-element tensors included")
+
+
+def numpy_representable(shape: Sequence[int], itemsize: int) -> bool:
+    """Whether numpy can make an array of ``shape`` (:data:`REPRESENTABLE_RULE`):
+    it refuses a size over 2^63 - 1 bytes counted without the zero dimensions,
+    so ``[0, 2^62]`` of float32 is refused though it has no element."""
+    if len(shape) > 64:
+        return False
+    limit = np.iinfo(np.intp).max
+    size = max(1, itemsize)
+    for d in shape:
+        if d < 0 or d > limit:
+            return False
+        if d:
+            size *= d
+            if size > limit:
+                return False
+    return True
 
 
 def open(path: PathLike) -> SafetensorsFile:
@@ -944,6 +969,28 @@ def open_checkpoint(path: PathLike) -> Checkpoint:
         raise SafetensorsError(f"{p}: {e.strerror or e}", code=IO_ERROR, path=str(p)) from None
 
 
+def _no_checkpoint_message(p: Path) -> str:
+    """Why the folder ``p`` is not a checkpoint, and what to do about the
+    files it has instead: other ``.safetensors`` files (Mistral's
+    ``consolidated.safetensors``, say) can be passed by path; PyTorch pickles
+    (``pytorch_model.bin``, ``.pt``, ``.pth``) are not read at all."""
+    msg = f"{p}: directory holds neither {INDEX_FILE_NAME} nor {SINGLE_FILE_NAME}"
+    try:
+        names = sorted(e.name for e in os.scandir(p) if e.is_file())
+    except OSError:
+        return msg
+    others = [n for n in names if n.endswith(".safetensors")]
+    pickles = [n for n in names if n.endswith((".bin", ".pt", ".pth"))]
+    if others:
+        listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        msg += f"; it has {listed}: pass the file's path instead (e.g. {p / others[0]})"
+    if pickles:
+        listed = ", ".join(pickles[:3]) + (", ..." if len(pickles) > 3 else "")
+        msg += (f"; it has {listed}, but PyTorch pickle weights (.bin, .pt, .pth) are not supported, only "
+                ".safetensors (transformers' save_pretrained writes them)")
+    return msg
+
+
 def _open_checkpoint(p: Path) -> Checkpoint:
     if p.is_dir():
         index = p / INDEX_FILE_NAME
@@ -953,11 +1000,7 @@ def _open_checkpoint(p: Path) -> Checkpoint:
         if single.exists():
             f = open(single)
             return Checkpoint([f], p)
-        raise SafetensorsError(
-            f"{p}: directory holds neither {INDEX_FILE_NAME} nor {SINGLE_FILE_NAME}",
-            code=NO_CHECKPOINT,
-            path=str(p),
-        )
+        raise SafetensorsError(_no_checkpoint_message(p), code=NO_CHECKPOINT, path=str(p))
     if not p.exists():
         raise SafetensorsError(f"{p}: no such file or directory", code=IO_ERROR, path=str(p))
     if p.name == "config.json":  # the usual slip: the model's config instead of its folder

@@ -171,10 +171,12 @@ def make_dflash_checkpoint(
     in ``directory`` are removed so that the directory opens unambiguously.
     """
     out = Path(os.fspath(directory))
-    out.mkdir(parents=True, exist_ok=True)
     cfg_dict = _resolve_config(config)
     cfg = DFlashConfig.from_dict(cfg_dict)
     manifest = expected_manifest(cfg)
+    if sharded and (2 if num_shards is None else int(num_shards)) < 2:
+        raise ValueError(f"a sharded checkpoint needs num_shards >= 2, got {num_shards}")
+    out.mkdir(parents=True, exist_ok=True)  # only once the arguments are known good: no empty folder left
 
     (out / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n", encoding="utf-8")
 
@@ -184,8 +186,6 @@ def make_dflash_checkpoint(
 
     if sharded:
         n = 2 if num_shards is None else int(num_shards)
-        if n < 2:
-            raise ValueError(f"a sharded checkpoint needs num_shards >= 2, got {n}")
         groups = _split(manifest, n)
         names = [f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors" for k in range(len(groups))]
     else:

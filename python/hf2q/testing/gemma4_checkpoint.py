@@ -21,7 +21,8 @@ import numpy as np
 from ..models.gemma4.config import Gemma4Config
 from ..models.gemma4.plan import _layer_wants
 
-__all__ = ["make_gemma4_checkpoint", "gemma4_tensor_shapes", "gemma4_config_dict", "GEMMA4_26B_A4B_TEXT_CONFIG"]
+__all__ = ["make_gemma4_checkpoint", "gemma4_tensor_shapes", "gemma4_config_dict", "GEMMA4_26B_A4B_TEXT_CONFIG",
+           "TINY_TEXT_CONFIG", "PRESETS"]
 
 #: gemma-4-26B-A4B-it's text config (docs/GEMMA4.md), published form.
 GEMMA4_26B_A4B_TEXT_CONFIG: dict[str, Any] = {
@@ -37,6 +38,24 @@ GEMMA4_26B_A4B_TEXT_CONFIG: dict[str, Any] = {
                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                            "rope_theta": 1000000.0}},
 }
+
+#: A small MoE text config (2 layers, hidden 32, 4 experts, vocabulary 96,
+#: tied): every tensor kind of the 26B-A4B layout at a size tests load in
+#: milliseconds (the shapes of tests/data/gemma4/gemma4_moe_causal_lm).
+TINY_TEXT_CONFIG: dict[str, Any] = {
+    "model_type": "gemma4_text", "hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 96,
+    "intermediate_size": 32, "moe_intermediate_size": 32, "num_experts": 4, "top_k_experts": 2,
+    "enable_moe_block": True, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32,
+    "global_head_dim": 64, "num_global_key_value_heads": 1, "attention_k_eq_v": True, "sliding_window": 64,
+    "layer_types": ["sliding_attention", "full_attention"], "final_logit_softcapping": 30.0,
+    "tie_word_embeddings": True, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+    "use_double_wide_mlp": False, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+    "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False, "dtype": "bfloat16",
+    "rope_parameters": GEMMA4_26B_A4B_TEXT_CONFIG["rope_parameters"],
+}
+
+#: The presets :func:`make_gemma4_checkpoint` takes by name.
+PRESETS: dict[str, dict[str, Any]] = {"tiny": TINY_TEXT_CONFIG, "gemma-4-26B-A4B": GEMMA4_26B_A4B_TEXT_CONFIG}
 
 _POOL_ELEMS = 1 << 22
 
@@ -83,18 +102,26 @@ def gemma4_config_dict(text_config: Mapping[str, Any], *, wrapper: bool = False)
     return {"architectures": ["Gemma4ForCausalLM"], **text, "model_type": "gemma4_text"}
 
 
-def make_gemma4_checkpoint(directory: str | os.PathLike[str], text_config: Mapping[str, Any], *,
+def make_gemma4_checkpoint(directory: str | os.PathLike[str], text_config: str | Mapping[str, Any] = "tiny", *,
                            wrapper: bool = False, seed: int = 0, lm_head: bool | None = None,
                            tokenizer_tokens: int | None = None) -> Path:
     """Write a Gemma 4 checkpoint for ``text_config`` into ``directory``
-    (created if needed) and return its path. ``wrapper``: a
+    (created if needed) and return its path. ``text_config``: a preset name
+    of :data:`PRESETS` (``"tiny"``, ``"gemma-4-26B-A4B"``: full size, 51 GB)
+    or a mapping of text-config fields. ``wrapper``: a
     ``Gemma4ForConditionalGeneration`` (text under ``text_config``, names
     under ``model.language_model.``); ``tokenizer_tokens``: also write a
-    ``tokenizer.json`` with that many tokens."""
+    ``tokenizer.json`` with that many tokens. A bad config raises
+    (``ValueError`` for an unknown preset, :class:`hf2q.ConfigError` for bad
+    fields) before anything is written."""
+    if isinstance(text_config, str):
+        if text_config not in PRESETS:
+            raise ValueError(f"unknown config {text_config!r}; expected one of {sorted(PRESETS)} or a mapping")
+        text_config = PRESETS[text_config]
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    text = dict(text_config)
-    shapes = gemma4_tensor_shapes(text, wrapper=wrapper, lm_head=lm_head)
+    text = json.loads(json.dumps(dict(text_config)))  # a deep copy: the preset stays as it is
+    shapes = gemma4_tensor_shapes(text, wrapper=wrapper, lm_head=lm_head)  # validates the config
+    d.mkdir(parents=True, exist_ok=True)  # only now: a bad config leaves no empty folder behind
     (d / "config.json").write_text(json.dumps(gemma4_config_dict(text, wrapper=wrapper), indent=2) + "\n")
     if tokenizer_tokens is not None:
         tok = {"model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(tokenizer_tokens)}, "merges": []},

@@ -376,11 +376,11 @@ def make_qwen35_moe_checkpoint(
     tensors (the config still declares them, as in a transformers re-save).
     """
     out = Path(dir)
-    out.mkdir(parents=True, exist_ok=True)
     text = _text_config(config)
     cfg = qwen35_config_dict(text, multimodal=multimodal)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     items = _layout(text, fused_gate_up=fused_gate_up, multimodal=multimodal, mtp=mtp)
+    out.mkdir(parents=True, exist_ok=True)  # a bad config failed above: no empty folder left
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
 
     def gen(t: _T) -> Iterator[np.ndarray]:
         return _chunks(t, seed)

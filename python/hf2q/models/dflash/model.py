@@ -99,7 +99,7 @@ class DFlashModelTensors(LoadedModel):
                        progress=progress, check_finite=check_finite, extra=plan.extra)
 
     # ------------------------------------------------------------------ access
-    def named_buffers(self) -> dict[str, Buffer]:
+    def buffers_by_name(self) -> dict[str, Buffer]:
         """Every buffer under its checkpoint name, in manifest order (read
         from the fields, so a reassigned field is what the checks see)."""
         out: dict[str, Buffer] = {"fc.weight": self.fc, "hidden_norm.weight": self.hidden_norm}
@@ -114,7 +114,7 @@ class DFlashModelTensors(LoadedModel):
         """Always-on invariant: BF16 for fc and the seven projections, F32 for
         the six norm kinds. Raises :class:`~hf2q.model.DTypeInvariantError`."""
         layout = {e.name: (e.device_dtype, tuple(e.shape)) for e in expected_manifest(self.config)}
-        check_layout(self.named_buffers(), layout, "DFlash device buffers break the dtype invariant")
+        check_layout(self.buffers_by_name(), layout, "DFlash device buffers break the dtype invariant")
 
     def __repr__(self) -> str:
         return (f"<hf2q.dflash.DFlashModelTensors L={self.config.num_hidden_layers} H={self.config.hidden_size} "

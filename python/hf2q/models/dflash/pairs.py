@@ -146,7 +146,7 @@ class SpeculativePair:
     def gpu_resident_bytes(self) -> int:
         """Bytes of every distinct buffer of the pair (shared ones once)."""
         seen: dict[int, int] = {}
-        for b in [*self.target.named_buffers().values(), *self.drafter.named_buffers().values(),
+        for b in [*self.target.buffers_by_name().values(), *self.drafter.buffers_by_name().values(),
                   *self.shared().values()]:
             seen[id(b)] = b.byte_len
         return sum(seen.values())

@@ -19,7 +19,7 @@ from typing import Any, Union
 
 from ...device import Buffer, Device
 from ...model import LoadedModel, check_layout
-from ...plan import LoadPlan
+from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
 from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily
@@ -143,6 +143,7 @@ class Gemma4Family(ModelFamily):
         return {"planned_tensors": len(plan), "gpu_resident_bytes": plan.nbytes, "resident_bytes_by_kind": by_kind,
                 # by checkpoint name (the CLI's listing); the GGUF side in gguf_tensors
                 "device_dtypes": {p.tensor: e.dtype for e in plan for p in e.sources},
+                "gguf_names": destinations_by_source(plan),
                 "gguf_tensors": [{"name": e.name, "shape": list(e.shape), "dtype": e.dtype, "kind": e.kind}
                                  for e in plan],
                 "skipped": list(plan.skipped), **plan.extra}

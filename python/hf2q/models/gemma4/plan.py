@@ -45,7 +45,6 @@ __all__ = ["plan_gemma4", "DEVICE_DTYPES", "SOURCE_FORMATS", "is_multimodal_tens
 
 DEVICE_DTYPES = CONVERT_DTYPES  # the device formats a dtype option offers (hf2q.plan)
 SOURCE_FORMATS = ("bf16", "f16", "f32")
-_Q8 = formats.get("q8_0").block_elems
 
 #: The converter's text-model filter: checkpoint names that are not the text
 #: model (a multimodal wrapper's towers and projectors); the shared filter
@@ -114,9 +113,9 @@ def device_dtype(gguf: str, shape: tuple[int, ...], dense_dtype: str, expert_dty
             or suffix == "ffn_gate_inp.weight":
         return "f32"
     want = expert_dtype if suffix in _EXPERT_GGUF else dense_dtype
-    if want == "q8_0" and shape[-1] % _Q8:
-        return "f16"  # the converter: "falling back to F16"
-    return want
+    # q8_0: the converter's "falling back to F16"; the k-quants: llama-quantize's
+    # fallbacks (formats.for_row).
+    return formats.for_row(want, shape[-1], gguf)
 
 
 def vocab_rows(directory: Path, cfg: Gemma4Config) -> tuple[int | None, str]:

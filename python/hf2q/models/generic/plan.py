@@ -60,9 +60,10 @@ def device_dtype(name: str, src: str, shape: tuple[int, ...], policy: str) -> st
             return "f32"
         if policy == "bf16":
             return "bf16"
-        q8 = formats.get("q8_0")
-        if shape and shape[-1] != 1 and shape[-1] % q8.block_elems == 0:
-            return "q8_0"
+        if shape and shape[-1] != 1:
+            # q8_0: the converter's "falling back to F16"; the k-quants:
+            # llama-quantize's fallbacks (formats.for_row).
+            return formats.for_row(policy, shape[-1], name)
         return "f16"  # llama.cpp: "falling back to F16"
     if formats.get(src).is_device:
         return src

@@ -19,6 +19,7 @@ from typing import Any, Union
 
 from ...device import Buffer, Device
 from ...model import LoadedModel, check_layout
+from ...plan import destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
 from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily, Option
@@ -119,12 +120,13 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
 
 
 def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
-            revision: str | None = None) -> dict[str, Any]:
-    """The load plan of a checkpoint (or cached Hugging Face repo id), without
-    reading tensor bytes."""
+            revision: str | None = None, download: bool = False) -> dict[str, Any]:
+    """The load plan of a checkpoint (or Hugging Face repo id, as for
+    :func:`load`: ``download=True`` fetches it first), without reading tensor
+    bytes."""
     from ...hub import resolve
 
-    with open_checkpoint(resolve(path, revision)) as ckpt:
+    with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
         return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
 
 
@@ -181,6 +183,9 @@ class Qwen35Family(ModelFamily):
             "gpu_resident_bytes": plan.nbytes,
             "resident_bytes_by_kind": plan.nbytes_by_kind(),
             "skipped": list(plan.skipped),
+            # by checkpoint name (the CLI's listing); the GGUF side in gguf_tensors
+            "device_dtypes": {p.tensor: pt.dtype for pt in plan for p in pt.sources},
+            "gguf_names": destinations_by_source(plan),
             "gguf_tensors": [{"name": pt.gguf_name, "shape": list(pt.shape), "dtype": pt.dtype, "kind": pt.kind}
                              for pt in plan],
         }

@@ -80,7 +80,7 @@ __all__ = [
     "DEVICE_DTYPES",
 ]
 
-DeviceDtype = Literal["f32", "bf16", "q8_0"]
+DeviceDtype = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
 _Q8_BLOCK = formats.get("q8_0").block_elems
 #: Transforms the loader does while streaming (pieces land at their offsets).
 _STREAMABLE = frozenset((Transform.FUSED_SPLIT, Transform.STACK_EXPERTS))
@@ -265,22 +265,29 @@ class Qwen35Plan(LoadPlan):
 
 
 # --------------------------------------------------------------------------- dtypes
-def select_device_dtype(kind: TensorKind, dense_dtype: str = "f32", expert_dtype: str = "q8_0") -> DeviceDtype:
+def select_device_dtype(kind: TensorKind, dense_dtype: str = "f32", expert_dtype: str = "q8_0",
+                        shape: tuple[int, ...] | None = None, name: str | None = None) -> DeviceDtype:
     """docs/QWEN35MOE.md: expert -> ``expert_dtype``; F32 class -> ``"f32"``; dense -> ``dense_dtype``.
 
     With ``dense_dtype="q8_0"`` this is exactly the set that llama.cpp's
-    ``convert_hf_to_gguf.py --outtype q8_0`` quantizes.
+    ``convert_hf_to_gguf.py --outtype q8_0`` quantizes. Given the tensor's
+    ``shape``, a block format whose block does not divide the rows gets
+    llama.cpp's fallback (:func:`hf2q.formats.for_row`).
     """
     for what, v in (("dense_dtype", dense_dtype), ("expert_dtype", expert_dtype)):
         if v not in DEVICE_DTYPES:
             raise ValueError(f"{what} must be one of {', '.join(DEVICE_DTYPES)}, got {v!r}")
     if kind == "expert":
-        return expert_dtype  # type: ignore[return-value]
-    if kind == "f32":
+        want = expert_dtype
+    elif kind == "f32":
         return "f32"
-    if kind == "dense":
-        return dense_dtype  # type: ignore[return-value]
-    raise ValueError(f"unknown tensor kind {kind!r}")
+    elif kind == "dense":
+        want = dense_dtype
+    else:
+        raise ValueError(f"unknown tensor kind {kind!r}")
+    if shape and want != "q8_0":  # q8_0 rows that are not whole blocks: the ConfigError of plan_qwen35
+        want = formats.for_row(want, shape[-1], name)
+    return want  # type: ignore[return-value]
 
 
 _DTYPE_ALIASES = {"BFLOAT16": "BF16", "FLOAT16": "F16", "HALF": "F16", "FLOAT32": "F32", "FLOAT": "F32"}
@@ -523,7 +530,7 @@ def plan_qwen35_moe(
         want_src = (spec.src_shape or spec.shape)(cfg)
         check_piece(raw, dtype, shape, want_src)
         planned.append(PlannedTensor(
-            g, spec.shape(cfg), select_device_dtype(spec.kind, dense_dtype, expert_dtype),
+            g, spec.shape(cfg), select_device_dtype(spec.kind, dense_dtype, expert_dtype, spec.shape(cfg), g),
             (SourcePiece(raw, dtype, shape),), group=layer, kind=spec.kind,
             hf_name=canonical, transforms=_transforms(spec, cfg), source_dtype=dtype,
         ))
@@ -589,7 +596,8 @@ def plan_qwen35_moe(
                            + f" (fused experts.{form} or per-expert experts.{{0..{E - 1}}}.{proj}_proj.weight)")
             return
         planned.append(PlannedTensor(
-            g, logical, select_device_dtype("expert", dense_dtype, expert_dtype), pieces, group=b, kind="expert",
+            g, logical, select_device_dtype("expert", dense_dtype, expert_dtype, logical, g), pieces, group=b,
+            kind="expert",
             hf_name=canonical, transforms=tags, source_dtype=src_dtype,
         ))
 

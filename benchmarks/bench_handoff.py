@@ -1,0 +1,148 @@
+"""Hand-off to transformers: time to a ready transformers model with
+hf2q.transformers.from_pretrained against transformers' own from_pretrained,
+and the peak memory of each (docs/HANDOFF.md).
+
+    python benchmarks/bench_handoff.py [--dir DIR] [--full] [--repeat N] [--cuda] [--json]
+
+Checkpoint: two layers at the real Qwen3.6-35B-A3B shapes (256 experts x 512
+x 2048, ~3.4 GB of BF16, per-expert tensors as transformers' save_pretrained
+writes them: transformers stacks them on load), the generator of
+bench_qwen35.py; ``--full`` writes the full-size synthetic Qwen3.6-35B-A3B
+(40 layers, ~71 GB: put --dir on /dev/shm or a fast disk) instead.
+
+Cases, each in a fresh interpreter (imports of torch, transformers, hf2q,
+transformers' loading modules and the model's class done before the clock
+starts, page cache warmed once), interleaved, ``--repeat`` rounds:
+  CPU:  hf2q.transformers.from_pretrained(dir, "host", dtype="bf16")
+        transformers AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16)
+  GPU (--cuda, needs torch with CUDA):
+        hf2q.transformers.from_pretrained(dir, "cuda", dtype="bf16")
+        AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map="cuda")
+Reported: seconds to a ready model (median and best; for hf2q also the part
+spent executing the load plan, file bytes into buffers), peak RSS growth over
+the process's RSS before the load (VmHWM), and on the GPU the device memory
+in use after the load (cudaMemGetInfo: hf2q's buffers are not torch's
+allocator's) and torch's peak allocation.
+
+Targets (issue 22): CPU >= 2x faster than from_pretrained with peak RSS <=
+model bytes + 256 MiB; GPU >= 5x faster with peak GPU memory <= 1.05x the
+model's bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import CHILD_HWM, dump_json, print_table, subprocess_json, warm_page_cache  # noqa: E402
+
+DEFAULT_DIR = Path.home() / ".cache" / "hf2q" / "bench-qwen35"
+
+_CHILD = CHILD_HWM + """
+import json, sys, time
+import torch, transformers
+import hf2q, hf2q.transformers
+which, path, device = sys.argv[1], sys.argv[2], sys.argv[3]
+cuda = device == "cuda"
+# Imports before the clock, for both cases: transformers' loading machinery
+# and the model's class (importing them takes longer than a small load here).
+import transformers.modeling_utils, transformers.core_model_loading, transformers.conversion_mapping
+cls = getattr(transformers, transformers.AutoConfig.from_pretrained(path).architectures[0])
+hf2q.transformers._internals()
+if cuda:
+    torch.cuda.init()
+    free0, total = torch.cuda.mem_get_info()
+before = hwm()
+t0 = time.perf_counter()
+if which == "hf2q":
+    m = hf2q.transformers.from_pretrained(path, device, dtype="bf16")
+    resident = m.hf2q_model.gpu_resident_bytes()
+    load_s = m.hf2q_model.summary.seconds  # the plan's execution: file bytes into the buffers
+else:
+    kw = {"device_map": "cuda"} if cuda else {}
+    m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **kw)
+    resident = load_s = None
+if cuda:
+    torch.cuda.synchronize()
+t = time.perf_counter() - t0
+nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
+out = {"seconds": t, "rss_before": before, "rss_peak": hwm(), "param_bytes": nbytes, "resident": resident,
+       "load_s": load_s}
+if cuda:
+    free1, _ = torch.cuda.mem_get_info()
+    out["gpu_used"] = free0 - free1
+    out["torch_peak"] = torch.cuda.max_memory_allocated()
+print(json.dumps(out))
+"""
+
+
+def ensure(d: Path, full: bool) -> Path:
+    from bench_qwen35 import _checkpoint_ok
+
+    if full:
+        if not (d / "config.json").is_file():
+            from hf2q.testing.qwen35_checkpoint import QWEN36_35B_A3B_TEXT_CONFIG, make_qwen35_moe_checkpoint
+
+            make_qwen35_moe_checkpoint(d, config=dict(QWEN36_35B_A3B_TEXT_CONFIG), mtp=False)
+        return d
+    if not _checkpoint_ok(d):
+        from hf2q.testing.qwen35_checkpoint import make_qwen35_moe_checkpoint
+
+        make_qwen35_moe_checkpoint(d, config="bench")
+    return d
+
+
+def run(d: Path, device: str, repeat: int) -> list[dict]:
+    results: dict[str, list[dict]] = {"hf2q": [], "transformers": []}
+    for _ in range(repeat):
+        for which in results:  # interleaved: drift on a shared machine hits both
+            results[which].append(subprocess_json(_CHILD, which, str(d), device))
+    rows = []
+    for which, runs in results.items():
+        secs = [r["seconds"] for r in runs]
+        last = runs[-1]
+        row = {"device": device, "case": which, "median_s": statistics.median(secs), "best_s": min(secs),
+               "param_MiB": last["param_bytes"] / 2**20,
+               "rss_growth_MiB": max(r["rss_peak"] - r["rss_before"] for r in runs) / 2**20,
+               "of_which_read_s": statistics.median(r["load_s"] for r in runs) if which == "hf2q" else None}
+        if device == "cuda":
+            row["gpu_used_MiB"] = max(r["gpu_used"] for r in runs) / 2**20
+            row["torch_peak_MiB"] = max(r["torch_peak"] for r in runs) / 2**20
+        rows.append(row)
+    ours, theirs = rows
+    ours["speedup_median"] = theirs["median_s"] / ours["median_s"]
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    ap.add_argument("--full", action="store_true", help="the full-size synthetic Qwen3.6-35B-A3B (~71 GB)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cuda", action="store_true", help="also the GPU cases")
+    ap.add_argument("--no-cpu", action="store_true", help="only the GPU cases")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    d = ensure(a.dir, a.full)
+    for f in sorted(d.glob("*.safetensors")):
+        warm_page_cache(f)
+    rows: list[dict] = []
+    if not a.no_cpu:
+        rows += run(d, "host", a.repeat)
+    if a.cuda:
+        rows += run(d, "cuda", a.repeat)
+    if a.json:
+        dump_json(rows)
+    else:
+        cols = ["device", "case", "median_s", "best_s", "of_which_read_s", "speedup_median", "param_MiB",
+                "rss_growth_MiB"]
+        if a.cuda:
+            cols += ["gpu_used_MiB", "torch_peak_MiB"]
+        print_table(f"hand-off, {d}", rows, cols)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+"""``hf2q convert``: the GGUF file llama.cpp's ``convert_hf_to_gguf.py``
+writes, streamed from the load plan to disk (docs/CONVERT.md).
+
+The plan a family makes for a load (same tensors, same bytes as the
+converter's) is executed a batch at a time on the host device; each batch's
+buffers are written to the file in the converter's order while the next
+batch is read and converted, then freed. The header (key/values, tensor
+infos) is written first: every size is known from the plan. Host memory
+stays within :data:`MEMORY_BUDGET` plus the largest tensor.
+
+The file is written under a temporary name in the output's folder, fsynced
+and renamed into place only when complete: an interrupted or failed
+conversion leaves no file that looks finished.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from .. import formats
+from ..errors import Hf2qError
+from ..plan import LoadPlan, TensorPlan
+from . import metadata as md
+from .gguf import ALIGNMENT, GGUFEncodeError, TensorInfo, encode_header, padded
+from .order import converter_order
+
+__all__ = ["convert", "ConvertSummary", "ConvertError", "OutputExistsError", "UnsupportedModelError",
+           "OUTTYPES", "MEMORY_BUDGET", "BATCH_BYTES"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: ``--outtype`` values (llama.cpp's converter's names).
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+#: Converted bytes held in host memory at once, besides one tensor larger
+#: than :data:`BATCH_BYTES` (the batch being read plus the one being written).
+MEMORY_BUDGET = 192 << 20
+#: Output bytes per batch (a larger tensor is a batch of its own).
+BATCH_BYTES = 64 << 20
+#: Elements rounded from F32 to F16 at a time (``--outtype f16``).
+HALF_CHUNK = 1 << 22
+
+
+class ConvertError(Hf2qError):
+    """A conversion could not be done; ``path`` names the output."""
+
+    def __init__(self, message: str, path: Any = None) -> None:
+        super().__init__(message)
+        self.path = None if path is None else str(path)
+
+
+class OutputExistsError(ConvertError, FileExistsError):
+    """The output file exists and ``force`` was not given."""
+
+
+class UnsupportedModelError(ConvertError, ValueError):
+    """The checkpoint's family (or the options asked for) has no GGUF
+    conversion here."""
+
+
+@dataclass
+class ConvertSummary:
+    """What a conversion did (the CLI's ``--json`` report)."""
+
+    output: str
+    family: str
+    architecture: str
+    outtype: str
+    tensors: int
+    bytes: int
+    data_bytes: int
+    source_bytes: int
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"output": self.output, "family": self.family, "architecture": self.architecture,
+                "outtype": self.outtype, "tensors": self.tensors, "bytes": self.bytes,
+                "data_bytes": self.data_bytes, "source_bytes": self.source_bytes,
+                "seconds": round(self.seconds, 3), "gb_per_s": round(self.gb_per_s, 3), **self.extra}
+
+
+# ----------------------------------------------------------------------------- families
+def _planner(family: str) -> Any:
+    """The family's plan for one ``outtype``: ``--outtype X`` sets both of
+    its tensor classes (``expert_dtype``, ``dense_dtype``) to X, the options
+    given win for theirs. Returns ``(plan, the plan's resolved config)``."""
+    def plan(ckpt: Any, config: Mapping[str, Any], outtype: str, options: dict[str, Any]) -> tuple[LoadPlan, Any]:
+        from ..models import family as family_row
+
+        p = family_row(family).impl().plan_checkpoint(
+            ckpt, config=config, **{"expert_dtype": outtype, "dense_dtype": outtype, **options})
+        return p, p.config
+
+    return plan
+
+
+def _f16_plan(planner: Any, ckpt: Any, config: Mapping[str, Any],
+              options: dict[str, Any]) -> tuple[LoadPlan, Any, set[str]]:
+    """``--outtype f16``: the families plan F32 / BF16 / Q8_0 only. The
+    tensors that ``--outtype bf16`` makes BF16 (the converter's rule is the
+    same for both) are planned in F32 (exact from BF16 / F16 sources, the
+    families' transforms computed in F32 as the converter computes them) and
+    rounded to F16 (nearest even, numpy's cast, as the converter's) while
+    they are written. Returns the F32 plan and the names to round. The
+    family options given still win for their tensors."""
+    a, cfg = planner(ckpt, config, "f32", options)
+    b, _ = planner(ckpt, config, "bf16", options)
+    to_half = {e.name for e in b if e.dtype == "bf16"}
+    return a, cfg, {e.name for e in a if e.name in to_half and e.dtype == "f32"}
+
+
+#: family -> (GGUF architecture, planner, key/value writer, options the family takes)
+_FAMILIES = {
+    "qwen35moe": ("qwen35moe", _planner("qwen35moe"), md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp")),
+    "gemma4": ("gemma4", _planner("gemma4"), md.gemma4, ("expert_dtype", "dense_dtype")),
+}
+
+
+# ----------------------------------------------------------------------------- the file
+def _tensor_infos(entries: list[TensorPlan], half: set[str]) -> list[TensorInfo]:
+    out = []
+    for e in entries:
+        dtype = "f16" if e.name in half else e.dtype
+        ggml = formats.get(dtype).gguf_type
+        if ggml < 0:
+            raise UnsupportedModelError(f"{e.name}: format {dtype} has no GGUF type")
+        out.append(TensorInfo(e.name, tuple(e.shape), ggml, formats.nbytes(e.shape, dtype)))
+    return out
+
+
+def _temp_name(out: Path) -> Path:
+    return out.with_name(f".{out.name}.hf2q-{os.getpid()}-{threading.get_ident():x}.partial")
+
+
+class _Writer(threading.Thread):
+    """Writes queued batches (lists of buffers) in order; releases each
+    batch's bytes from the in-flight budget once written."""
+
+    def __init__(self, fd: int, alignment: int, bar: Any) -> None:
+        super().__init__(name="hf2q-convert-writer", daemon=True)
+        self.fd = fd
+        self.alignment = alignment
+        self.bar = bar
+        self.jobs: queue.Queue[Any] = queue.Queue()
+        self.cond = threading.Condition()
+        self.inflight = 0
+        self.error: BaseException | None = None
+        self.written = 0
+
+    def run(self) -> None:
+        zeros = bytes(self.alignment)
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            bufs, nbytes = job
+            try:
+                if self.error is None:
+                    for b, half in bufs:
+                        n = self._write_tensor(b, half)
+                        pad = padded(n, self.alignment) - n
+                        if pad:
+                            self._write_all([memoryview(zeros)[:pad]])
+                        self.bar.update(n)
+            except BaseException as e:  # handed to the main thread
+                self.error = e
+            finally:
+                bufs.clear()
+                del job, bufs
+                with self.cond:
+                    self.inflight -= nbytes
+                    self.cond.notify_all()
+
+    def _write_tensor(self, b: Any, half: bool) -> int:
+        """A buffer's bytes; ``half``: an F32 buffer rounded to F16 a
+        chunk at a time. Returns the bytes written."""
+        if not half:
+            # the storage bytes as they are (no typed view: a bf16 one would import ml_dtypes)
+            view = memoryview(b._storage_bytes(0, b.byte_len))
+            self._write_all([view])
+            return len(view)
+        x = b.numpy().reshape(-1)
+        for i in range(0, len(x), HALF_CHUNK):
+            self._write_all([memoryview(x[i:i + HALF_CHUNK].astype(np.float16).view(np.uint8))])
+        return 2 * len(x)
+
+    def _write_all(self, views: list[memoryview]) -> None:
+        while views:
+            n = os.writev(self.fd, views)
+            self.written += n
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            if views and n:
+                views[0] = views[0][n:]
+
+    def reserve(self, nbytes: int, budget: int) -> None:
+        with self.cond:
+            while self.inflight and self.inflight + nbytes > budget and self.error is None:
+                self.cond.wait()
+            self.inflight += nbytes
+
+
+def _batches(entries: list[TensorPlan]) -> list[list[TensorPlan]]:
+    out: list[list[TensorPlan]] = []
+    cur: list[TensorPlan] = []
+    size = 0
+    for e in entries:
+        if cur and size + e.nbytes > BATCH_BYTES:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(e)
+        size += e.nbytes
+    if cur:
+        out.append(cur)
+    return out
+
+
+class _Held:
+    """The loader's model container for one batch: the buffers, nothing else."""
+
+    def __init__(self, bufs: dict[str, Any]) -> None:
+        self.bufs = bufs
+
+
+def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool = False, progress: bool = False,
+            family: str | None = None, revision: str | None = None, download: bool = False,
+            name: str | None = None, **options: Any) -> ConvertSummary:
+    """Write the GGUF file llama.cpp's ``convert_hf_to_gguf.py --outtype
+    OUTTYPE`` writes for the checkpoint ``src`` (a directory, file or
+    cached Hugging Face repo id, as for :func:`hf2q.load`) to ``out``.
+
+    ``outtype``: ``f32``, ``f16``, ``bf16`` or ``q8_0``, with the converter's meaning
+    (which tensors take it; norms, routers and small tensors stay F32).
+    ``options``: the family's own (``expert_dtype``, ``dense_dtype``,
+    ``mtp`` for Qwen3.5 MoE) refine it. ``force``: replace an existing
+    ``out``. ``name``: ``general.name`` (default: the checkpoint folder's
+    name, as the converter does). Supported: Qwen3.5/3.6 MoE
+    (``qwen35moe``) and Gemma 4 (``gemma4``); other checkpoints raise
+    :class:`UnsupportedModelError`."""
+    from ..device import Device
+    from ..hub import resolve
+    from ..loader import execute
+    from ..models import detect, family as family_row, read_config
+    from ..safetensors import open_checkpoint
+    from .._progress import progress_bar
+
+    t0 = time.perf_counter()
+    if outtype not in OUTTYPES:
+        raise UnsupportedModelError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+    out_path = Path(os.fspath(out))
+    if out_path.exists() and not force:
+        raise OutputExistsError(f"{out_path}: exists (use force=True / --force to replace it)", path=out_path)
+    if out_path.is_dir():
+        raise ConvertError(f"{out_path}: is a directory", path=out_path)
+    if not out_path.parent.is_dir():
+        raise ConvertError(f"{out_path.parent}: no such directory", path=out_path)
+    src_path = resolve(src, revision, download=download, command="convert")
+    _, config = read_config(src_path)
+    fam = detect(config) if family is None else family_row(family)
+    if fam.name not in _FAMILIES:
+        raise UnsupportedModelError(
+            f"{src_path}: hf2q convert writes GGUF files for {', '.join(_FAMILIES)} checkpoints; this one is "
+            f"{fam.name!r} (config.json architectures: {(config or {}).get('architectures')})", path=out_path)
+    arch, planner, kv_writer, takes = _FAMILIES[fam.name]
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; it takes {', '.join(takes)}")
+    assert config is not None  # every supported family needs one (detect() said so)
+    default_name = src if isinstance(src, str) and not os.path.exists(src) else src_path.name
+    device = Device._isolated("host")
+
+    with open_checkpoint(src_path) as ckpt:
+        half: set[str] = set()
+        if outtype == "f16":
+            plan, cfg, half = _f16_plan(planner, ckpt, config, dict(options))
+        else:
+            plan, cfg = planner(ckpt, config, outtype, dict(options))
+        entries = converter_order(list(plan), ckpt.keys())
+        kv = md.KVList(arch)
+        kv.string("general.architecture", arch)
+        md.general(kv, name if name is not None else str(default_name))
+        kv_writer(kv, config, cfg, outtype)
+        kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
+        tokenizer = _tokenizer(kv, fam.name, src_path if src_path.is_dir() else src_path.parent, cfg)
+        infos = _tensor_infos(entries, half)
+        try:
+            head, _offsets = encode_header(kv.items(), infos, ALIGNMENT)
+        except GGUFEncodeError as e:
+            raise ConvertError(f"{out_path}: {e}", path=out_path) from None
+        data = sum(padded(t.nbytes, ALIGNMENT) for t in infos)
+        total = len(head) + data
+        largest = max((e.nbytes for e in entries), default=0)
+        budget = MEMORY_BUDGET + largest
+
+        # No space: fail now, not after minutes of work. (statvfs, not
+        # posix_fallocate: where a file system has no fallocate, glibc
+        # emulates it by writing every block once.)
+        try:
+            st = os.statvfs(out_path.parent)
+            free = st.f_bavail * st.f_frsize
+        except (AttributeError, OSError):
+            free = None
+        if free is not None and free < total:
+            raise ConvertError(f"{out_path}: {total:,} bytes to write, {free:,} free on its file system",
+                               path=out_path)
+        tmp = _temp_name(out_path)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as e:
+            raise ConvertError(f"{out_path}: cannot create {tmp.name} there: {e.strerror or e}",
+                               path=out_path) from None
+        bar = progress_bar(total, "hf2q convert", progress)
+        writer = _Writer(fd, ALIGNMENT, bar)
+        done = False
+        try:
+            writer._write_all([memoryview(head)])
+            bar.update(len(head))
+            writer.start()
+            for batch in _batches(entries):
+                nbytes = sum(e.nbytes for e in batch)
+                writer.reserve(nbytes, budget)
+                if writer.error is not None:
+                    break
+                held = execute(LoadPlan(plan.family, batch, plan.config), ckpt, device, _Held)
+                writer.jobs.put(([(held.bufs[e.name], e.name in half) for e in batch], nbytes))
+                del held
+            writer.jobs.put(None)
+            writer.join()
+            if writer.error is not None:
+                err = writer.error
+                if isinstance(err, OSError):
+                    raise ConvertError(f"{out_path}: write failed: {err.strerror or err}", path=out_path) from None
+                raise err
+            if writer.written != total:
+                raise ConvertError(f"{out_path}: wrote {writer.written:,} bytes, planned {total:,}", path=out_path)
+            os.ftruncate(fd, total)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            _publish(tmp, out_path, force)
+            _fsync_dir(out_path.parent)
+            done = True
+        finally:
+            if writer.is_alive():
+                writer.error = writer.error or KeyboardInterrupt()
+                writer.jobs.put(None)
+                writer.join()
+            bar.close()
+            if fd >= 0:
+                os.close(fd)
+            if not done:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+    return ConvertSummary(output=str(out_path), family=fam.name, architecture=arch, outtype=outtype,
+                          tensors=len(entries), bytes=total, data_bytes=sum(t.nbytes for t in infos),
+                          source_bytes=plan.source_nbytes, seconds=time.perf_counter() - t0,
+                          extra={"kv_count": len(kv.items()), "tokenizer": tokenizer})
+
+
+def _tokenizer(kv: md.KVList, family: str, directory: Path, cfg: Any) -> str:
+    """Write the tokenizer keys where hf2q reads the family's tokenizer;
+    say what was written (the summary's ``tokenizer``)."""
+    if family != "qwen35moe":
+        return f"not written: hf2q does not read {family} tokenizers yet (docs/CONVERT.md)"
+    if not (directory / "tokenizer.json").is_file():
+        return "not written: no tokenizer.json beside the checkpoint"
+    from .vocab import gpt2_vocab
+
+    checked = gpt2_vocab(kv, directory, cfg.vocab_size)
+    pre = next(k.value for k in kv.items() if k.key == "tokenizer.ggml.pre")
+    return f"gpt2 (pre-tokenizer {pre}; fingerprint {checked})"
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    """Give the finished file its name: replacing ``out`` only with
+    ``force``; without it a file that appeared at ``out`` during the
+    conversion is kept (a hard link fails on an existing name, where the
+    file system has them)."""
+    if force:
+        os.replace(tmp, out)
+        return
+    try:
+        os.link(tmp, out)
+    except FileExistsError:
+        raise OutputExistsError(f"{out}: exists (use force=True / --force to replace it)", path=out) from None
+    except OSError:  # no hard links here: check, then rename
+        if os.path.lexists(out):
+            raise OutputExistsError(f"{out}: exists (use force=True / --force to replace it)", path=out) from None
+        os.replace(tmp, out)
+        return
+    os.unlink(tmp)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        dfd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)

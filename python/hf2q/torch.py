@@ -1,0 +1,77 @@
+"""PyTorch views of hf2q buffers: one of the two places hf2q imports torch
+(the other is :mod:`hf2q.transformers`); ``import hf2q`` never does.
+
+:func:`state_dict` turns a loaded model's buffers into ``torch.Tensor`` s
+through DLPack: no byte is copied, the tensor lives where the buffer lives
+(CPU for the host backend, ``cuda:<index>`` for CUDA), and each tensor holds
+a reference to its buffer, so the memory stays valid as long as any tensor
+(or any view of one) does, whatever happens to the model object.
+
+Formats map to torch dtypes one to one (``f32`` float32, ``f16`` float16,
+``bf16`` bfloat16, ``i32`` int32, ``u8`` uint8), except ``q8_0``, which torch
+has no dtype for: its bytes are a ``uint8`` tensor of shape
+``(rows, row_bytes)`` (each row ``row_bytes // 34`` blocks of 34 bytes, see
+docs/Q8_0.md); :func:`dequantize` decodes them, on any torch device, to the
+same float32 values as :func:`hf2q.ops.dequantize_q8_0`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+import torch
+
+from . import formats
+from .device import Buffer
+
+__all__ = ["tensor", "state_dict", "dequantize"]
+
+_Q8 = formats.get("q8_0")
+#: hf2q format -> torch dtype of the DLPack view (q8_0 travels as its bytes).
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32, "u8": torch.uint8,
+    "q8_0": torch.uint8,
+}
+
+
+def tensor(buf: Buffer) -> torch.Tensor:
+    """The buffer as a torch tensor sharing its memory (``torch.from_dlpack``;
+    the capsule holds a reference to the buffer). ``q8_0`` buffers come as
+    ``uint8`` of shape ``(rows, row_bytes)``: rows are the logical shape's
+    leading dimensions flattened, ``row_bytes = last // 32 * 34``."""
+    t = torch.from_dlpack(buf)
+    if buf.dtype == "q8_0":
+        row_bytes = _Q8.storage_bytes(buf.shape[-1]) if buf.shape else _Q8.block_bytes
+        t = t.reshape(-1, row_bytes)  # a view: the DLPack storage is contiguous
+    return t
+
+
+def state_dict(buffers: Mapping[str, Buffer] | Iterable[tuple[str, Buffer]]) -> dict[str, torch.Tensor]:
+    """``{name: tensor(buf)}`` for every buffer, in the given order."""
+    items = buffers.items() if isinstance(buffers, Mapping) else buffers
+    return {name: tensor(buf) for name, buf in items}
+
+
+def dequantize(t: torch.Tensor, fmt: str = "q8_0") -> torch.Tensor:
+    """Q8_0 bytes (``uint8``, last dimension a multiple of 34, on any device)
+    to float32 of shape ``t.shape[:-1] + (last // 34 * 32,)``, on ``t``'s
+    device: ``y = q * float32(d)`` per block, one rounding per element, so
+    every result that is not NaN is bit for bit that of
+    :func:`hf2q.ops.dequantize_q8_0`; NaN results (a NaN scale, or an
+    infinite one times 0) are NaN there too, with the payload bits of the
+    unit that computed them (x86, ARM and GPUs differ; torch canonicalises)."""
+    if fmt != "q8_0":
+        raise ValueError(f"hf2q.torch.dequantize decodes 'q8_0' only, got {fmt!r}")
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    bb, be = _Q8.block_bytes, _Q8.block_elems
+    if t.dtype != torch.uint8 or t.dim() == 0 or t.shape[-1] % bb:
+        raise ValueError(f"Q8_0 data is uint8 with a last dimension that is a multiple of {bb}, "
+                         f"got {t.dtype} of shape {tuple(t.shape)}")
+    lead = tuple(t.shape[:-1])
+    blocks = t.reshape(*lead, t.shape[-1] // bb, bb)
+    # The scale's two bytes and the 32 quants as their own contiguous arrays:
+    # a 34-byte stride cannot be viewed as float16 in place.
+    d = blocks[..., :2].contiguous().view(torch.float16).to(torch.float32)
+    q = blocks[..., 2:].contiguous().view(torch.int8).to(torch.float32)
+    return (q * d).reshape(*lead, t.shape[-1] // bb * be)
+

@@ -1,0 +1,418 @@
+"""The hand-off to PyTorch and transformers (docs/HANDOFF.md): hf2q's
+buffers as torch tensors with no copy, and transformers' own models running
+on them, compared bit for bit with transformers' own ``from_pretrained`` of
+the same checkpoints (written by transformers' ``save_pretrained``: see
+scripts/make_golden_handoff.py, scripts/make_golden.py,
+scripts/make_golden_gemma4.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hf2q
+import hf2q.torch as htorch
+import hf2q.transformers as htf
+from hf2q import ops
+from hf2q.device import Device
+
+DATA = Path(__file__).resolve().parent / "data"
+#: name -> checkpoint directory (all written by transformers' save_pretrained)
+CHECKPOINTS = {
+    "llama_tied": DATA / "handoff" / "llama_tied",
+    "qwen3_moe_per_expert": DATA / "handoff" / "qwen3_moe",
+    "qwen35moe_causal_lm": DATA / "golden" / "qwen35moe_causal_lm" / "hf",
+    "qwen35moe_conditional_generation": DATA / "golden" / "qwen35moe_conditional_generation" / "hf",
+    "qwen35moe_conditional_generation_fused": DATA / "golden" / "qwen35moe_conditional_generation_fused" / "hf",
+    "gemma4_moe_causal_lm": DATA / "gemma4" / "gemma4_moe_causal_lm" / "hf",
+    "gemma4_moe_conditional_generation": DATA / "gemma4" / "gemma4_moe_conditional_generation" / "hf",
+    "gemma4_dense_ple": DATA / "gemma4" / "gemma4_dense_ple" / "hf",
+}
+IDS = torch.tensor([[2, 17, 5, 33, 8, 61, 40, 3, 11, 25]])
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+# ---------------------------------------------------------------- state_dict
+
+@pytest.fixture
+def host() -> Device:
+    return Device._isolated("host")
+
+
+def test_state_dict_every_dtype_shares_memory(host: Device) -> None:
+    x = np.linspace(-3, 3, 4 * 64, dtype=np.float32).reshape(4, 64)
+    bufs = {
+        "f32": host.upload(x),
+        "f16": host.upload(x.astype(np.float16)),
+        "bf16": host.upload(x.astype(ml_dtypes.bfloat16)),
+        "i32": host.upload(np.arange(6, dtype=np.int32).reshape(2, 3)),
+        "u8": host.upload(np.arange(5, dtype=np.uint8)),
+        "q8_0": host.upload(x, to="q8_0"),
+        "q8_0_3d": host.upload(x.reshape(2, 2, 64), to="q8_0"),
+    }
+    from hf2q.model import LoadedModel
+
+    model = LoadedModel(host, None, bufs)
+    sd = model.state_dict()
+    assert list(sd) == list(bufs)
+    want = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32,
+            "u8": torch.uint8, "q8_0": torch.uint8, "q8_0_3d": torch.uint8}
+    for name, t in sd.items():
+        assert t.dtype == want[name], name
+        assert t.data_ptr() == bufs[name].address, name  # the buffer's memory, not a copy
+        assert t.device.type == "cpu"
+    assert tuple(sd["q8_0"].shape) == (4, 68) and tuple(sd["q8_0_3d"].shape) == (4, 68)
+    assert torch.equal(sd["f32"], torch.from_numpy(x))
+    assert torch.equal(sd["bf16"].float(), torch.from_numpy(x.astype(ml_dtypes.bfloat16).astype(np.float32)))
+    # writes through the tensor reach the buffer
+    sd["f32"][0, 0] = 42.0
+    assert bufs["f32"].numpy()[0, 0] == 42.0
+    with pytest.raises(ValueError):
+        model.state_dict(framework="jax")
+
+
+def test_state_dict_keeps_buffers_alive(host: Device) -> None:
+    from hf2q.model import LoadedModel
+
+    x = np.arange(1024, dtype=np.float32)
+    model = LoadedModel(host, None, {"w": host.upload(x)})
+    t = model.state_dict()["w"][512:]  # a view of the tensor: it too holds the buffer
+    del model
+    import gc
+
+    gc.collect()
+    junk = [host.upload(np.full(1024, 7.0, np.float32)) for _ in range(8)]  # reuse freed memory if any was freed
+    assert torch.equal(t, torch.arange(512, 1024, dtype=torch.float32))
+    del junk
+
+
+def test_torch_dequantize_bit_identical(host: Device) -> None:
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((8, 96)) * np.logspace(-6, 4, 8)[:, None]).astype(np.float32)
+    q = ops.quantize_q8_0(x)
+    ref = ops.dequantize_q8_0(q)
+    got = htorch.dequantize(torch.from_numpy(q))
+    assert got.dtype == torch.float32 and tuple(got.shape) == (8, 96)
+    assert np.array_equal(got.numpy().view(np.uint32), ref.view(np.uint32))
+    buf = host.upload(x, to="q8_0")  # through a buffer's (rows, row_bytes) view
+    got2 = htorch.dequantize(htorch.tensor(buf))
+    assert np.array_equal(got2.numpy().view(np.uint32), ref.view(np.uint32))
+    # scale classes: subnormal, largest finite, +-inf (q = 0 gives NaN), NaN: every non-NaN result has the
+    # reference's bits, and NaN is NaN where the reference has NaN (NaN payloads are the arithmetic unit's)
+    blocks = np.zeros((6, 34), np.uint8)
+    blocks[:, 2:] = rng.integers(0, 256, (6, 32), dtype=np.uint8)
+    blocks[:, 2] = 0
+    blocks[:, :2] = np.array([0x0001, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0x8001], np.uint16).view(np.uint8).reshape(6, 2)
+    ref = ops.dequantize_q8_0(blocks)
+    got = htorch.dequantize(torch.from_numpy(blocks)).numpy()
+    nan = np.isnan(ref)
+    assert nan.sum() == 2 + 32 and np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+    with pytest.raises(ValueError):
+        htorch.dequantize(torch.zeros(33, dtype=torch.uint8))
+    with pytest.raises(ValueError):
+        htorch.dequantize(torch.zeros(34, dtype=torch.uint8), "q4_0")
+
+
+# ---------------------------------------------------------------- transformers
+
+def _reference(path: Path, dtype: torch.dtype):
+    cfg = transformers.AutoConfig.from_pretrained(path)
+    cls = getattr(transformers, cfg.architectures[0])
+    return cls.from_pretrained(path, dtype=dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    """(checkpoint, dtype) -> (hf2q hand-off, transformers' own), made once."""
+    cache: dict = {}
+
+    def get(name: str, dtype: str):
+        key = (name, dtype)
+        if key not in cache:
+            path = CHECKPOINTS[name]
+            cache[key] = (htf.from_pretrained(path, "host", dtype=dtype), _reference(path, DTYPES[dtype]))
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
+def test_logits_bit_identical(models, name: str, dtype: str) -> None:
+    ours, theirs = models(name, dtype)
+    assert type(ours) is type(theirs) and not ours.training
+    with torch.no_grad():
+        a = ours(IDS).logits
+        b = theirs(IDS).logits
+    assert a.dtype == b.dtype == DTYPES[dtype]
+    assert torch.isfinite(a).all() and a.float().std() > 0  # a comparison of something
+    assert torch.equal(a, b), f"max |diff| {(a.float() - b.float()).abs().max()}"
+
+
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
+def test_names_shapes_dtypes_and_storage(models, name: str) -> None:
+    ours, theirs = models(name, "bf16")
+    mine = dict(ours.named_parameters())
+    ref = dict(theirs.named_parameters())
+    assert list(mine) == list(ref)
+    for n, p in mine.items():
+        assert p.shape == ref[n].shape and p.dtype == ref[n].dtype, n
+    assert {n: b.shape for n, b in ours.named_buffers()} == {n: b.shape for n, b in theirs.named_buffers()}
+    # every parameter's storage lies in an hf2q buffer
+    spans = [(b.address, b.address + b.byte_len) for _, b in dict(ours.hf2q_model.named_buffers()).items()]
+    for n, p in mine.items():
+        ptr = p.data_ptr()
+        assert any(lo <= ptr and ptr + p.numel() * p.element_size() <= hi for lo, hi in spans), n
+    # tied weights share one buffer, as in transformers
+    if getattr(ours.config.get_text_config(), "tie_word_embeddings", False):
+        assert ours.get_output_embeddings().weight.data_ptr() == ours.get_input_embeddings().weight.data_ptr()
+
+
+def test_experts_stacked_in_one_buffer(models) -> None:
+    ours, theirs = models("qwen3_moe_per_expert", "f32")
+    plan = ours.hf2q_model  # the loaded buffers under transformers' names
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    assert name in plan and "model.layers.0.mlp.experts.0.gate_proj.weight" not in plan
+    assert torch.equal(dict(ours.named_parameters())[name], dict(theirs.named_parameters())[name])
+
+
+def test_model_runs_on_hf2q_memory(models) -> None:
+    """A write to an hf2q buffer is seen by the model: its parameters are
+    those buffers, not copies."""
+    ours, _ = models("qwen3_moe_per_expert", "bf16")
+    with torch.no_grad():
+        before = ours(IDS).logits.clone()
+    buf = ours.hf2q_model["model.embed_tokens.weight"]
+    view = buf.numpy()
+    saved = view.copy()
+    try:
+        view[IDS[0, -1].item()] *= 3  # the last token's embedding row, through numpy
+        with torch.no_grad():
+            after = ours(IDS).logits
+        assert not torch.equal(after[0, -1], before[0, -1])
+        assert torch.equal(after[0, :-1], before[0, :-1])
+    finally:
+        view[...] = saved
+
+
+def test_generate_matches(models) -> None:
+    ours, theirs = models("llama_tied", "f32")
+    a = ours.generate(IDS[:, :4], max_new_tokens=6, do_sample=False)
+    b = theirs.generate(IDS[:, :4], max_new_tokens=6, do_sample=False)
+    assert torch.equal(a, b)
+
+
+def test_keep_is_the_checkpoint_dtype(tmp_path: Path) -> None:
+    m = htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
+    assert m.model.embed_tokens.weight.dtype == torch.bfloat16  # config.json's dtype, as dtype="auto"
+
+
+def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
+    src = CHECKPOINTS["llama_tied"]
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "model.safetensors").symlink_to(src / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["architectures"] = ["NoSuchModelForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(htf.HandoffError, match="NoSuchModelForCausalLM") as e:
+        htf.from_pretrained(d, "host")
+    assert e.value.missing == ["NoSuchModelForCausalLM"]
+    assert isinstance(e.value, hf2q.Hf2qError)
+    cfg["model_type"] = "no_such_model_type"
+    del cfg["architectures"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(htf.HandoffError, match="no_such_model_type"):
+        htf.from_pretrained(d, "host")
+
+
+def test_missing_tensor_is_refused(tmp_path: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    src = CHECKPOINTS["llama_tied"]
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    tensors = load_file(src / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, d / "model.safetensors")
+    (d / "config.json").write_text((src / "config.json").read_text())
+    with pytest.raises(htf.HandoffError, match="model.layers.1.mlp.up_proj.weight") as e:
+        htf.from_pretrained(d, "host")
+    assert e.value.missing == ["model.layers.1.mlp.up_proj.weight"]
+
+
+def test_old_transformers_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")
+    with pytest.raises(htf.HandoffError, match="transformers >= 5.0") as e:
+        htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
+    assert e.value.missing == ["transformers>=5.0"]
+
+
+def test_moved_internals_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers.core_model_loading as cml
+
+    monkeypatch.delattr(cml, "MergeModulelist")
+    with pytest.raises(htf.HandoffError, match="MergeModulelist"):
+        htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
+
+
+def test_unsupported_conversion_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers.conversion_mapping as cm
+    from transformers.core_model_loading import Transpose, WeightConverter
+
+    real = cm.get_model_conversion_mapping
+
+    def with_transpose(model, *args, **kwargs):
+        extra = WeightConverter("mlp.up_proj.weight", "mlp.up_proj.weight", operations=[Transpose(0, 1)])
+        return [*real(model, *args, **kwargs), extra]
+
+    monkeypatch.setattr(cm, "get_model_conversion_mapping", with_transpose)
+    with pytest.raises(htf.HandoffError, match="Transpose") as e:
+        htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
+    assert e.value.missing == ["Transpose"]
+
+
+def test_placement_rules() -> None:
+    from hf2q._handoff import HandoffError, placements
+
+    groups = {"g": [("g0", (3, 4)), ("g1", (3, 4))], "u": [("u0", (3, 4)), ("u1", (3, 4))]}
+    shape, where = placements(groups, ["g", "u"], [("merge", 0), ("concat", 1)], "x")
+    assert shape == (2, 6, 4)
+    assert dict(where) == {"g0": 0, "u0": 12, "g1": 24, "u1": 36}
+    with pytest.raises(HandoffError, match="contiguous"):  # concatenated along the last axis: interleaved rows
+        placements(groups, ["g", "u"], [("merge", 0), ("concat", 2)], "x")
+
+
+# ---------------------------------------------------------------- memory
+
+_RSS_SCRIPT = textwrap.dedent("""
+    import gc, json, sys
+    import hf2q.transformers as htf
+    from hf2q.device import Device
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key))
+    dev = Device("host")
+    htf.from_pretrained(sys.argv[2], dev)  # first use: transformers' model modules imported (~140 MB)
+    out = []
+    for dtype in ("keep", "f32"):
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # peak RSS := current RSS (Linux >= 4.0)
+        before = status("VmHWM:")
+        m = htf.from_pretrained(sys.argv[1], dev, dtype=dtype)
+        out.append({"dtype": dtype, "before": before, "peak": status("VmHWM:"),
+                    "param_bytes": sum(p.numel() * p.element_size() for p in m.parameters()),
+                    "resident": m.hf2q_model.gpu_resident_bytes()})
+        del m
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def big_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama with 114 MiB of bf16 weights (random bits of small values,
+    written with safetensors in the layout transformers' save_pretrained
+    writes)."""
+    from safetensors.numpy import save_file
+
+    d = tmp_path_factory.mktemp("big_llama")
+    cfg = transformers.LlamaConfig(vocab_size=4096, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                                   num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False)
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.dtype = "bfloat16"
+    cfg.save_pretrained(d)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    rng = np.random.default_rng(0)
+    # bf16 bit patterns with exponents of small numbers (|x| < 2^-3), any mantissa
+    tensors = {n: ((rng.integers(0, 1 << 16, p.numel(), dtype=np.uint32) & 0x83FF) | 0x3C00).astype(np.uint16)
+               .view(ml_dtypes.bfloat16).reshape(p.shape) for n, p in model.state_dict().items()}
+    save_file(tensors, d / "model.safetensors")
+    return d
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS reset needs Linux /proc")
+def test_no_copy_peak_rss(big_llama: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF2Q_")}
+    p = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(big_llama), str(CHECKPOINTS["llama_tied"])],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    keep, f32 = json.loads(p.stdout.strip().splitlines()[-1])
+    assert f32["param_bytes"] == 2 * keep["param_bytes"] >= 114 << 20
+    for r in (keep, f32):
+        assert r["param_bytes"] == r["resident"]
+        grown = r["peak"] - r["before"]
+        # One copy of the weights plus transformers' model skeleton (measured:
+        # +0.3 MiB); a second copy of any large tensor would add >= 5.5 MiB
+        # (one MLP projection in bf16), of all of them param_bytes.
+        assert grown <= r["param_bytes"] + (4 << 20), r
+        assert grown >= r["param_bytes"] * 0.9, r  # the weights are resident: the measure measures something
+
+
+# ---------------------------------------------------------------- CUDA
+
+def _cuda_ok() -> bool:
+    try:
+        return torch.cuda.is_available() and Device("cuda") is not None
+    except Exception:
+        return False
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["llama_tied", "qwen3_moe_per_expert", "qwen35moe_conditional_generation",
+                                  "gemma4_moe_causal_lm"])
+def test_cuda_logits_bit_identical(name: str) -> None:
+    if not _cuda_ok():
+        pytest.skip("needs a CUDA GPU, torch built with CUDA and hf2q's CUDA backend")
+    path = CHECKPOINTS[name]
+    ours = htf.from_pretrained(path, "cuda", dtype="bf16")
+    cfg = transformers.AutoConfig.from_pretrained(path)
+    theirs = getattr(transformers, cfg.architectures[0]).from_pretrained(path, dtype=torch.bfloat16,
+                                                                        device_map="cuda").eval()
+    for n, p in ours.named_parameters():
+        assert p.device.type == "cuda", n
+    ids = IDS.to("cuda")
+    with torch.no_grad():
+        assert torch.equal(ours(ids).logits, theirs(ids).logits)
+
+
+@pytest.mark.cuda
+def test_cuda_state_dict_and_dequantize() -> None:
+    if not _cuda_ok():
+        pytest.skip("needs a CUDA GPU, torch built with CUDA and hf2q's CUDA backend")
+    from hf2q.model import LoadedModel
+
+    dev = Device("cuda")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((16, 128)).astype(np.float32)
+    bufs = {"bf16": dev.upload(x.astype(ml_dtypes.bfloat16)), "q": dev.upload(x, to="q8_0")}
+    sd = LoadedModel(dev, None, bufs).state_dict()
+    assert sd["bf16"].device.type == "cuda" and sd["bf16"].data_ptr() == bufs["bf16"].address
+    ref = ops.dequantize_q8_0(ops.quantize_q8_0(x))
+    got = htorch.dequantize(sd["q"]).cpu().numpy()
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+def test_hf2q_does_not_import_torch() -> None:
+    """torch and transformers are imported by hf2q.torch / hf2q.transformers
+    only: a load without them leaves both out of the process."""
+    code = ("import sys, hf2q\n"
+            f"m = hf2q.load({str(CHECKPOINTS['llama_tied'])!r}, hf2q.Device('host'), progress=False)\n"
+            "print(sorted(k for k in ('torch', 'transformers') if k in sys.modules))\n"
+            "sd = m.state_dict()\n"
+            "print(sorted(k for k in ('torch', 'transformers') if k in sys.modules), type(hf2q.torch).__name__)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[]", "['torch'] module"]
