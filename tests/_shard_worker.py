@@ -74,7 +74,7 @@ def load_rank(path: str, family: str, options: dict[str, Any], rank: int, world:
     counter = install_read_counter()
     model: Any = hf2q.load(path, hf2q.Device(device), family=family, progress=False,
                            shard=hf2q.Shard(rank, world, mode), **options)  # type: ignore[arg-type]
-    out = {n: (b.dtype, tuple(b.shape), b.to_host().tobytes()) for n, b in model.named_buffers().items()}
+    out = {n: (b.dtype, tuple(b.shape), b.to_host().tobytes()) for n, b in model.buffers_by_name().items()}
     return out, counter[0]
 
 
@@ -109,7 +109,7 @@ def gloo_main(rank: int, world: int, port: int, cases: list, queue: Any) -> None
                 assert (shard.rank, shard.world) == (rank, world)
                 counter = install_read_counter()
                 model: Any = hf2q.load(path, hf2q.Device("host"), family=fam, progress=False, shard=shard, **opts)
-                out = {n: (b.dtype, tuple(b.shape), b.to_host().tobytes()) for n, b in model.named_buffers().items()}
+                out = {n: (b.dtype, tuple(b.shape), b.to_host().tobytes()) for n, b in model.buffers_by_name().items()}
                 results.append((out, counter[0]))
             dist.barrier()
         finally:

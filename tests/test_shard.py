@@ -132,7 +132,7 @@ def _whole(path: str, fam: str, opts: dict[str, Any]) -> tuple[Any, dict[str, tu
             plan = impl.plan_checkpoint(ck, config=cfg, **opts)
         m: Any = hf2q.load(path, Device("host"), family=fam, progress=False, **opts)
         _WHOLE[key] = plan, {n: (b.dtype, tuple(b.shape), b.to_host().tobytes())
-                             for n, b in m.named_buffers().items()}
+                             for n, b in m.buffers_by_name().items()}
     return _WHOLE[key]
 
 
@@ -316,8 +316,8 @@ def test_world_one_is_the_whole_load(checkpoints) -> None:
     for key, fam in (("qwen35_fused", "qwen35moe"), ("gemma4", "gemma4"), ("generic", "generic")):
         a: Any = hf2q.load(checkpoints[key], Device("host"), family=fam, progress=False)
         b: Any = hf2q.load(checkpoints[key], Device("host"), family=fam, progress=False, shard=Shard(0, 1))
-        assert list(a.named_buffers()) == list(b.named_buffers())
-        for n, buf in a.named_buffers().items():
+        assert list(a.buffers_by_name()) == list(b.buffers_by_name())
+        for n, buf in a.buffers_by_name().items():
             assert buf.to_host().tobytes() == b[n].to_host().tobytes(), n
         assert b.summary.data_bytes == a.summary.data_bytes
 
@@ -369,7 +369,7 @@ def test_cuda_world_one_equals_whole_load(checkpoints) -> None:
     for key, fam in (("qwen35_fused", "qwen35moe"), ("gemma4", "gemma4")):
         a: Any = hf2q.load(checkpoints[key], Device("host"), family=fam, progress=False)
         b: Any = hf2q.load(checkpoints[key], Device("cuda:0"), family=fam, progress=False, shard=Shard(0, 1))
-        for n, buf in a.named_buffers().items():
+        for n, buf in a.buffers_by_name().items():
             assert buf.to_host().tobytes() == b[n].to_host().tobytes(), n
 
 
