@@ -26,6 +26,7 @@ from .errors import (
     SafetensorsError,
     ScaleOverflowWarning,
     ShapeMismatchError,
+    ShardError,
 )
 
 if _typing.TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
@@ -38,6 +39,7 @@ if _typing.TYPE_CHECKING:  # the lazily imported names, for type checkers and ID
     from .export import ConvertError, OutputExistsError, UnsupportedModelError, convert
     from .model import LoadedModel
     from .safetensors import open_checkpoint
+    from .shard import Shard
 
 check_environment()
 
@@ -66,6 +68,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "HubError": ("hf2q.hub", "HubError"),
     "RepoNotCachedError": ("hf2q.hub", "RepoNotCachedError"),
     "HubNetworkError": ("hf2q.hub", "HubNetworkError"),
+    "Shard": ("hf2q.shard", "Shard"),
     "export": ("hf2q.export", None),
     "convert": ("hf2q.export", "convert"),
     "ConvertError": ("hf2q.export", "ConvertError"),
@@ -92,7 +95,7 @@ def __dir__() -> list[str]:
 
 def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, family: str | None = None,
          progress: bool = True, revision: str | None = None, download: bool = False, check_finite: bool = False,
-         **options: object) -> "LoadedModel":
+         shard: "Shard | None" = None, **options: object) -> "LoadedModel":
     """Load any checkpoint with the model family its ``config.json`` names
     (DFlash drafter, Qwen3.5/3.6 MoE, Gemma 4, else ``generic``: its own tensor names);
     ``family`` forces one. ``options`` go to the family's loader: ``dtype``
@@ -100,13 +103,15 @@ def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, fami
     ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). ``path`` may be a Hugging Face
     repo id in the local cache (``revision``, ``download``: see
     :func:`hf2q.hub.resolve`). ``check_finite=True``: a NaN/Inf weight kept
-    as it is raises NonFiniteError. Returns the family's
+    as it is raises NonFiniteError. ``shard`` (:class:`hf2q.Shard`): only
+    this rank's slice of each tensor is read and loaded (docs/SHARDING.md).
+    Returns the family's
     :class:`~hf2q.model.LoadedModel` subclass (``hf2q.dflash.DFlashModelTensors``,
     ``hf2q.qwen35.Qwen35Model``, ...). See :mod:`hf2q.models`."""
     from . import models
 
     model: LoadedModel = models.load(path, device, family=family, progress=progress, revision=revision,
-                                     download=download, check_finite=check_finite, **options)
+                                     download=download, check_finite=check_finite, shard=shard, **options)
     return model
 
 
@@ -172,4 +177,6 @@ __all__ = [
     "RepoNotCachedError",
     "HubNetworkError",
     "EnvVarWarning",
+    "Shard",
+    "ShardError",
 ]

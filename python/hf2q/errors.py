@@ -23,6 +23,7 @@ __all__ = [
     "ShapeMismatchError",
     "DeviceError",
     "FileReadError",
+    "ShardError",
 ]
 
 
@@ -221,3 +222,15 @@ class DeviceError(Hf2qError):
     resident: the machine's own failure (``system_failure`` is True)."""
 
     system_failure = True
+
+
+class ShardError(Hf2qError, ValueError):
+    """A shard (:class:`hf2q.Shard`) that cannot be taken: a rank outside
+    ``[0, world)``, or a tensor whose split dimension (or expert count) the
+    world does not divide, or not on whole blocks of its format. ``tensor``
+    names the tensor (None for a bad rank / world), ``reason`` says why."""
+
+    def __init__(self, message: str, *, tensor: str | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.tensor = tensor
+        self.reason = reason or message

@@ -418,6 +418,10 @@ def _segments(ckpt: Checkpoint, piece: Piece) -> list[tuple[int, int, int]]:
     """``(element offset in the destination, file offset, bytes)`` of a piece:
     the whole tensor, or one row slice per leading index."""
     info = ckpt[piece.tensor]
+    if piece.select is not None:  # a shard's slice: its ranges, already coalesced
+        fmt = formats.get(piece.dtype)
+        return [(int(d), info.offset + fmt.storage_bytes(int(s)), fmt.storage_bytes(int(n)))
+                for d, s, n in piece.select.tolist()]
     if piece.rows is None:
         return [(piece.dest_offset, info.offset, info.nbytes)]
     fmt = formats.get(piece.dtype)
@@ -465,17 +469,22 @@ def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, bu
     numel = formats.numel(piece.shape)
     step = max(row, STAGING_BYTES // fmt.itemsize // row * row)
     convert = entry.elementwise or _caster(entry.dtype)
-    shard = ckpt.file_for(piece.tensor)
-    stage = np.empty(min(step, numel), dtype=src_dt)
-    for e0 in range(0, numel, step):
-        n = min(step, numel - e0)
-        chunk = stage[:n]
-        shard.read_slice_into(piece.tensor, e0 * fmt.itemsize, chunk)
-        if check_finite:
-            _check_finite_array(chunk, piece.tensor)
-        with np.errstate(all="ignore"):  # overflow: check_finite's to report (after the entry), not numpy's
-            out = np.ascontiguousarray(convert(chunk))
-        device.write(buf, out, offset=piece.dest_offset + e0, name=entry.name)
+    file = ckpt.file_for(piece.tensor)
+    # (destination offset, source offset, elements): the whole tensor, or a
+    # shard's ranges (each a whole number of rows of the destination, so a
+    # row-sized step keeps a quantized destination's blocks whole).
+    ranges = [(piece.dest_offset, 0, numel)] if piece.select is None else piece.select.tolist()
+    stage = np.empty(min(step, max((int(r[2]) for r in ranges), default=0)), dtype=src_dt)
+    for d0, s0, total in ranges:
+        for e0 in range(0, total, step):
+            n = min(step, total - e0)
+            chunk = stage[:n]
+            file.read_slice_into(piece.tensor, (s0 + e0) * fmt.itemsize, chunk)
+            if check_finite:
+                _check_finite_array(chunk, piece.tensor)
+            with np.errstate(all="ignore"):  # overflow: check_finite's to report (after the entry), not numpy's
+                out = np.ascontiguousarray(convert(chunk))
+            device.write(buf, out, offset=d0 + e0, name=entry.name)
 
 
 def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:

@@ -47,17 +47,25 @@ class Piece:
     ``dest_offset`` of the destination. ``rows`` selects rows ``[start, stop)``
     of axis 1 of a source shaped ``[N, R, ...]``, for each of the ``N``
     leading entries (the gate or up half of a fused expert tensor); those
-    slices land back to back."""
+    slices land back to back.
+
+    ``select`` (a shard's slice, :mod:`hf2q.shard`): explicit element
+    ranges, an int64 array of ``(destination offset, source offset,
+    elements)`` rows; when given it replaces ``dest_offset`` and ``rows``
+    (the ranges already say where every element comes from and lands)."""
 
     tensor: str
     dtype: str
     shape: tuple[int, ...]
     dest_offset: int = 0
     rows: tuple[int, int] | None = None
+    select: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def numel(self) -> int:
         """Elements this piece contributes."""
+        if self.select is not None:
+            return int(self.select[:, 2].sum())
         if self.rows is None:
             return formats.numel(self.shape)
         start, stop = self.rows

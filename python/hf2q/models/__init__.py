@@ -120,7 +120,8 @@ def check_options(fam: Family, options: Mapping[str, Any]) -> None:
 
 
 def load(path: PathLike, device: Any = None, *, family: str | None = None, progress: bool = True,
-         revision: str | None = None, download: bool = False, check_finite: bool = False, **options: Any) -> Any:
+         revision: str | None = None, download: bool = False, check_finite: bool = False, shard: Any = None,
+         **options: Any) -> Any:
     """Load the checkpoint at ``path`` (directory with ``config.json``,
     ``.safetensors`` file, or sharded index) onto ``device`` (default:
     :meth:`hf2q.Device.default`) with the family its ``config.json`` names,
@@ -129,18 +130,21 @@ def load(path: PathLike, device: Any = None, *, family: str | None = None, progr
     one it does not take is a TypeError. ``path`` may be a Hugging Face repo
     id in the local cache (``revision``, ``download``: see :func:`hf2q.hub.resolve`).
     ``check_finite=True`` (every family): a NaN/Inf weight kept as it is
-    raises NonFiniteError (docs/RELIABILITY.md)."""
+    raises NonFiniteError (docs/RELIABILITY.md). ``shard`` (an
+    :class:`hf2q.Shard`): only that rank's slice of each tensor is read and
+    loaded (docs/SHARDING.md)."""
     from ..hub import resolve
 
     path = resolve(path, revision, download=download)
     _, config = read_config(path)
     fam = detect(config) if family is None else globals()["family"](family)
     check_options(fam, options)
-    return load_with(path, config, fam, device, progress=progress, check_finite=check_finite, **options)
+    return load_with(path, config, fam, device, progress=progress, check_finite=check_finite, shard=shard,
+                     **options)
 
 
 def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, device: Any = None, *,
-              progress: bool = True, check_finite: bool = False, **options: Any) -> Any:
+              progress: bool = True, check_finite: bool = False, shard: Any = None, **options: Any) -> Any:
     """:func:`load` with ``config.json`` already read (``config``) and the
     family chosen: the checkpoint is opened once and handed to the family."""
     from ..device import Device
@@ -149,7 +153,7 @@ def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, dev
     dev = device if device is not None else Device.default()
     with open_checkpoint(Path(os.fspath(path))) as ckpt:
         return fam.impl().load_checkpoint(ckpt, dev, config=config, progress=progress, check_finite=check_finite,
-                                          **options)
+                                          shard=shard, **options)
 
 
 def inspect(ckpt: Any, config: Mapping[str, Any] | None, *, family: str | None = None,

@@ -24,6 +24,7 @@ from ..loader import execute
 from ..model import LoadedModel
 from ..plan import CONVERT_DTYPES, LoadPlan
 from ..safetensors import Checkpoint
+from ..shard import Decision, Shard, name_rule, shard_plan
 
 __all__ = ["ModelFamily", "Option", "EXPERT_DTYPE", "DENSE_DTYPE"]
 
@@ -98,6 +99,13 @@ class ModelFamily:
         """The plan's numbers for ``inspect`` (``gpu_resident_bytes`` at least)."""
         return {"gpu_resident_bytes": plan.nbytes, "device_dtypes": {e.name: e.dtype for e in plan}}
 
+    def shard_rule(self, entry: Any, mode: str, experts: dict[str, int]) -> Decision:
+        """How a sharded load splits ``entry`` (a plan entry) in ``mode``
+        (``"tensor"`` / ``"expert"``): a :class:`~hf2q.shard.Split`, an
+        :class:`~hf2q.shard.Owned` expert tensor, or None (replicated).
+        Default: :func:`hf2q.shard.name_rule` (HF and GGUF names; docs/SHARDING.md)."""
+        return name_rule(entry, mode, experts)
+
     # ------------------------------------------------------------ the same for every family
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -117,9 +125,16 @@ class ModelFamily:
         self.check_options(options)
         return {o.name: options.get(o.name, o.default) for o in self.options}
 
-    def plan_checkpoint(self, ckpt: Checkpoint, *, config: Mapping[str, Any] | None, **options: Any) -> LoadPlan:
-        """The plan of an open checkpoint and its parsed ``config.json`` (None: read it)."""
-        return self.plan(ckpt, self.parse_config(ckpt, config), **self.with_defaults(options))
+    def plan_checkpoint(self, ckpt: Checkpoint, *, config: Mapping[str, Any] | None, shard: Shard | None = None,
+                        **options: Any) -> LoadPlan:
+        """The plan of an open checkpoint and its parsed ``config.json`` (None:
+        read it); ``shard``: only that rank's slices (:mod:`hf2q.shard`)."""
+        plan = self.plan(ckpt, self.parse_config(ckpt, config), **self.with_defaults(options))
+        if shard is not None:
+            if not isinstance(shard, Shard):
+                raise TypeError(f"shard must be an hf2q.Shard, got {type(shard).__name__}")
+            plan = shard_plan(plan, shard, self.shard_rule)
+        return plan
 
     def load_planned(self, plan: LoadPlan, ckpt: Checkpoint, device: Device, *, progress: bool,
                      check_finite: bool = False) -> Any:
@@ -129,9 +144,10 @@ class ModelFamily:
                        extra=plan.extra, check_finite=check_finite)
 
     def load_checkpoint(self, ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None,
-                        progress: bool, check_finite: bool = False, **options: Any) -> Any:
-        """Plan and load an open checkpoint."""
-        plan = self.plan_checkpoint(ckpt, config=config, **options)
+                        progress: bool, check_finite: bool = False, shard: Shard | None = None,
+                        **options: Any) -> Any:
+        """Plan and load an open checkpoint (``shard``: only that rank's slices)."""
+        plan = self.plan_checkpoint(ckpt, config=config, shard=shard, **options)
         return self.load_planned(plan, ckpt, device, progress=progress, check_finite=check_finite)
 
     def inspect_checkpoint(self, ckpt: Checkpoint, *, config: Mapping[str, Any] | None,

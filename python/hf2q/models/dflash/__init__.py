@@ -61,6 +61,11 @@ class DFlashFamily(ModelFamily):
     def model(self, device: Device, plan: LoadPlan, buffers: dict[str, Buffer]) -> DFlashModelTensors:
         return DFlashModelTensors.from_buffers(device, plan.config, buffers)
 
+    def shard_rule(self, entry: Any, mode: str, experts: dict[str, int]) -> None:
+        """A drafter is small (a few layers) and its view checks the whole
+        manifest's shapes: every rank loads it whole (docs/SHARDING.md)."""
+        return None
+
 
 FAMILY = DFlashFamily()
 # The family's methods under their module names (the registry uses FAMILY).

@@ -11,6 +11,7 @@ from ...model import LoadedModel
 from .config import DFlashConfig
 from .manifest import DFlashWeights
 from .model import DFlashModelTensors
+from ...shard import Shard
 from .pairs import bind
 
 __all__ = ["load"]
@@ -20,7 +21,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 def load(path: PathLike, device: Device | None = None, progress: bool = True,
          config: DFlashConfig | None = None, *, target: LoadedModel | None = None, revision: str | None = None,
-         download: bool = False, check_finite: bool = False) -> DFlashModelTensors:
+         download: bool = False, check_finite: bool = False, shard: Shard | None = None) -> DFlashModelTensors:
     """Validate a DFlash drafter checkpoint (file or directory with
     ``config.json``, or a Hugging Face repo id in the local cache: see
     :func:`hf2q.hub.resolve` for ``revision`` and ``download``) and make it
@@ -30,9 +31,14 @@ def load(path: PathLike, device: Device | None = None, progress: bool = True,
 
     ``target``: a loaded target model (Qwen3.5/3.6 MoE, Gemma 4) to bind the
     drafter to — checked first, then ``embed_tokens`` / ``lm_head`` are the
-    target's own buffers (see :mod:`hf2q.pairs`)."""
+    target's own buffers (see :mod:`hf2q.pairs`).
+
+    ``shard``: accepted for the same call on every rank; a drafter is
+    replicated (every rank loads it whole, docs/SHARDING.md)."""
     from ...hub import resolve
 
+    if shard is not None and not isinstance(shard, Shard):
+        raise TypeError(f"shard must be an hf2q.Shard, got {type(shard).__name__}")
     path = resolve(path, revision, download=download)
     if target is not None:
         return bind(path, target, device, progress=progress, config=config, check_finite=check_finite)

@@ -21,6 +21,7 @@ from ...device import Buffer, Device
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
+from ...shard import Shard
 from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily
 from .config import ARCHITECTURES, FULL_ATTENTION, MODEL_TYPES, SLIDING_ATTENTION, Gemma4Config, Gemma4Layer
 from .plan import DEVICE_DTYPES, device_dtype, gguf_name, is_multimodal_tensor, plan_gemma4, rope_freqs, vocab_rows
@@ -162,7 +163,7 @@ target_heads = FAMILY.target_heads
 
 def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
          progress: bool = True, revision: str | None = None, download: bool = False,
-         check_finite: bool = False) -> Gemma4Model:
+         check_finite: bool = False, shard: Shard | None = None) -> Gemma4Model:
     """Load a Gemma 4 checkpoint (directory with ``config.json``, single file
     or sharded) into device buffers. ``expert_dtype`` (default ``"q8_0"``)
     applies to ``ffn_gate_up_exps`` / ``ffn_down_exps``, ``dense_dtype``
@@ -171,14 +172,15 @@ def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q
     ``check_finite=True``: a NaN/Inf weight kept as it is raises
     NonFiniteError (quantized tensors always refuse them; docs/RELIABILITY.md).
     ``path`` may be a Hugging Face repo id in the local cache (``revision``,
-    ``download``: see :func:`hf2q.hub.resolve`)."""
+    ``download``: see :func:`hf2q.hub.resolve`). ``shard``: only that rank's
+    slices (docs/SHARDING.md)."""
     from ...hub import resolve
 
     path = resolve(path, revision, download=download)
     dev = device if device is not None else Device.default()
     with open_checkpoint(path) as ckpt:
         return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype, check_finite=check_finite)
+                               dense_dtype=dense_dtype, check_finite=check_finite, shard=shard)
 
 
 def inspect(path: PathLike, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32", revision: str | None = None,

@@ -323,8 +323,9 @@ def plan_gemma4(ckpt: Any, cfg: Gemma4Config, *, dense_dtype: str = "f32", exper
             piece = Piece(raw, fmt, (1, *shape), rows=(0, rows))  # the first `rows` rows, streamed
         dtype = device_dtype(w.gguf, out_shape, dense_dtype, expert_dtype)
         if piece.rows is not None and not formats.can_convert(fmt, dtype):
-            # a trimmed embedding that must be staged (f32 -> bf16): read whole, slice
-            piece, transform = Piece(raw, fmt, shape), (lambda a, n=out_shape[0]: a[0][:n])
+            # a trimmed embedding that must be staged (f32 -> bf16): its first
+            # rows as one element range, converted a chunk at a time
+            piece = Piece(raw, fmt, shape, select=np.array([[0, 0, formats.numel(out_shape)]], dtype=np.int64))
         kind = ("expert" if w.gguf.endswith(_EXPERT_GGUF) else "f32" if dtype == "f32" else "dense")
         entries.append(TensorPlan(w.gguf, out_shape, dtype, (piece,), transform=transform, group=layer, kind=kind))
     _raise(problems, where)

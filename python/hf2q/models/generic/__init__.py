@@ -14,6 +14,7 @@ from ...device import Buffer, Device
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan
 from ...safetensors import Checkpoint, open_checkpoint
+from ...shard import Shard
 from ..base import ModelFamily, Option
 from .config import DTYPE_POLICIES, GenericConfig
 from .plan import device_dtype, plan_generic
@@ -83,14 +84,16 @@ inspect_checkpoint = FAMILY.inspect_checkpoint
 
 
 def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", progress: bool = True,
-         check_finite: bool = False) -> GenericModel:
+         check_finite: bool = False, shard: Shard | None = None) -> GenericModel:
     """Load any safetensors checkpoint (file or directory) with its own tensor
     names; ``dtype`` as in :func:`~hf2q.models.generic.plan.plan_generic`;
-    ``check_finite=True``: a NaN/Inf weight raises NonFiniteError."""
+    ``check_finite=True``: a NaN/Inf weight raises NonFiniteError; ``shard``:
+    only that rank's slices (docs/SHARDING.md)."""
     from .. import read_config
 
     dev = device if device is not None else Device.default()
     path = Path(path)
     _, config = read_config(path)
     with open_checkpoint(path) as ckpt:
-        return load_checkpoint(ckpt, dev, config=config, progress=progress, dtype=dtype, check_finite=check_finite)
+        return load_checkpoint(ckpt, dev, config=config, progress=progress, dtype=dtype, check_finite=check_finite,
+                               shard=shard)

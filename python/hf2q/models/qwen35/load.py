@@ -21,6 +21,7 @@ from ...device import Buffer, Device
 from ...model import LoadedModel, check_layout
 from ...plan import destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
+from ...shard import Shard
 from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily, Option
 from .config import FULL_ATTENTION, Qwen35Config
 from .plan import Qwen35Plan, plan_qwen35_moe
@@ -94,7 +95,7 @@ class Qwen35Model(LoadedModel):
 
 def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
          progress: bool = True, mtp: bool | None = None, *, revision: str | None = None,
-         download: bool = False, check_finite: bool = False) -> Qwen35Model:
+         download: bool = False, check_finite: bool = False, shard: Shard | None = None) -> Qwen35Model:
     """Load a Qwen3.5/3.6 MoE checkpoint (directory with ``config.json``,
     single-file or sharded) into inference-ready device buffers.
 
@@ -108,14 +109,14 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     quantized tensors always refuse them).
     On any failure every buffer allocated so far is freed. ``path`` may be a
     Hugging Face repo id in the local cache (``revision``, ``download``: see
-    :func:`hf2q.hub.resolve`)."""
+    :func:`hf2q.hub.resolve`). ``shard``: only that rank's slices (docs/SHARDING.md)."""
     from ...hub import resolve
 
     path = resolve(path, revision, download=download)
     dev = device if device is not None else Device.default()
     with open_checkpoint(Path(path)) as ckpt:
         return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype, mtp=mtp, check_finite=check_finite)
+                               dense_dtype=dense_dtype, mtp=mtp, check_finite=check_finite, shard=shard)
 
 
 def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
