@@ -532,6 +532,69 @@ class DemoCacheError(OSError):
         super().__init__(cause.errno, f"cannot write the demo checkpoint in {cache} ({source}): {why}; {self.hint}")
 
 
+# =========================================================================== convert (GGUF: hf2q.export)
+
+
+def _add_convert_parser(sub: Any) -> None:
+    """Register ``convert`` (the GGUF writer, hf2q.export) on the subparsers."""
+    from .export import OUTTYPES
+
+    p = sub.add_parser(
+        "convert", help="write the GGUF file llama.cpp's convert_hf_to_gguf.py writes (Qwen3.5/3.6 MoE, Gemma 4)",
+        description="Write the GGUF file that llama.cpp's convert_hf_to_gguf.py --outtype OUTTYPE writes for "
+                    "the checkpoint: the same tensors, types, shapes, bytes and order, the same "
+                    "hyper-parameter keys. The file is streamed (bounded memory), written under a temporary "
+                    "name in OUT's folder and renamed when complete.")
+    _add_source(p, "a checkpoint folder, a .safetensors file or index, or a Hugging Face repo id in the local cache")
+    p.add_argument("out", metavar="OUT.gguf", help="the GGUF file to write")
+    p.add_argument("--outtype", choices=list(OUTTYPES), default="q8_0",
+                   help="as for llama.cpp's converter: the type of the weight matrices (norms, routers and 1-D "
+                        "tensors stay F32); default q8_0")
+    p.add_argument("--expert-dtype", choices=["q8_0", "bf16", "f32"],
+                   help="Qwen3.5/3.6 MoE, Gemma 4: the expert stacks' type (default: --outtype)")
+    p.add_argument("--dense-dtype", choices=["f32", "bf16", "q8_0"],
+                   help="Qwen3.5/3.6 MoE, Gemma 4: the other matrices' type (default: --outtype)")
+    p.add_argument("--no-mtp", action="store_true",
+                   help="Qwen3.5/3.6 MoE: leave the multi-token-prediction block out (the converter's --no-mtp)")
+    p.add_argument("--name", help="general.name (default: the checkpoint folder's name, as the converter does)")
+    p.add_argument("--force", action="store_true", help="replace OUT.gguf if it exists")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (drawn only on a terminal anyway)")
+    p.set_defaults(func=cmd_convert)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .export import convert
+
+    path = resolve_source(args)
+    options: dict[str, Any] = {}
+    if args.expert_dtype:
+        options["expert_dtype"] = args.expert_dtype
+    if args.dense_dtype:
+        options["dense_dtype"] = args.dense_dtype
+    if args.no_mtp:
+        options["mtp"] = False
+    try:
+        summary = convert(path, args.out, args.outtype, force=args.force,
+                          progress=not (args.no_progress or args.json), name=args.name or _convert_default_name(args),
+                          **options)
+    except TypeError as e:  # an option this family does not take
+        raise UsageError(str(e)) from None
+    d = summary.as_dict()
+    if args.json:
+        emit_json(d)
+    else:
+                print(f"{d['output']}: {d['architecture']} ({d['outtype']}), {d['tensors']} tensors, "
+              f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s ({d['gb_per_s']:.2f} GB/s); "
+              f"tokenizer: {d['tokenizer']}", file=sys.stdout)
+    return 0
+
+
+def _convert_default_name(args: argparse.Namespace) -> str | None:
+    """A repo id names the model as the converter names a remote one: the id."""
+    p = args.path
+    return p if not os.path.exists(p) and "/" in p and not p.startswith((".", "/")) else None
+
+
 # =========================================================================== version, cache
 
 #: Packages whose versions ``hf2q --version --verbose`` reports (read from their
@@ -838,9 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help=argparse.SUPPRESS)  # another drafter config (tests: tiny); or HF2Q_DEMO_CONFIG
     p.set_defaults(func=cmd_demo)
 
-    from .export.cli import add_parser as add_convert  # the convert subcommand lives with the GGUF writer
-
-    add_convert(sub, _add_source)
+    _add_convert_parser(sub)
 
     p = sub.add_parser("cache", help="list (or --clear) what hf2q keeps on disk: demo checkpoints, CUDA kernels",
                        description="List what hf2q keeps on disk, with sizes: the demo's synthetic checkpoints "
