@@ -328,6 +328,13 @@ def test_upload_shape_and_errors(dev):
         dev.upload(np.zeros(4, np.float64), to="f32")
     with pytest.raises(TypeError):
         dev.upload(np.zeros(4, np.float32), to="f32", src_dtype="bf16")
+    # Byte-swapped arrays are refused, never uploaded as their little-endian
+    # namesakes (">f4" is named "float32" too), with or without `to`.
+    for swapped, native in ((">f4", "f32"), (">f2", "f16"), (">i4", "i32")):
+        with pytest.raises(TypeError, match="got dtype >"):
+            dev.upload(np.arange(4, dtype=swapped))
+        with pytest.raises(TypeError, match="got dtype >"):
+            dev.upload(np.arange(4, dtype=swapped), to=native)
     with pytest.raises(ValueError, match="C-contiguous"):
         dev.upload(np.zeros((64, 64), np.float32)[:, ::2], to="f32")
     gc.collect()

@@ -44,6 +44,11 @@ def test_numpy_dtypes_have_the_table_itemsize() -> None:
     assert formats.get("q8_0").storage_dtype == np.dtype(np.uint8)
     assert formats.from_numpy(np.float32).name == "f32"
     assert formats.from_numpy(ml_dtypes.bfloat16).name == "bf16"
+    # Rows hold little-endian elements: a byte-swapped dtype shares the name
+    # ("float32") but not the bytes, so it has no row.
+    for swapped in (">f4", ">f2", ">i4"):
+        assert np.dtype(swapped).name in ("float32", "float16", "int32")
+        assert formats.from_numpy(swapped) is None
 
 
 def test_safetensors_codes_are_the_packages() -> None:

@@ -25,6 +25,10 @@ namespace {
 constexpr std::size_t kHugePage = 2u << 20;
 constexpr std::size_t kWireChunk = 32u << 20;  // a multiple of kHugePage and of every page size
 
+// Only where the advice exists (Linux): elsewhere (macOS) nothing calls
+// these, and an unused function fails the -Werror Apple build.
+#if defined(MADV_HUGEPAGE)
+#if defined(__linux__)
 // The bracketed choice of a sysfs setting ("always [madvise] never" ->
 // "madvise"); empty when the file is missing or unreadable.
 std::string sysfs_choice(const char* path) {
@@ -38,6 +42,7 @@ std::string sysfs_choice(const char* path) {
   const char* close = open ? std::strchr(open, ']') : nullptr;
   return close ? std::string(open + 1, close) : std::string();
 }
+#endif  // __linux__
 
 // Whether fresh buffers get MADV_HUGEPAGE (docs/RESIDENCY.md, "Huge
 // pages"). The advice only changes anything where THP "enabled" is
@@ -64,6 +69,7 @@ bool host_huge_page_advice() {
   }();
   return advise;
 }
+#endif  // MADV_HUGEPAGE
 
 class HostBackend final : public Backend {
  public:

@@ -53,10 +53,16 @@ _NUMPY_SRC = {
 
 
 def _numpy_src(dtype: Any) -> str | None:
-    """The device dtype of numpy data of ``dtype`` (None: raw bytes or unsupported)."""
+    """The device dtype of numpy data of ``dtype`` (None: raw bytes or
+    unsupported, such as a byte-swapped ``">f4"``, whose name is "float32" too,
+    or a ``dtype`` attribute that is not a numpy dtype)."""
     if dtype is None:
         return None
-    return _NUMPY_SRC.get(np.dtype(dtype).name)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:  # e.g. a torch tensor's dtype: not an ndarray, refused by _source
+        return None
+    return _NUMPY_SRC.get(dt.name) if dt.isnative else None
 
 
 # With the other errors (hf2q.errors, data only); the native reader raises it by this name.

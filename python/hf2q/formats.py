@@ -146,9 +146,15 @@ def from_safetensors(code: str) -> Format:
 
 
 def from_numpy(dtype: object) -> Format | None:
-    """The row whose element dtype is the numpy dtype ``dtype`` (None if no row)."""
-    name = np.dtype(dtype).name  # type: ignore[call-overload]
-    return _BY_NUMPY.get(name)
+    """The row whose element dtype is the numpy dtype ``dtype`` (None if no row).
+
+    Rows store little-endian elements: a byte-swapped dtype (``">f4"``, whose
+    name is still "float32") has no row, so that its bytes are never taken
+    as the row's."""
+    dt = np.dtype(dtype)  # type: ignore[call-overload]
+    if not dt.isnative:  # hf2q runs on little-endian hosts only (_arrays)
+        return None
+    return _BY_NUMPY.get(dt.name)
 
 
 def safetensors_codes() -> tuple[str, ...]:

@@ -491,7 +491,9 @@ class CudaBackend final : public Backend {
 
   static int ring_slots(std::size_t slot_bytes) {
     if (const long mib = env_long("HF2Q_CUDA_STAGING_MIB")) {
-      const long n = (mib << 20) / static_cast<long>(slot_bytes);
+      // Clamped before shifting: a huge value must not overflow (1 TiB is
+      // past the 1024-slot cap for every slot size).
+      const long n = (std::min<long>(mib, 1L << 20) << 20) / static_cast<long>(slot_bytes);
       return static_cast<int>(std::min<long>(1024, std::max<long>(2, n)));
     }
     std::size_t n = (128u << 20) / slot_bytes;
