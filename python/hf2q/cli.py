@@ -470,6 +470,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     held: list[str] = []
     say = held.append if args.json else (lambda text: note(args, text))
     size = format_bytes(expected_total_data_bytes(DFlashConfig.from_dict(dflash.DRAFTER_CONFIGS[config])))
+    try:  # the cache folder the user chose (or the default) must be writable: say so by its name
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DemoCacheError(target.parent, e, args) from e
     with _demo_lock(target):  # one writer at a time; a second run waits, then finds it cached
         stale = _remove_stale_temporaries(target)  # left by a run that was killed (SIGKILL, power loss)
         if stale:
