@@ -104,6 +104,9 @@ def test_closed_stdout_exits_quietly(case: str, unbuffered: bool, tiny: Path) ->
     if case == "load MISSING":
         assert rc == 2 and err.startswith(b"hf2q load: error:") and err.count(b"\n") == 1
         return
+    if case == "no command":  # usage and error go to stderr (argparse's convention), status 2; stdout unused
+        assert rc == 2 and b"a command is required" in err and b"Traceback" not in err
+        return
     assert rc == 141 and err == b"", (rc, err.decode(errors="replace"))
 
 
@@ -198,6 +201,9 @@ def test_too_many_open_files_is_exit_1(command: str, tmp_path: Path) -> None:
     assert p.returncode == 1 and "Too many open files" in p.stderr and p.stderr.count("\n") == 1
 
 
+@pytest.mark.skipif(os.environ.get("HF2Q_UNDER_SANITIZER") == "1",
+                    reason="scripts/run_sanitizers.sh: ASan reserves terabytes of shadow address space, which an "
+                           "address-space limit refuses before hf2q runs; the main suite runs it")
 def test_out_of_memory_is_exit_1(tmp_path: Path) -> None:
     """ENOMEM from the host backend (a 4 GiB tensor under a 2 GiB address-space limit, `ulimit -v`): a
     DeviceError, exit 1 (it was 2)."""
