@@ -103,6 +103,16 @@ def open_regular(path: str, error: Callable[[str, OSError | None], BaseException
         raise
 
 
+def _read_some(fd: int, n: int, error: Callable[[str, OSError | None], BaseException]) -> bytes:
+    # A helper, not a try block inside read_capped's loop: CPython 3.11 skips
+    # the enclosing finally (the fd's close) for an exception a line tracer
+    # raises on a nested ``try:`` line (tests/test_fault_injection.py does so).
+    try:
+        return os.read(fd, n)
+    except OSError as e:
+        raise _marked(error(f"cannot read: {e.strerror or e}", e), e) from None
+
+
 def read_capped(path: str, cap: int, what: str, error: Callable[[str, OSError | None], BaseException]) -> bytes:
     """The whole content of a small regular file, refused unread when it is
     larger than ``cap`` bytes (and when it grows past it or changes while read)."""
@@ -114,10 +124,7 @@ def read_capped(path: str, cap: int, what: str, error: Callable[[str, OSError | 
         chunks = []
         total = 0
         while total <= cap:
-            try:
-                b = os.read(fd, min(1 << 20, cap + 1 - total))
-            except OSError as e:
-                raise _marked(error(f"cannot read: {e.strerror or e}", e), e) from None
+            b = _read_some(fd, min(1 << 20, cap + 1 - total), error)
             if not b:
                 break
             chunks.append(b)
