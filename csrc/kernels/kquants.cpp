@@ -3,6 +3,7 @@
 // performs it (written from docs/KQUANTS.md); the build compiles this file
 // with -ffp-contract=off, so no multiply-add is fused. Changing the order of
 // a sum, or a/b into a*(1/b), changes bytes.
+#include <string>
 #include "kquants.h"
 
 #include <stdexcept>
