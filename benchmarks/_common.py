@@ -89,4 +89,7 @@ def subprocess_json(code: str, *args: str) -> dict:
     else:  # pragma: no cover
         argv = [sys.executable, "-c", code, *args]
     out = subprocess.run(argv, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    lines = out.stdout.strip().splitlines()
+    if not lines:  # the shell's ':' hides the child's status: its stderr says what went wrong
+        raise RuntimeError(f"the child process printed no result; its stderr ends:\n{out.stderr[-4000:]}")
+    return json.loads(lines[-1])

@@ -84,6 +84,10 @@ SHARD_BYTES = 5 * 10**9  # the Hub's default max_shard_size
 POOL_BYTES = 64 * MiB  # tiled random pool (a multiple of every element size)
 WRITE_CHUNK = 64 * MiB
 CASES = ("qwen-fused", "qwen-experts", "gemma4", "dense")
+#: Run only when named: the fused model in the text-only layout
+#: (Qwen3_5MoeForCausalLM, ``model.layers.*``, no vision or MTP tensors), which
+#: transformers' from_pretrained fills completely (benchmarks/bench_handoff.py --full).
+EXTRA_CASES = ("qwen-text",)
 
 # A 32.8B dense model at Qwen2.5-32B's shapes (64 layers, 5120 hidden, 27648
 # intermediate, 40 heads of 128, 8 KV heads, 152064 tokens).
@@ -92,7 +96,7 @@ DENSE = {"hidden": 5120, "intermediate": 27648, "layers": 64, "heads": 40, "kv_h
 
 
 # --------------------------------------------------------------------------- checkpoints
-def _qwen_specs(layers: int | None, vocab: int | None, experts: int | None, fused: bool
+def _qwen_specs(layers: int | None, vocab: int | None, experts: int | None, fused: bool, multimodal: bool = True
                 ) -> tuple[dict[str, Any], dict[str, tuple[str, tuple[int, ...]]]]:
     from hf2q.testing.qwen35_checkpoint import QWEN36_35B_A3B_TEXT_CONFIG, checkpoint_tensor_specs, qwen35_config_dict
 
@@ -108,8 +112,8 @@ def _qwen_specs(layers: int | None, vocab: int | None, experts: int | None, fuse
     if experts is not None:
         text["num_experts"] = experts
         text["num_experts_per_tok"] = min(text["num_experts_per_tok"], experts)
-    specs = checkpoint_tensor_specs(text, fused_gate_up=fused, multimodal=True, mtp=True)
-    return qwen35_config_dict(text, multimodal=True), specs
+    specs = checkpoint_tensor_specs(text, fused_gate_up=fused, multimodal=multimodal, mtp=multimodal)
+    return qwen35_config_dict(text, multimodal=multimodal), specs
 
 
 def _gemma4_specs(layers: int | None, vocab: int | None, experts: int | None
@@ -164,11 +168,13 @@ def case_specs(case: str, layers: int | None, vocab: int | None, experts: int | 
     """(config.json or None, name -> (safetensors dtype, shape)) of a case."""
     if case in ("qwen-fused", "qwen-experts"):
         return _qwen_specs(layers, vocab, experts, fused=case == "qwen-fused")
+    if case == "qwen-text":
+        return _qwen_specs(layers, vocab, experts, fused=True, multimodal=False)
     if case == "gemma4":
         return _gemma4_specs(layers, vocab, experts)
     if case == "dense":
         return None, _dense_specs(layers, vocab, dense_shrink)
-    raise ValueError(f"unknown case {case!r}; expected one of {', '.join(CASES)}")
+    raise ValueError(f"unknown case {case!r}; expected one of {', '.join(CASES + EXTRA_CASES)}")
 
 
 _ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
@@ -497,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, required=True, help="where the checkpoints are written (tmpfs on a GPU machine)")
     ap.add_argument("--device", default=None, help="cuda, cuda:N or host (default: cuda where there is one)")
-    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES + EXTRA_CASES)}")
     ap.add_argument("--layers", type=int, help="layers per model (default: the real count)")
     ap.add_argument("--vocab", type=int, help="vocabulary rows (default: the real size)")
     ap.add_argument("--experts", type=int, help="experts per MoE layer (default: the real count)")
@@ -514,8 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     for c in cases:
-        if c not in CASES:
-            ap.error(f"unknown case {c!r}; expected one of {', '.join(CASES)}")
+        if c not in CASES + EXTRA_CASES:
+            ap.error(f"unknown case {c!r}; expected one of {', '.join(CASES + EXTRA_CASES)}")
 
     kind = args.device
     if kind is None:

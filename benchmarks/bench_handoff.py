@@ -8,7 +8,9 @@ Checkpoint: two layers at the real Qwen3.6-35B-A3B shapes (256 experts x 512
 x 2048, ~3.4 GB of BF16, per-expert tensors as transformers' save_pretrained
 writes them: transformers stacks them on load), the generator of
 bench_qwen35.py; ``--full`` writes the full-size synthetic Qwen3.6-35B-A3B
-(40 layers, ~71 GB: put --dir on /dev/shm or a fast disk) instead.
+(40 layers, ~67 GB, text-only layout, experts fused: bench_fullscale.py's
+"qwen-text" case, into DIR/qwen-text; put --dir on /dev/shm or a fast disk)
+instead.
 
 Cases, each in a fresh interpreter (imports of torch, transformers, hf2q,
 transformers' loading modules and the model's class done before the clock
@@ -83,11 +85,16 @@ def ensure(d: Path, full: bool) -> Path:
     from bench_qwen35 import _checkpoint_ok
 
     if full:
-        if not (d / "config.json").is_file():
-            from hf2q.testing.qwen35_checkpoint import QWEN36_35B_A3B_TEXT_CONFIG, make_qwen35_moe_checkpoint
+        # bench_fullscale's parallel writer (a minute on 16 cores), in the text-only
+        # layout: the fused multimodal layout has no vision tensors, which
+        # transformers would initialise at random and hf2q refuses as missing.
+        import os
 
-            make_qwen35_moe_checkpoint(d, config=dict(QWEN36_35B_A3B_TEXT_CONFIG), mtp=False)
-        return d
+        import bench_fullscale
+
+        opts = argparse.Namespace(layers=None, vocab=None, experts=None, dense_shrink=1, threads=os.cpu_count() or 4)
+        ckpt, _ = bench_fullscale.ensure_checkpoint(d, "qwen-text", opts)
+        return ckpt
     if not _checkpoint_ok(d):
         from hf2q.testing.qwen35_checkpoint import make_qwen35_moe_checkpoint
 

@@ -36,9 +36,9 @@ __all__ = ["from_pretrained", "HandoffError", "TESTED_TRANSFORMERS", "MIN_TRANSF
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: The transformers releases the hand-off tests ran against (CI installs the
-#: test extra's pin).
-TESTED_TRANSFORMERS = ("5.24.0",)
+#: The transformers releases the hand-off tests ran against: the test extra's
+#: pin (CI, CPU) and the GPU machine's image (tests/test_handoff.py -m cuda).
+TESTED_TRANSFORMERS = ("5.17.0", "5.24.0")
 #: The oldest major.minor with the weight-conversion mapping this module reads.
 MIN_TRANSFORMERS = (5, 0)
 
