@@ -24,6 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import atheris  # noqa: E402
+import ml_dtypes  # noqa: E402  (hf2q imports it only when asked for a bfloat16 view)
 import numpy as np  # noqa: E402
 
 from _gen import EDGE_INTS, array, container, pick, raw_bytes, small_or_edge_int  # noqa: E402
@@ -31,6 +32,7 @@ from _harness import OracleFailure, check_no_buffers, expect, hf2q, run, scratch
 
 DTYPES = ["f32", "f16", "bf16", "u8", "i32", "q8_0"]
 SRC_DTYPES = DTYPES + [None, "f64", "", "F32", 3]
+BF16 = np.dtype(ml_dtypes.bfloat16)
 ITEM = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "u8": 1}
 MAX_BYTES = 4 << 20  # per buffer the harness lets through
 HUGE_BYTES = 1 << 47  # beyond any address space: allocation must be refused
@@ -89,7 +91,7 @@ def _expected(src: np.ndarray, sdt: str, to: str) -> bytes | None:
     if to == "f32" and sdt in ("bf16", "f16"):
         return (ref.bf16_to_f32 if sdt == "bf16" else ref.f16_to_f32)(u8).tobytes()
     if to == "q8_0" and sdt in ("f32", "f16", "bf16"):
-        dt = {"f32": np.float32, "f16": np.float16, "bf16": hf2q.device.BF16}[sdt]
+        dt = {"f32": np.float32, "f16": np.float16, "bf16": BF16}[sdt]
         x = u8.view(dt)
         if x.size == 0 or x.size % 32:
             return None
@@ -145,7 +147,7 @@ class Program:
                 return
             buf = _DEV.upload(src, to, shape, src_dtype=sdt, name="fuzz")
             self.bufs.append(buf)
-            typed = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", hf2q.device.BF16: "bf16"}
+            typed = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", BF16: "bf16"}
             if isinstance(src, np.ndarray) and src.dtype in typed:
                 sdt = typed[src.dtype]
             elif sdt is None:
@@ -158,7 +160,7 @@ class Program:
             sdt = pick(fdp, SRC_DTYPES) if fdp.ConsumeBool() else None
             src = container(fdp, src_arr)
             _DEV.write(buf, src, offset=off, src_dtype=sdt, name="fuzz")
-            typed = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", hf2q.device.BF16: "bf16"}
+            typed = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", BF16: "bf16"}
             if isinstance(src, np.ndarray) and src.dtype in typed:
                 sdt = typed[src.dtype]
             elif sdt is None:
