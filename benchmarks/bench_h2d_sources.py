@@ -232,8 +232,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 4))
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--cases", default="pinned,staged,registered", help="comma-separated: pinned, staged, registered")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
+    wanted = {c.strip() for c in a.cases.split(",")}
     files = [f for f in a.files if f.is_file()]
     total = sum(f.stat().st_size for f in files)
     d = Driver()
@@ -244,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         "staged (pread -> pinned -> H2D)": lambda: (staged(d, dst, files, a.threads), None),
         "registered mapping (H2D from the page cache)": lambda: registered(d, dst, files, a.threads),
     }
+    cases = {k: v for k, v in cases.items() if k.split()[0] in wanted}
     for name, fn in cases.items():
         best = None
         for _ in range(a.repeat + 1):  # the first is a warm-up
