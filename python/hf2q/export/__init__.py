@@ -124,8 +124,8 @@ def _f16_plan(planner: Any, ckpt: Any, config: Mapping[str, Any],
 
 #: family -> (GGUF architecture, planner, key/value writer, options the family takes)
 _FAMILIES = {
-    "qwen35moe": ("qwen35moe", _planner("qwen35moe"), md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp")),
-    "gemma4": ("gemma4", _planner("gemma4"), md.gemma4, ("expert_dtype", "dense_dtype")),
+    "qwen35moe": ("qwen35moe", _planner("qwen35moe"), md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp", "recipe")),
+    "gemma4": ("gemma4", _planner("gemma4"), md.gemma4, ("expert_dtype", "dense_dtype", "recipe")),
 }
 
 
@@ -285,7 +285,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
 
     with open_checkpoint(src_path) as ckpt:
         half: set[str] = set()
-        if outtype == "f16":
+        if outtype == "f16" and options.get("recipe") is None:
             plan, cfg, half = _f16_plan(planner, ckpt, config, dict(options))
         else:
             plan, cfg = planner(ckpt, config, outtype, dict(options))
@@ -294,6 +294,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         kv.string("general.architecture", arch)
         md.general(kv, name if name is not None else str(default_name))
         kv_writer(kv, config, cfg, outtype)
+        if options.get("recipe") is not None:  # llama-quantize's file type (hf2q.recipes)
+            from ..recipes import FILE_TYPES
+
+            kv.u32("general.file_type", FILE_TYPES[options["recipe"]])
         kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
         tokenizer = _tokenizer(kv, fam.name, src_path if src_path.is_dir() else src_path.parent, cfg)
         infos = _tensor_infos(entries, half)

@@ -22,7 +22,7 @@ from ...model import LoadedModel, check_layout
 from ...plan import destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily, Option
+from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily, Option
 from .config import FULL_ATTENTION, Qwen35Config
 from .plan import Qwen35Plan, plan_qwen35_moe
 
@@ -145,7 +145,7 @@ class Qwen35Family(ModelFamily):
     label = "Qwen3.5/3.6 MoE"
     options = (EXPERT_DTYPE, DENSE_DTYPE,
                Option("mtp", (None, True, False), None, "keep (None: when present), require or drop the MTP block",
-                      cli=False))
+                      cli=False), RECIPE)
 
     def recognises(self, config: Mapping[str, Any] | None) -> bool:
         """``model_type`` (root or ``text_config``) ``qwen3_5_moe[_text]``, or a ``Qwen3_5Moe*`` architecture."""
@@ -161,8 +161,14 @@ class Qwen35Family(ModelFamily):
         return _config_of(ckpt, config)
 
     def plan(self, ckpt: Checkpoint, config: Qwen35Config, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-             mtp: bool | None = None) -> Qwen35Plan:
-        return plan_qwen35_moe(ckpt, config, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+             mtp: bool | None = None, recipe: str | None = None) -> Qwen35Plan:
+        if recipe is None:
+            return plan_qwen35_moe(ckpt, config, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+        from ...recipes import ModelFacts, apply_recipe
+
+        # llama-quantize's input: the converter's --outtype bf16 file (MTP blocks count in block_count).
+        plan = plan_qwen35_moe(ckpt, config, dense_dtype="bf16", expert_dtype="bf16", mtp=mtp)
+        return apply_recipe(plan, recipe, ModelFacts(plan.extra["blocks"], config.num_experts))
 
     def model(self, device: Device, plan: Qwen35Plan, buffers: dict[str, Buffer]) -> Qwen35Model:  # type: ignore[override]
         # plan.config: the plan resolves what the file leaves out (mtp_num_hidden_layers)

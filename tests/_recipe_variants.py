@@ -1,0 +1,64 @@
+"""The checkpoints of the recipe golden data (scripts/make_recipe_golden.py
+writes tests/data/kquants/recipes.json from them; tests/test_recipes.py
+compares hf2q's plans against it): the committed tiny checkpoints, and two
+synthetic ones written by hf2q.testing from a fixed config and seed (rows of
+256 and more, so that the k-quants themselves are chosen)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: hf2q recipe -> llama-quantize's type argument.
+RECIPES_FTYPE = {"q4_k_m": "Q4_K_M", "q4_k_s": "Q4_K_S", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "q8_0": "Q8_0"}
+
+_QWEN_WIDE = {
+    "model_type": "qwen3_5_moe_text", "attn_output_gate": True, "full_attention_interval": 4, "head_dim": 256,
+    "hidden_act": "silu", "hidden_size": 256,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_value_head_dim": 128, "max_position_embeddings": 4096,
+    "moe_intermediate_size": 256, "mtp_num_hidden_layers": 1, "num_attention_heads": 1, "num_experts": 4,
+    "num_experts_per_tok": 2, "num_hidden_layers": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-06,
+    "shared_expert_intermediate_size": 256, "tie_word_embeddings": False, "vocab_size": 256,
+    "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                        "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+}
+
+_GEMMA_WIDE = {
+    "model_type": "gemma4_text", "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 96,
+    "intermediate_size": 256, "moe_intermediate_size": 256, "num_experts": 8, "top_k_experts": 2,
+    "enable_moe_block": True, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 256,
+    "global_head_dim": 512, "num_global_key_value_heads": 1, "attention_k_eq_v": True, "sliding_window": 64,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    "final_logit_softcapping": 30.0, "tie_word_embeddings": True, "hidden_size_per_layer_input": 0,
+    "num_kv_shared_layers": 0, "use_double_wide_mlp": False, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096, "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
+    "dtype": "bfloat16",
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1000000.0}},
+}
+
+#: name -> how to get the checkpoint: a committed folder, or a generator, its config and seed.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "qwen35moe_causal_lm": {"family": "qwen35moe", "checkpoint": "tests/data/golden/qwen35moe_causal_lm/hf"},
+    "gemma4_moe_causal_lm": {"family": "gemma4", "checkpoint": "tests/data/gemma4/gemma4_moe_causal_lm/hf"},
+    "gemma4_dense_ple": {"family": "gemma4", "checkpoint": "tests/data/gemma4/gemma4_dense_ple/hf"},
+    "qwen35moe_wide": {"family": "qwen35moe", "generator": "make_qwen35_moe_checkpoint", "config": _QWEN_WIDE,
+                       "seed": 11},
+    "gemma4_moe_wide": {"family": "gemma4", "generator": "make_gemma4_checkpoint", "config": _GEMMA_WIDE,
+                        "seed": 12},
+}
+
+
+def materialize(name: str, scratch: Path) -> Path:
+    """The variant's checkpoint folder (a generated one is written under ``scratch``)."""
+    v = VARIANTS[name]
+    if "checkpoint" in v:
+        return REPO / v["checkpoint"]
+    from hf2q import testing
+
+    return getattr(testing, v["generator"])(scratch, v["config"], seed=v["seed"])
