@@ -228,6 +228,14 @@ void qx_fit_groups(const float* x, std::int8_t* L, float* scales);
 void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t n);
 }  // namespace avx2
 #endif
+#if defined(__aarch64__)
+namespace neon {
+// kquants_neon.cpp: the same fits, one group per vector lane (four at a time).
+void qkx2_fit_groups(const float* x, std::uint8_t* L, float* scales, float* mins, int nmax, float rmin, int nstep);
+void qx_fit_groups(const float* x, std::int8_t* L, float* scales);
+void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t n);
+}  // namespace neon
+#endif
 
 namespace {
 
@@ -236,12 +244,18 @@ inline void qkx2_fit_groups(const float* x, std::uint8_t* L, float* scales, floa
 #if defined(HF2Q_HAVE_AVX2)
   if (active_isa() == Isa::Avx2) return avx2::qkx2_fit_groups(x, L, scales, mins, nmax, rmin, nstep);
 #endif
+#if defined(__aarch64__)
+  if (active_isa() == Isa::Neon) return neon::qkx2_fit_groups(x, L, scales, mins, nmax, rmin, nstep);
+#endif
   qkx2_fit_groups_scalar(x, L, scales, mins, nmax, rmin, nstep);
 }
 
 inline void qx_fit_groups(const float* x, std::int8_t* L, float* scales) {
 #if defined(HF2Q_HAVE_AVX2)
   if (active_isa() == Isa::Avx2) return avx2::qx_fit_groups(x, L, scales);
+#endif
+#if defined(__aarch64__)
+  if (active_isa() == Isa::Neon) return neon::qx_fit_groups(x, L, scales);
 #endif
   qx_fit_groups_scalar(x, L, scales);
 }
@@ -332,6 +346,9 @@ const FormatRow& block_geometry(BlockFormat f) {
 void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t n) {
 #if defined(HF2Q_HAVE_AVX2)
   if (active_isa() == Isa::Avx2) return avx2::quantize_row_q4_0(x, y, n);
+#endif
+#if defined(__aarch64__)
+  if (active_isa() == Isa::Neon) return neon::quantize_row_q4_0(x, y, n);
 #endif
   const std::int64_t nb = n / kQ40;
   for (std::int64_t i = 0; i < nb; ++i, x += kQ40, y += 18) {
