@@ -751,9 +751,8 @@ void dequantize_blocks_range(BlockFormat f, const std::uint8_t* src, float* dst,
 }
 
 // ---------------------------------------------------------------- rows
-// The kernels of the four rows in formats.h (format_kernels.h): decode to
-// float32, encode from f32 / f16 / bf16. No GPU kernels yet: the Metal and
-// CUDA backends refuse these formats with DeviceError.
+// The kernels of the six rows in formats.h (format_kernels.h): decode to
+// float32, encode from f32 / f16 / bf16.
 namespace {
 template <DType F>
 void to_f32_of(const std::uint8_t* src, float* dst, std::size_t n) {
@@ -765,17 +764,21 @@ EncodeResult encode_of(DType src_type, const void* src, std::uint8_t* dst, std::
 }
 }  // namespace
 
-const FormatKernels kQ4_0Kernels{to_f32_of<DType::Q4_0>, nullptr, encode_of<DType::Q4_0>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
-const FormatKernels kQ4_KKernels{to_f32_of<DType::Q4_K>, nullptr, encode_of<DType::Q4_K>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
-const FormatKernels kQ5_KKernels{to_f32_of<DType::Q5_K>, nullptr, encode_of<DType::Q5_K>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
-const FormatKernels kQ6_KKernels{to_f32_of<DType::Q6_K>, nullptr, encode_of<DType::Q6_K>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
-const FormatKernels kQ5_0Kernels{to_f32_of<DType::Q5_0>, nullptr, encode_of<DType::Q5_0>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
-const FormatKernels kQ5_1Kernels{to_f32_of<DType::Q5_1>, nullptr, encode_of<DType::Q5_1>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
+// GPU kernels (shaders/cuda_kernels.cu): the CUDA encoders run one group fit
+// per thread, so a 256-thread CTA covers 32 Q4_K / Q5_K super-blocks (eight
+// groups each), 16 Q6_K super-blocks (sixteen groups) or 256 blocks of 32;
+// read-back checksums for each. No Metal kernels yet: Metal refuses them.
+const FormatKernels kQ4_0Kernels{to_f32_of<DType::Q4_0>, nullptr, encode_of<DType::Q4_0>, nullptr,
+                                 "hf2q_checksums_q4_0", nullptr, "hf2q_quantize_q4_0", 256};
+const FormatKernels kQ4_KKernels{to_f32_of<DType::Q4_K>, nullptr, encode_of<DType::Q4_K>, nullptr,
+                                 "hf2q_checksums_q4_k", nullptr, "hf2q_quantize_q4_k", 32};
+const FormatKernels kQ5_KKernels{to_f32_of<DType::Q5_K>, nullptr, encode_of<DType::Q5_K>, nullptr,
+                                 "hf2q_checksums_q5_k", nullptr, "hf2q_quantize_q5_k", 32};
+const FormatKernels kQ6_KKernels{to_f32_of<DType::Q6_K>, nullptr, encode_of<DType::Q6_K>, nullptr,
+                                 "hf2q_checksums_q6_k", nullptr, "hf2q_quantize_q6_k", 16};
+const FormatKernels kQ5_0Kernels{to_f32_of<DType::Q5_0>, nullptr, encode_of<DType::Q5_0>, nullptr,
+                                 "hf2q_checksums_q5_0", nullptr, "hf2q_quantize_q5_0", 256};
+const FormatKernels kQ5_1Kernels{to_f32_of<DType::Q5_1>, nullptr, encode_of<DType::Q5_1>, nullptr,
+                                 "hf2q_checksums_q5_1", nullptr, "hf2q_quantize_q5_1", 256};
 
 }  // namespace hf2q::kernels
