@@ -171,7 +171,7 @@ target_heads = FAMILY.target_heads
 
 def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
          progress: bool = True, revision: str | None = None, download: bool = False,
-         check_finite: bool = False, shard: Shard | None = None) -> Gemma4Model:
+         check_finite: bool = False, shard: Shard | None = None, recipe: str | None = None) -> Gemma4Model:
     """Load a Gemma 4 checkpoint (directory with ``config.json``, single file
     or sharded) into device buffers. ``expert_dtype`` (default ``"q8_0"``)
     applies to ``ffn_gate_up_exps`` / ``ffn_down_exps``, ``dense_dtype``
@@ -181,21 +181,23 @@ def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q
     NonFiniteError (quantized tensors always refuse them; docs/RELIABILITY.md).
     ``path`` may be a Hugging Face repo id in the local cache (``revision``,
     ``download``: see :func:`hf2q.hub.resolve`). ``shard``: only that rank's
-    slices (docs/SHARDING.md)."""
+    slices (docs/SHARDING.md). ``recipe`` (``"q4_k_m"``, ...): every tensor's
+    format as llama-quantize's file type gives it (docs/KQUANTS.md)."""
     from ...hub import resolve
 
     path = resolve(path, revision, download=download)
     dev = device if device is not None else Device.default()
     with open_checkpoint(path) as ckpt:
         return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype, check_finite=check_finite, shard=shard)
+                               dense_dtype=dense_dtype, check_finite=check_finite, shard=shard, recipe=recipe)
 
 
 def inspect(path: PathLike, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32", revision: str | None = None,
-            download: bool = False) -> dict[str, Any]:
+            download: bool = False, recipe: str | None = None) -> dict[str, Any]:
     """The load plan's numbers for a checkpoint (or Hugging Face repo id, as
     for :func:`load`), reading no tensor bytes."""
     from ...hub import resolve
 
     with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
-        return inspect_checkpoint(ckpt, config=None, expert_dtype=expert_dtype, dense_dtype=dense_dtype)
+        return inspect_checkpoint(ckpt, config=None, expert_dtype=expert_dtype, dense_dtype=dense_dtype,
+                                  recipe=recipe)

@@ -94,11 +94,13 @@ inspect_checkpoint = FAMILY.inspect_checkpoint
 
 
 def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", progress: bool = True,
-         check_finite: bool = False, shard: Shard | None = None) -> GenericModel:
+         check_finite: bool = False, shard: Shard | None = None, recipe: str | None = None) -> GenericModel:
     """Load any safetensors checkpoint (file or directory) with its own tensor
     names; ``dtype`` as in :func:`~hf2q.models.generic.plan.plan_generic`;
     ``check_finite=True``: a NaN/Inf weight raises NonFiniteError; ``shard``:
-    only that rank's slices (docs/SHARDING.md)."""
+    only that rank's slices (docs/SHARDING.md); ``recipe`` (``"q4_k_m"``, ...):
+    llama-quantize's type for each tensor of a llama-like checkpoint, decided
+    by its GGUF name (replaces ``dtype``; docs/KQUANTS.md)."""
     from .. import read_config
 
     dev = device if device is not None else Device.default()
@@ -106,4 +108,4 @@ def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", p
     _, config = read_config(path)
     with open_checkpoint(path) as ckpt:
         return load_checkpoint(ckpt, dev, config=config, progress=progress, dtype=dtype, check_finite=check_finite,
-                               shard=shard)
+                               shard=shard, recipe=recipe)
