@@ -2,7 +2,7 @@
 ``--recipe``, a Q4_K_M file in one pass beside the two passes of llama.cpp.
 
     python benchmarks/bench_kquants.py [--elements N] [--cache DIR | --no-ggml] [--json]
-    python benchmarks/bench_kquants.py --recipe q4_k_m --llama-quantize PATH [--experts E] [--json]
+    python benchmarks/bench_kquants.py --recipe q4_k_m --llama-quantize PATH [--experts E] [--device D] [--json]
 
 MB/s counts float32 input bytes (4 per value), as the issue's ggml figures do.
 ggml: ``quantize_row_<type>_ref`` from ``ggml-quants.c`` of the pinned
@@ -61,7 +61,7 @@ def bench_recipe(args: argparse.Namespace) -> int:
     the safetensors) beside ``hf2q convert --outtype bf16`` (the converter's
     BF16 file; hf2q writes it faster than convert_hf_to_gguf.py) followed by
     ``llama-quantize ... Q4_K_M`` with as many threads; and ``hf2q.load`` with
-    the recipe on the host (resident, no file). Page cache warm (one warm-up
+    the recipe on ``--device`` (resident, no file). Page cache warm (one warm-up
     of each), one timed run each; bytes of every tensor compared."""
     import subprocess
     import time
@@ -88,8 +88,11 @@ def bench_recipe(args: argparse.Namespace) -> int:
                             str(threads)], check=True, capture_output=True)
             return t1 - t0, time.perf_counter() - t1
 
+        device = hf2q.Device(args.device)
+
         def load() -> None:
-            hf2q.load(ckpt, hf2q.Device("host"), recipe=args.recipe, progress=False)
+            m = hf2q.load(ckpt, device, recipe=args.recipe, progress=False)
+            del m
 
         ours(), two_pass(), load()  # warm-up (page cache, kernels)
         t = time.perf_counter()
@@ -111,7 +114,7 @@ def bench_recipe(args: argparse.Namespace) -> int:
         {"case": "hf2q convert --outtype bf16", "seconds": t_bf16},
         {"case": f"llama-quantize {ftype} ({threads} threads)", "seconds": t_quant},
         {"case": "two passes (bf16 file + llama-quantize)", "seconds": t_bf16 + t_quant},
-        {"case": f"hf2q.load(recipe={args.recipe!r}) on the host", "seconds": t_load},
+        {"case": f"hf2q.load(recipe={args.recipe!r}) on {args.device}", "seconds": t_load},
     ]
     for r in rows:
         r["MB/s"] = src_bytes / r["seconds"] / 1e6
@@ -136,6 +139,7 @@ def main() -> int:
     ap.add_argument("--recipe", help="recipe mode: time a whole checkpoint to this file type (q4_k_m, ...)")
     ap.add_argument("--llama-quantize", default="llama-quantize", help="recipe mode: the llama-quantize binary")
     ap.add_argument("--experts", type=int, default=32, help="recipe mode: experts per layer (real model: 256)")
+    ap.add_argument("--device", default="host", help="recipe mode: the device hf2q.load fills (host, cuda, ...)")
     args = ap.parse_args()
     if args.recipe:
         return bench_recipe(args)
