@@ -21,9 +21,16 @@ rows are multiples of 256, so that Q4_K / Q5_K / Q6_K are really chosen):
    first 16 hex digits of the SHA-256 of its bytes (the bytes themselves
    would be too large to commit; the hashes pin them).
 
+With ``--full-size``: tests/data/kquants/recipes_full_size.json, the types
+(only: no bytes) llama-quantize --dry-run gives every tensor of the
+published Qwen3.6-35B-A3B and gemma-4-26B-A4B configs (40 + 1 MTP / 30
+blocks, 256 / 128 experts, Gemma's 704-value expert rows), from a
+header-only BF16 file (the data section a sparse hole) written as hf2q
+convert writes it.
+
 Usage (any environment with hf2q installed, gguf-py and a llama.cpp build)::
 
-    python scripts/make_recipe_golden.py --llama-quantize /path/to/llama-quantize
+    python scripts/make_recipe_golden.py --llama-quantize /path/to/llama-quantize [--full-size]
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,7 +49,80 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "data" / "kquants" / "recipes.json"
 HASH_DIGITS = 16
 sys.path.insert(0, str(REPO / "tests"))
-from _recipe_variants import RECIPES_FTYPE, VARIANTS, materialize  # noqa: E402
+from _recipe_variants import FULL_SIZE, RECIPES_FTYPE, VARIANTS, full_size_plan, materialize  # noqa: E402
+
+OUT_FULL = REPO / "tests" / "data" / "kquants" / "recipes_full_size.json"
+_LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s+(\S+), size =.*?(?:\((\S+)\))?\s*$")
+
+
+def header_only_bf16(name: str, path: Path, scratch: Path) -> None:
+    """The converter's BF16 GGUF of a published config, header only: the
+    data section is a hole (a sparse file of the right size). llama-quantize
+    --dry-run reads the header and the key/values alone."""
+    from hf2q import formats
+    from hf2q.export import metadata as md
+    from hf2q.export.gguf import ALIGNMENT, TensorInfo, encode_header, padded
+    from hf2q.export.order import converter_order
+
+    plan, config, fam = full_size_plan(name, None, scratch)
+    arch = {"qwen35moe": "qwen35moe", "gemma4": "gemma4"}[fam.name]
+    entries = converter_order(list(plan), [p.tensor for e in plan for p in e.sources])
+    kv = md.KVList(arch)
+    kv.string("general.architecture", arch)
+    md.general(kv, name)
+    getattr(md, arch)(kv, config, plan.config, "bf16")
+    kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
+    infos = [TensorInfo(e.name, tuple(e.shape), formats.get(e.dtype).gguf_type, formats.nbytes(e.shape, e.dtype))
+             for e in entries]
+    head, _ = encode_header(kv.items(), infos, ALIGNMENT)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(len(head) + sum(padded(t.nbytes, ALIGNMENT) for t in infos))
+
+
+def dry_run_types(llama_quantize: str, path: Path, ftype: str) -> dict[str, str]:
+    """name -> the type llama-quantize --dry-run gives each tensor (its log)."""
+    p = subprocess.run([llama_quantize, "--dry-run", str(path), ftype, "1"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{path} {ftype}: llama-quantize --dry-run failed:\n{p.stderr[-3000:]}")
+    out = {}
+    for line in (p.stdout + p.stderr).splitlines():
+        m = _LINE.match(line.strip())
+        if m:
+            out[m.group(1)] = (m.group(3) or m.group(2)).lower()
+    return out
+
+
+def full_size(llama_quantize: str) -> None:
+    doc: dict[str, Any] = {"tool": "llama-quantize --dry-run (as for recipes.json) on a header-only BF16 file "
+                                   "of each published config (hf2q.testing's text configs)", "variants": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in FULL_SIZE:
+            path = Path(tmp) / f"{name}.bf16.gguf"
+            header_only_bf16(name, path, Path(tmp) / name)
+            names: list[str] = []
+            results: dict[str, str] = {}
+            for recipe, ftype in RECIPES_FTYPE.items():
+                types = dry_run_types(llama_quantize, path, ftype)
+                if not names:
+                    names = list(types)
+                if list(types) != names:
+                    raise SystemExit(f"{name} {recipe}: the tensor list differs between recipes")
+                results[recipe] = " ".join(types[n] for n in names)
+            doc["variants"][name] = {"tensors": names, "types": results}
+            print(f"{name}: {len(names)} tensors")
+    lines = ["{", f' "tool": {json.dumps(doc["tool"])},', ' "variants": {']
+    for i, (name, v) in enumerate(doc["variants"].items()):
+        lines.append(f"  {json.dumps(name)}: {{")
+        lines.append(f"   \"tensors\": {json.dumps(v['tensors'])},")
+        lines.append("   \"types\": {")
+        for j, (recipe, t) in enumerate(v["types"].items()):
+            lines.append(f"    {json.dumps(recipe)}: {json.dumps(t)}" + ("," if j + 1 < len(v["types"]) else ""))
+        lines.append("   }")
+        lines.append("  }" + ("," if i + 1 < len(doc["variants"]) else ""))
+    lines += [" }", "}"]
+    OUT_FULL.write_text("\n".join(lines) + "\n")
+    print(f"wrote {OUT_FULL}")
 
 
 def quantized_tensors(path: Path) -> list[tuple[str, list[int], int, str]]:
@@ -57,7 +138,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-quantize", default="/work/llamacpp/build/bin/llama-quantize")
     ap.add_argument("--only", nargs="*", help="variants to redo (others kept from the existing file)")
+    ap.add_argument("--full-size", action="store_true",
+                    help="only the types of the published full-size configs (recipes_full_size.json)")
     args = ap.parse_args()
+    if args.full_size:
+        full_size(args.llama_quantize)
+        return
     import hf2q
 
     old = json.loads(OUT.read_text()) if OUT.is_file() else {"variants": {}}

@@ -62,3 +62,64 @@ def materialize(name: str, scratch: Path) -> Path:
     from hf2q import testing
 
     return getattr(testing, v["generator"])(scratch, v["config"], seed=v["seed"])
+
+
+# ----------------------------------------------------------------------------- full size, types only
+#: Published configs (their text part, as hf2q.testing states them): the
+#: plans are made from tensor headers alone (no bytes), and llama-quantize
+#: --dry-run decides the types from a header-only BF16 file.
+FULL_SIZE = ("qwen36_35b_a3b", "gemma4_26b_a4b")
+
+
+class _Info:
+    def __init__(self, dtype: str, shape: tuple[int, ...]) -> None:
+        self.dtype, self.shape = dtype, tuple(shape)
+
+
+class HeaderCheckpoint:
+    """What a family's plan reads of a checkpoint (names, dtypes, shapes,
+    its folder), without any file."""
+
+    def __init__(self, specs: dict[str, tuple[str, tuple[int, ...]]], directory: Path) -> None:
+        self._specs = specs
+        self.directory = directory
+
+    def keys(self) -> list[str]:
+        return list(self._specs)
+
+    def __iter__(self):
+        return iter(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __getitem__(self, name: str) -> _Info:
+        return _Info(*self._specs[name])
+
+
+def full_size_plan(name: str, recipe: str | None, scratch: Path) -> tuple[Any, dict[str, Any], Any]:
+    """(the family's plan under ``recipe`` (None: the converter's BF16 file),
+    config.json as a dict, the family) of a published config, from headers."""
+    import json
+
+    from hf2q.models import family
+
+    if name == "qwen36_35b_a3b":
+        from hf2q.testing.qwen35_checkpoint import QWEN36_35B_A3B_TEXT_CONFIG, checkpoint_tensor_specs, \
+            qwen35_config_dict
+
+        config = qwen35_config_dict(QWEN36_35B_A3B_TEXT_CONFIG)
+        specs = checkpoint_tensor_specs(QWEN36_35B_A3B_TEXT_CONFIG, fused_gate_up=True)
+        fam = family("qwen35moe").impl()
+    else:
+        from hf2q.testing.gemma4_checkpoint import GEMMA4_26B_A4B_TEXT_CONFIG, gemma4_config_dict, \
+            gemma4_tensor_shapes
+
+        config = gemma4_config_dict(GEMMA4_26B_A4B_TEXT_CONFIG)
+        specs = {n: ("BF16", s) for n, s in gemma4_tensor_shapes(GEMMA4_26B_A4B_TEXT_CONFIG).items()}
+        fam = family("gemma4").impl()
+    scratch.mkdir(parents=True, exist_ok=True)
+    (scratch / "config.json").write_text(json.dumps(config))
+    ckpt = HeaderCheckpoint(specs, scratch)
+    opts = {"recipe": recipe} if recipe else {"expert_dtype": "bf16", "dense_dtype": "bf16"}
+    return fam.plan_checkpoint(ckpt, config=config, **opts), config, fam

@@ -21,9 +21,10 @@ import hf2q
 from hf2q import formats
 from hf2q.recipes import ModelFacts, allows_quantization, category, llama_gguf_name, recipe_types
 
-from _recipe_variants import RECIPES_FTYPE, VARIANTS, materialize
+from _recipe_variants import FULL_SIZE, RECIPES_FTYPE, VARIANTS, full_size_plan, materialize
 
 GOLDEN = Path(__file__).parent / "data" / "kquants" / "recipes.json"
+GOLDEN_FULL = Path(__file__).parent / "data" / "kquants" / "recipes_full_size.json"
 
 
 @lru_cache(maxsize=None)
@@ -161,3 +162,18 @@ def test_convert_with_a_recipe_writes_llama_quantize_tensors(checkpoints, tmp_pa
     want = {name: (ty, h) for (name, _), (ty, h) in zip(v["tensors"], v["results"]["q4_k_m"])}
     got = {t.name: (int(t.tensor_type), hashlib.sha256(bytes(t.data.tobytes())).hexdigest()[:16]) for t in r.tensors}
     assert got == want
+
+
+@pytest.mark.parametrize("variant", FULL_SIZE)
+def test_full_size_types_equal_llama_quantize(variant: str, tmp_path: Path) -> None:
+    """The published Qwen3.6-35B-A3B and gemma-4-26B-A4B configs (40 + 1 MTP /
+    30 blocks, 256 / 128 experts, Gemma's expert rows of 704 values), planned
+    from headers alone: every tensor's type equals llama-quantize --dry-run's
+    for each recipe (tests/data/kquants/recipes_full_size.json)."""
+    g = json.loads(GOLDEN_FULL.read_text())["variants"][variant]
+    for recipe, types in g["types"].items():
+        plan, _, _ = full_size_plan(variant, recipe, tmp_path / recipe)
+        want = dict(zip(g["tensors"], types.split()))
+        got = {e.name: e.dtype for e in plan}
+        assert sorted(got) == sorted(want)
+        assert {n: (got[n], want[n]) for n in want if got[n] != want[n]} == {}, recipe
