@@ -26,7 +26,9 @@ With ``--full-size``: tests/data/kquants/recipes_full_size.json, the types
 published Qwen3.6-35B-A3B and gemma-4-26B-A4B configs (40 + 1 MTP / 30
 blocks, 256 / 128 experts, Gemma's 704-value expert rows), from a
 header-only BF16 file (the data section a sparse hole) written as hf2q
-convert writes it.
+convert writes it, and of two llama-like shapes for the generic family (a
+LLaMA-70B: 80 blocks, grouped-query attention; a Mixtral-8x7B: 8 experts),
+written with gguf-py's writer under llama.cpp's names.
 
 Usage (any environment with hf2q installed, gguf-py and a llama.cpp build)::
 
@@ -49,7 +51,8 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "data" / "kquants" / "recipes.json"
 HASH_DIGITS = 16
 sys.path.insert(0, str(REPO / "tests"))
-from _recipe_variants import FULL_SIZE, RECIPES_FTYPE, VARIANTS, full_size_plan, materialize  # noqa: E402
+from _recipe_variants import (FULL_SIZE, GENERIC_FULL, RECIPES_FTYPE, VARIANTS, full_size_plan,  # noqa: E402
+                              generic_full_size_plan, materialize)
 
 OUT_FULL = REPO / "tests" / "data" / "kquants" / "recipes_full_size.json"
 _LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s+(\S+), size =.*?(?:\((\S+)\))?\s*$")
@@ -80,6 +83,64 @@ def header_only_bf16(name: str, path: Path, scratch: Path) -> None:
         f.truncate(len(head) + sum(padded(t.nbytes, ALIGNMENT) for t in infos))
 
 
+def llama_tensors(name: str, scratch: Path) -> list[tuple[str, tuple[int, ...], str]]:
+    """(GGUF name, numpy shape, hf2q format) of the converter's file of a
+    llama-like checkpoint: the generic family's BF16 plan under llama.cpp's
+    names, per-expert tensors stacked as the converter stacks them."""
+    import re as _re
+
+    from hf2q.recipes import llama_gguf_name
+
+    plan = generic_full_size_plan(name, None, scratch)
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for e in plan:
+        g = llama_gguf_name(e.name)
+        m = _re.fullmatch(r"(blk\.\d+\.ffn_\w+_exps)\.\d+\.weight", g)
+        if m:
+            g = m.group(1) + ".weight"
+            n = out[g][0][0] + 1 if g in out else 1
+            out[g] = ((n, *e.shape), e.dtype)
+        else:
+            out[g] = (tuple(e.shape), e.dtype)
+    return [(g, shape, fmt) for g, (shape, fmt) in out.items()]
+
+
+def header_only_llama(name: str, path: Path, scratch: Path) -> None:
+    """A header-only llama GGUF (gguf-py's writer; the data section a hole)."""
+    import gguf
+    import numpy as np
+
+    from hf2q import formats
+
+    c = GENERIC_FULL[name]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(c["layers"])
+    w.add_context_length(4096)
+    w.add_embedding_length(c["hidden"])
+    w.add_feed_forward_length(c["ffn"])
+    w.add_head_count(c["heads"])
+    w.add_head_count_kv(c["kv_heads"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(c["hidden"] // c["heads"])
+    w.add_vocab_size(c["vocab"])
+    if c["experts"]:
+        w.add_expert_count(c["experts"])
+        w.add_expert_used_count(2)
+    total = 0
+    for g, shape, fmt in llama_tensors(name, scratch):
+        nbytes = formats.nbytes(shape, fmt)
+        raw = gguf.GGMLQuantizationType(formats.get(fmt).gguf_type)
+        w.add_tensor_info(g, shape, np.dtype(np.float32 if fmt == "f32" else np.uint16), nbytes, raw_dtype=raw)
+        total += -(-nbytes // 32) * 32
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(-(-size // 32) * 32 + total)
+
+
 def dry_run_types(llama_quantize: str, path: Path, ftype: str) -> dict[str, str]:
     """name -> the type llama-quantize --dry-run gives each tensor (its log)."""
     p = subprocess.run([llama_quantize, "--dry-run", str(path), ftype, "1"], capture_output=True, text=True)
@@ -97,9 +158,12 @@ def full_size(llama_quantize: str) -> None:
     doc: dict[str, Any] = {"tool": "llama-quantize --dry-run (as for recipes.json) on a header-only BF16 file "
                                    "of each published config (hf2q.testing's text configs)", "variants": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in FULL_SIZE:
+        for name in (*FULL_SIZE, *GENERIC_FULL):
             path = Path(tmp) / f"{name}.bf16.gguf"
-            header_only_bf16(name, path, Path(tmp) / name)
+            if name in GENERIC_FULL:
+                header_only_llama(name, path, Path(tmp) / name)
+            else:
+                header_only_bf16(name, path, Path(tmp) / name)
             names: list[str] = []
             results: dict[str, str] = {}
             for recipe, ftype in RECIPES_FTYPE.items():

@@ -123,3 +123,60 @@ def full_size_plan(name: str, recipe: str | None, scratch: Path) -> tuple[Any, d
     ckpt = HeaderCheckpoint(specs, scratch)
     opts = {"recipe": recipe} if recipe else {"expert_dtype": "bf16", "dense_dtype": "bf16"}
     return fam.plan_checkpoint(ckpt, config=config, **opts), config, fam
+
+
+#: llama-like shapes for the generic family (types only, from headers):
+#: a LLaMA of 80 blocks with grouped-query attention (llama.cpp's 70B rule)
+#: and a Mixtral-like model with 8 experts (the 8-expert rules).
+GENERIC_FULL: dict[str, dict[str, Any]] = {
+    "llama_70b": {"model_type": "llama", "layers": 80, "hidden": 8192, "ffn": 28672, "heads": 64, "kv_heads": 8,
+                  "vocab": 128256, "experts": 0},
+    "mixtral_8x7b": {"model_type": "mixtral", "layers": 32, "hidden": 4096, "ffn": 14336, "heads": 32,
+                     "kv_heads": 8, "vocab": 32000, "experts": 8},
+}
+
+
+def generic_specs(name: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Hugging Face tensor name -> (dtype, shape) of a llama-like checkpoint."""
+    c = GENERIC_FULL[name]
+    H, F, V, hd = c["hidden"], c["ffn"], c["vocab"], c["hidden"] // c["heads"]
+    out: dict[str, tuple[str, tuple[int, ...]]] = {"model.embed_tokens.weight": ("BF16", (V, H))}
+    for i in range(c["layers"]):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = ("BF16", (H,))
+        out[p + "self_attn.q_proj.weight"] = ("BF16", (H, H))
+        out[p + "self_attn.k_proj.weight"] = ("BF16", (c["kv_heads"] * hd, H))
+        out[p + "self_attn.v_proj.weight"] = ("BF16", (c["kv_heads"] * hd, H))
+        out[p + "self_attn.o_proj.weight"] = ("BF16", (H, H))
+        out[p + "post_attention_layernorm.weight"] = ("BF16", (H,))
+        if c["experts"]:
+            out[p + "block_sparse_moe.gate.weight"] = ("BF16", (c["experts"], H))
+            for e in range(c["experts"]):
+                q = f"{p}block_sparse_moe.experts.{e}."
+                out[q + "w1.weight"] = ("BF16", (F, H))
+                out[q + "w2.weight"] = ("BF16", (H, F))
+                out[q + "w3.weight"] = ("BF16", (F, H))
+        else:
+            out[p + "mlp.gate_proj.weight"] = ("BF16", (F, H))
+            out[p + "mlp.up_proj.weight"] = ("BF16", (F, H))
+            out[p + "mlp.down_proj.weight"] = ("BF16", (H, F))
+    out["model.norm.weight"] = ("BF16", (H,))
+    out["lm_head.weight"] = ("BF16", (V, H))
+    return out
+
+
+def generic_full_size_plan(name: str, recipe: str | None, scratch: Path) -> Any:
+    """The generic family's plan of a llama-like checkpoint from headers
+    (``recipe`` None: its ``dtype="bf16"`` plan)."""
+    import json
+
+    from hf2q.models import family
+
+    c = GENERIC_FULL[name]
+    arch = "MixtralForCausalLM" if c["experts"] else "LlamaForCausalLM"
+    config = {"architectures": [arch], "model_type": c["model_type"]}
+    scratch.mkdir(parents=True, exist_ok=True)
+    (scratch / "config.json").write_text(json.dumps(config))
+    ckpt = HeaderCheckpoint(generic_specs(name), scratch)
+    opts = {"recipe": recipe} if recipe else {"dtype": "bf16"}
+    return family("generic").impl().plan_checkpoint(ckpt, config=config, **opts)

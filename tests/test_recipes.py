@@ -21,7 +21,8 @@ import hf2q
 from hf2q import formats
 from hf2q.recipes import ModelFacts, allows_quantization, category, llama_gguf_name, recipe_types
 
-from _recipe_variants import FULL_SIZE, RECIPES_FTYPE, VARIANTS, full_size_plan, materialize
+from _recipe_variants import (FULL_SIZE, GENERIC_FULL, RECIPES_FTYPE, VARIANTS, full_size_plan,
+                              generic_full_size_plan, materialize)
 
 GOLDEN = Path(__file__).parent / "data" / "kquants" / "recipes.json"
 GOLDEN_FULL = Path(__file__).parent / "data" / "kquants" / "recipes_full_size.json"
@@ -177,3 +178,23 @@ def test_full_size_types_equal_llama_quantize(variant: str, tmp_path: Path) -> N
         got = {e.name: e.dtype for e in plan}
         assert sorted(got) == sorted(want)
         assert {n: (got[n], want[n]) for n in want if got[n] != want[n]} == {}, recipe
+
+
+@pytest.mark.parametrize("variant", sorted(GENERIC_FULL))
+def test_generic_llama_like_types_equal_llama_quantize(variant: str, tmp_path: Path) -> None:
+    """The generic family (checkpoint names) on llama-like shapes at full
+    size: a LLaMA-70B (llama.cpp's 70B rule for attn_v) and a Mixtral-8x7B
+    (the 8-expert rules; per-expert tensors take their stacked tensor's
+    type). Types equal llama-quantize --dry-run's on the converter's names."""
+    import re
+
+    g = json.loads(GOLDEN_FULL.read_text())["variants"][variant]
+    for recipe, types in g["types"].items():
+        want = dict(zip(g["tensors"], types.split()))
+        plan = generic_full_size_plan(variant, recipe, tmp_path / recipe)
+        got: dict[str, set[str]] = {}
+        for e in plan:
+            name = re.sub(r"(_exps)\.\d+\.weight$", r"\1.weight", llama_gguf_name(e.name))
+            got.setdefault(name, set()).add(e.dtype)
+        assert sorted(got) == sorted(want)
+        assert {n: (got[n], want[n]) for n in want if got[n] != {want[n]}} == {}, recipe
