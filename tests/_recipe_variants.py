@@ -47,6 +47,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "qwen35moe_causal_lm": {"family": "qwen35moe", "checkpoint": "tests/data/golden/qwen35moe_causal_lm/hf"},
     "gemma4_moe_causal_lm": {"family": "gemma4", "checkpoint": "tests/data/gemma4/gemma4_moe_causal_lm/hf"},
     "gemma4_dense_ple": {"family": "gemma4", "checkpoint": "tests/data/gemma4/gemma4_dense_ple/hf"},
+    "gemma4_dense_f32_source": {"family": "gemma4",
+                                "checkpoint": "tests/data/gemma4/gemma4_dense_f32_source/hf"},
     "qwen35moe_wide": {"family": "qwen35moe", "generator": "make_qwen35_moe_checkpoint", "config": _QWEN_WIDE,
                        "seed": 11},
     "gemma4_moe_wide": {"family": "gemma4", "generator": "make_gemma4_checkpoint", "config": _GEMMA_WIDE,

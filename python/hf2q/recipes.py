@@ -255,13 +255,23 @@ def _via_bf16(transform: Callable[[list[np.ndarray]], np.ndarray]) -> Callable[[
     return step
 
 
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """F32 / F16 values rounded to BF16 (nearest even), as the BF16 file holds them."""
+    import ml_dtypes
+
+    if x.dtype == ml_dtypes.bfloat16:
+        return x
+    return x.astype(np.float32, copy=False).astype(ml_dtypes.bfloat16)
+
+
 def apply_recipe(plan: LoadPlan, recipe: str, facts: ModelFacts,
                  names: Mapping[str, str] | None = None) -> LoadPlan:
     """``plan`` (made as the converter's ``--outtype bf16`` file) with each
     entry's format chosen by :func:`recipe_types`; ``names``: entry name ->
     GGUF name where they differ (the generic family's checkpoint names).
-    A BF16 entry computed by a transform is rounded to BF16 before it is
-    quantized, as llama-quantize reads it from the BF16 file. Returns a plan
+    A BF16 entry computed by a transform, or read from an F32 / F16
+    checkpoint, is rounded to BF16 before it is quantized, as llama-quantize
+    reads it from the BF16 file. Returns a plan
     of the same class; ``extra["recipe"]`` names the recipe."""
     gguf = {e.name: (names or {}).get(e.name, e.name) for e in plan}
     types = recipe_types(((gguf[e.name], e.shape, e.dtype) for e in plan), recipe, facts)
@@ -276,6 +286,10 @@ def apply_recipe(plan: LoadPlan, recipe: str, facts: ModelFacts,
         changes: dict[str, Any] = {"dtype": new}
         if e.transform is not None and e.dtype == "bf16":
             changes["transform"] = _via_bf16(e.transform)
+        elif (e.dtype == "bf16" and e.elementwise is None and any(p.dtype.lower() != "bf16" for p in e.sources)
+              and all(p.rows is None for p in e.sources)):
+            # An F32 / F16 checkpoint: the BF16 file rounds it first; stage it the same way.
+            changes["elementwise"] = _round_bf16
         entries.append(dataclasses.replace(e, **changes))
     extra = {**plan.extra, "recipe": recipe}
     return dataclasses.replace(plan, entries=entries, extra=extra)
