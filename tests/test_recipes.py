@@ -198,3 +198,53 @@ def test_generic_llama_like_types_equal_llama_quantize(variant: str, tmp_path: P
             got.setdefault(name, set()).add(e.dtype)
         assert sorted(got) == sorted(want)
         assert {n: (got[n], want[n]) for n in want if got[n] != {want[n]}} == {}, recipe
+
+
+def test_f32_checkpoint_is_quantized_from_its_bf16_rounding(tmp_path: Path) -> None:
+    """An F32 checkpoint (fused expert halves included) under a recipe gives
+    the bytes of its BF16 rounding: what llama-quantize reads from the
+    converter's BF16 file."""
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    src = make_qwen35_moe_checkpoint(tmp_path / "bf16", "tiny", fused_gate_up=True, mtp=False)
+    f32 = tmp_path / "f32"
+    f32.mkdir()
+    (f32 / "config.json").write_text((src / "config.json").read_text())
+    t = load_file(str(src / "model.safetensors"))
+    # F32 values that are not BF16 values: the rounding decides the bytes.
+    rng = np.random.default_rng(0)
+    wide = {k: (v.astype(np.float32) * (1 + rng.uniform(-3e-3, 3e-3, v.shape).astype(np.float32))) if
+            v.dtype == ml_dtypes.bfloat16 else v for k, v in t.items()}
+    save_file(wide, str(f32 / "model.safetensors"))
+    rounded = tmp_path / "rounded"
+    rounded.mkdir()
+    (rounded / "config.json").write_text((src / "config.json").read_text())
+    save_file({k: v.astype(ml_dtypes.bfloat16) if v.dtype == np.float32 and t[k].dtype == ml_dtypes.bfloat16 else v
+               for k, v in wide.items()}, str(rounded / "model.safetensors"))
+    a = hf2q.load(f32, hf2q.Device("host"), recipe="q4_k_m", progress=False)
+    b = hf2q.load(rounded, hf2q.Device("host"), recipe="q4_k_m", progress=False)
+    assert any(buf.dtype == "q5_0" for _, buf in b.named_buffers())
+    for name, buf in b.named_buffers():
+        assert a[name].dtype == buf.dtype, name
+        if buf.dtype == "f32":  # kept in F32 (norms, ...): the F32 file's own values, not rounded
+            continue
+        assert bytes(a[name]._storage_bytes(0, a[name].byte_len)) == bytes(buf._storage_bytes(0, buf.byte_len)), name
+
+
+def test_gather_bf16_cuts_rows_and_rounds() -> None:
+    import ml_dtypes
+    import numpy as np
+
+    from hf2q.plan import Piece, TensorPlan
+    from hf2q.recipes import _gather_bf16
+
+    fused = np.arange(2 * 6 * 4, dtype=np.float32).reshape(2, 6, 4) * np.float32(1.0001)
+    entry = TensorPlan("blk.0.ffn_up_exps.weight", (2, 3, 4), "bf16",
+                       (Piece("gate_up", "f32", (2, 6, 4), rows=(3, 6)),))
+    got = _gather_bf16(entry)([fused])
+    assert got.dtype == ml_dtypes.bfloat16
+    assert np.array_equal(got.astype(np.float32), fused[:, 3:6].astype(ml_dtypes.bfloat16).astype(np.float32))

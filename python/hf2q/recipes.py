@@ -264,6 +264,26 @@ def _round_bf16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float32, copy=False).astype(ml_dtypes.bfloat16)
 
 
+def _gather_bf16(entry: TensorPlan) -> Callable[[list[np.ndarray]], np.ndarray]:
+    """A transform that assembles ``entry`` from its whole sources (row
+    slices cut, each piece at its element offset) and rounds it to BF16: the
+    BF16 file's values of a tensor cut out of an F32 / F16 fused one."""
+    pieces = entry.sources
+    shape = tuple(entry.shape)
+
+    def step(arrays: list[np.ndarray]) -> np.ndarray:
+        out = np.empty(int(np.prod(shape, dtype=np.int64)), dtype=np.float32)
+        for p, a in zip(pieces, arrays):
+            a = np.asarray(a)
+            if p.rows is not None:
+                a = a[:, p.rows[0]:p.rows[1]]
+            flat = a.reshape(-1)
+            out[p.dest_offset:p.dest_offset + flat.size] = flat
+        return _round_bf16(out.reshape(shape))
+
+    return step
+
+
 def apply_recipe(plan: LoadPlan, recipe: str, facts: ModelFacts,
                  names: Mapping[str, str] | None = None) -> LoadPlan:
     """``plan`` (made as the converter's ``--outtype bf16`` file) with each
@@ -286,10 +306,13 @@ def apply_recipe(plan: LoadPlan, recipe: str, facts: ModelFacts,
         changes: dict[str, Any] = {"dtype": new}
         if e.transform is not None and e.dtype == "bf16":
             changes["transform"] = _via_bf16(e.transform)
-        elif (e.dtype == "bf16" and e.elementwise is None and any(p.dtype.lower() != "bf16" for p in e.sources)
-              and all(p.rows is None for p in e.sources)):
-            # An F32 / F16 checkpoint: the BF16 file rounds it first; stage it the same way.
-            changes["elementwise"] = _round_bf16
+        elif e.dtype == "bf16" and e.elementwise is None and any(p.dtype.lower() != "bf16" for p in e.sources):
+            # An F32 / F16 checkpoint: the BF16 file rounds it first; stage it the same way
+            # (a row slice of a fused tensor cannot be staged: read whole, cut, round).
+            if all(p.rows is None for p in e.sources):
+                changes["elementwise"] = _round_bf16
+            else:
+                changes["transform"] = _gather_bf16(e)
         entries.append(dataclasses.replace(e, **changes))
     extra = {**plan.extra, "recipe": recipe}
     return dataclasses.replace(plan, entries=entries, extra=extra)
