@@ -248,3 +248,18 @@ def test_gather_bf16_cuts_rows_and_rounds() -> None:
     got = _gather_bf16(entry)([fused])
     assert got.dtype == ml_dtypes.bfloat16
     assert np.array_equal(got.astype(np.float32), fused[:, 3:6].astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_cli_load_and_inspect_take_recipe(checkpoints, capsys) -> None:
+    from hf2q.cli import main
+
+    path = str(checkpoints["qwen35moe_causal_lm"])
+    assert main(["inspect", path, "--recipe", "q4_k_m", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    v = golden()["variants"]["qwen35moe_causal_lm"]
+    want = {name: ty for (name, _), (ty, _) in zip(v["tensors"], v["results"]["q4_k_m"])}
+    got = {t["name"]: formats.get(t["dtype"]).gguf_type for t in out["gguf_tensors"]}
+    assert got == want
+    assert main(["load", path, "--recipe", "q6_k", "--device", "host", "--no-progress", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["load", path, "--recipe", "q3_k_m", "--device", "host", "--no-progress"]) == 2
