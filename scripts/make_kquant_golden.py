@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerate tests/data/kquants/: ggml's own bytes for Q4_0, Q4_K, Q5_K, Q6_K.
+"""Regenerate tests/data/kquants/: ggml's own bytes for Q4_0, Q4_K, Q5_K, Q6_K
+(and Q5_0 / Q5_1, llama-quantize's fallbacks for rows of whole 32-blocks).
 
 Not run in CI; CI reads the committed ``ggml_ref.npz`` and ``ggml_ref.json``.
 
@@ -21,7 +22,7 @@ What is written (``tests/data/kquants/ggml_ref.npz``):
 - ``rows``: float32 [R, 256], the inputs: adversarial rows (named in
   ``ggml_ref.json``) and random rows of several distributions;
 - ``<fmt>``: uint8 [R, bytes per 256 values]: ``quantize_row_<fmt>_ref`` of
-  each row (fmt in q4_0, q4_k, q5_k, q6_k);
+  each row (fmt in q4_0, q4_k, q5_k, q6_k, q5_0, q5_1);
 - ``<fmt>_rand`` / ``<fmt>_rand_deq``: random bytes (every bit pattern, with
   finite scales) and ggml's dequantization of them;
 - ``nonfinite_rows`` and ``<fmt>_nonfinite``: rows holding NaN / Inf and what
@@ -52,7 +53,8 @@ from make_golden import LLAMA_CPP_PYTHON  # noqa: E402  (one pin for both script
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "data" / "kquants"
-FORMATS = {"q4_0": ("q4_0", 18 * 8), "q4_k": ("q4_K", 144), "q5_k": ("q5_K", 176), "q6_k": ("q6_K", 210)}
+FORMATS = {"q4_0": ("q4_0", 18 * 8), "q4_k": ("q4_K", 144), "q5_k": ("q5_K", 176), "q6_k": ("q6_K", 210),
+           "q5_0": ("q5_0", 22 * 8), "q5_1": ("q5_1", 24 * 8)}
 CFLAGS = ["-O2", "-DNDEBUG", "-ffp-contract=off", "-fPIC", "-shared", "-std=gnu11"]
 
 # The four symbols ggml-quants.c references outside itself. They are only
@@ -266,6 +268,10 @@ def random_blocks(fmt: str, count: int) -> np.ndarray:
 
     if fmt == "q4_0":
         fix([18 * k for k in range(8)])
+    elif fmt == "q5_0":
+        fix([22 * k for k in range(8)])
+    elif fmt == "q5_1":
+        fix([24 * k for k in range(8)] + [24 * k + 2 for k in range(8)])
     elif fmt in ("q4_k", "q5_k"):
         fix([0, 2])
     else:

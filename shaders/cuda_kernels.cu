@@ -244,3 +244,536 @@ HF2Q_CHECKSUMS(hf2q_checksums_f16, BitsF16)
 HF2Q_CHECKSUMS(hf2q_checksums_bf16, BitsBF16)
 HF2Q_CHECKSUMS(hf2q_checksums_u8, BitsU8)
 HF2Q_CHECKSUMS(hf2q_checksums_q8_0, BitsQ8_0)
+
+// ------------------------------------------------------------- Q4_0 / Q4_K / Q5_K / Q6_K / Q5_0 / Q5_1
+// ggml's reference quantizers without an importance matrix (docs/KQUANTS.md),
+// the steps of the CPU kernels (csrc/kernels/kquants.cpp), one IEEE float32
+// operation at a time in the C code's order (NVRTC runs without fast math
+// and with --fmad=false: no contraction). One thread per group fit: eight
+// threads per Q4_K / Q5_K super-block (its groups of 32), sixteen per Q6_K
+// super-block (groups of 16), one per 32-value block of Q4_0 / Q5_0 / Q5_1;
+// the threads of a super-block are neighbouring lanes of one warp and share
+// their fits through shared memory (__syncwarp on their lanes only, so a
+// partial last grid step cannot deadlock). status as for Q8_0: [0] the
+// smallest flat index of a NaN/Inf element (base added), [1] blocks with a
+// scale that overflowed float16 to Inf.
+
+// ggml's nearest_int: the low mantissa bits of v + 1.5 * 2^23 (half to even
+// for |v| < 2^22; the same bits as the CPU for every float).
+__device__ __forceinline__ int kq_nearest_int(float v) {
+  const float t = v + 12582912.0f;
+  return (int)(__float_as_uint(t) & 0x007FFFFFu) - 0x00400000;
+}
+
+// ggml's float -> half: round to nearest even; NaN -> 0x7E00 with the sign.
+__device__ __forceinline__ u16 kq_fp16(float f) {
+  const u32 u = __float_as_uint(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u16)(((u >> 16) & 0x8000u) | 0x7E00u);
+  return f32_to_f16_rn(f);
+}
+
+__device__ __forceinline__ bool kq_inf_half(u16 h) { return (h & 0x7FFFu) == 0x7C00u; }
+
+// C's (int)(float) as x86-64 compiles it (CVTTSS2SI): INT32_MIN for NaN and
+// values outside int32 (the CPU kernels reproduce this on every machine).
+__device__ __forceinline__ int kq_trunc_x86(float f) {
+  return (f > -2147483904.0f && f < 2147483648.0f) ? (int)f : (int)0x80000000u;
+}
+
+__device__ __forceinline__ int kq_imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int kq_imax(int a, int b) { return a > b ? a : b; }
+
+template <int kSrc>  // 0: f32, 1: f16, 2: bf16
+__device__ __forceinline__ float kq_load(const void* __restrict__ src, u64 i) {
+  if (kSrc == 0) return ((const float*)src)[i];
+  const u16 h = ((const u16*)src)[i];
+  return kSrc == 1 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+// n values from element `first`; reports the first NaN/Inf (the bytes of its
+// block do not matter: the upload fails).
+template <int kSrc, int n>
+__device__ __forceinline__ void kq_load_group(const void* __restrict__ src, u64 first, float* x, u64 base,
+                                              u64* status) {
+  int bad = -1;
+#pragma unroll
+  for (int i = 0; i < n; ++i) {
+    x[i] = kq_load<kSrc>(src, first + i);
+    if (bad < 0 && nonfinite_bits(__float_as_uint(x[i]))) bad = i;
+  }
+  if (bad >= 0) atomicMin(&status[0], base + first + (u64)bad);
+}
+
+// make_qkx2_quants(32, nmax, x, weights, L, &the_min, Laux, rmin, 0.1, nstep).
+template <int nmax>
+__device__ __forceinline__ float kq_make_qkx2(const float* x, const float* w, u8* L, float* the_min, float rmin,
+                                              int nstep) {
+  constexpr int n = 32;
+  float min = x[0];
+  float max = x[0];
+  float sum_w = w[0];
+  float sum_x = sum_w * x[0];
+#pragma unroll
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < min) min = x[i];
+    if (x[i] > max) max = x[i];
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (min > 0) min = 0;
+  if (max == min) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) L[i] = 0;
+    *the_min = -min;
+    return 0.0f;
+  }
+  float iscale = (float)nmax / (max - min);
+  float scale = 1 / iscale;
+  float best_error = 0;
+#pragma unroll
+  for (int i = 0; i < n; ++i) {
+    const int l = kq_nearest_int(iscale * (x[i] - min));
+    L[i] = (u8)kq_imax(0, kq_imin(nmax, l));
+    float diff = scale * (float)L[i] + min - x[i];
+    diff = diff * diff;
+    best_error += w[i] * diff;
+  }
+  u8 Laux[n];
+  for (int is = 0; is <= nstep; ++is) {
+    iscale = (rmin + 0.1f * (float)is + (float)nmax) / (max - min);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
+      const int l = kq_imax(0, kq_imin(nmax, kq_nearest_int(iscale * (x[i] - min))));
+      Laux[i] = (u8)l;
+      const float fl = (float)l;
+      sum_l += w[i] * fl;
+      sum_l2 += w[i] * fl * fl;
+      sum_xl += w[i] * fl * x[i];
+    }
+    const float D = sum_w * sum_l2 - sum_l * sum_l;
+    if (D > 0) {
+      float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+      float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+      if (this_min > 0) {
+        this_min = 0;
+        this_scale = sum_xl / sum_l2;
+      }
+      float cur_error = 0;
+#pragma unroll
+      for (int i = 0; i < n; ++i) {
+        float diff = this_scale * (float)Laux[i] + this_min - x[i];
+        diff = diff * diff;
+        cur_error += w[i] * diff;
+      }
+      if (cur_error < best_error) {
+#pragma unroll
+        for (int i = 0; i < n; ++i) L[i] = Laux[i];
+        best_error = cur_error;
+        scale = this_scale;
+        min = this_min;
+      }
+    }
+  }
+  *the_min = -min;
+  return scale;
+}
+
+// ggml stores nearest_int's result in a uint8_t (modulo 256), then MIN(63, .).
+__device__ __forceinline__ u32 kq_q6bit(float inv, float v) {
+  const u32 q = (u32)(u8)kq_nearest_int(inv * v);
+  return q < 63u ? q : 63u;
+}
+
+// Q4_K (nmax 15, 144 bytes) and Q5_K (nmax 31, 176 bytes).
+template <int kSrc, int nmax>
+__device__ __forceinline__ void quantize_qk_affine(const void* __restrict__ src, u8* __restrict__ dst, u64 nblocks,
+                                                   u64 base, u64* status) {
+  constexpr int kSb = 32;  // super-blocks per 256-thread CTA
+  constexpr u32 kBytes = nmax == 15 ? 144u : 176u;
+  const float rmin = nmax == 15 ? -1.0f : -0.5f;
+  const int nstep = nmax == 15 ? 20 : 15;
+  __shared__ float sh_scale[kSb][8];
+  __shared__ float sh_min[kSb][8];
+  __shared__ u8 sh_L[kSb][256];
+  const u32 t = threadIdx.x, g = t & 7u, s = t >> 3, lane = t & 31u;
+  const u32 mask = 0xFFu << (lane & 24u);
+  for (u64 sb = (u64)blockIdx.x * kSb + s; sb < nblocks; sb += (u64)gridDim.x * kSb) {
+    const u64 first = sb * 256u + g * 32u;
+    float x[32], w[32];
+    kq_load_group<kSrc, 32>(src, first, x, base, status);
+    float sum_x2 = 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sum_x2 += x[i] * x[i];
+    const float av_x = sqrtf(sum_x2 / 32);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) w[i] = av_x + fabsf(x[i]);
+    u8 L[32];
+    float the_min;
+    const float scale = kq_make_qkx2<nmax>(x, w, L, &the_min, rmin, nstep);
+    sh_scale[s][g] = scale;
+    sh_min[s][g] = the_min;
+    __syncwarp(mask);
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; ++j) {
+      if (sh_scale[s][j] > max_scale) max_scale = sh_scale[s][j];
+      if (sh_min[s][j] > max_min) max_min = sh_min[s][j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    const u16 d16 = kq_fp16(max_scale / 63.f);
+    const u16 m16 = kq_fp16(max_min / 63.f);
+    const float d = f16_to_f32(d16) * (float)kq_q6bit(inv_scale, scale);
+    if (d != 0) {  // a zero group scale keeps the levels of the fit
+      const float dm = f16_to_f32(m16) * (float)kq_q6bit(inv_min, the_min);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) L[i] = (u8)kq_imax(0, kq_imin(nmax, kq_nearest_int((x[i] + dm) / d)));
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sh_L[s][32u * g + i] = L[i];
+    u8* out = dst + sb * kBytes;
+    if (g == 0) {
+      out[0] = (u8)d16;
+      out[1] = (u8)(d16 >> 8);
+      out[2] = (u8)m16;
+      out[3] = (u8)(m16 >> 8);
+      u8 sc[12];
+      for (int j = 0; j < 12; ++j) sc[j] = 0;
+      for (int j = 0; j < 8; ++j) {
+        const u32 ls = kq_q6bit(inv_scale, sh_scale[s][j]);
+        const u32 lm = kq_q6bit(inv_min, sh_min[s][j]);
+        if (j < 4) {
+          sc[j] = (u8)ls;
+          sc[j + 4] = (u8)lm;
+        } else {
+          sc[j + 4] = (u8)((ls & 0xFu) | ((lm & 0xFu) << 4));
+          sc[j - 4] = (u8)(sc[j - 4] | ((ls >> 4) << 6));
+          sc[j] = (u8)(sc[j] | ((lm >> 4) << 6));
+        }
+      }
+      for (int j = 0; j < 12; ++j) out[4 + j] = sc[j];
+      if (kq_inf_half(d16) || kq_inf_half(m16)) atomicAdd(&status[1], 1ull);
+    }
+    __syncwarp(mask);
+    const u8* Ls = sh_L[s];
+    if (nmax == 15) {
+      // byte b: chunk c = b / 32, l = b % 32: L[64c + l] | L[64c + 32 + l] << 4
+      for (u32 b = 16u * g; b < 16u * g + 16u; ++b) {
+        const u32 c = b >> 5, l = b & 31u;
+        out[16 + b] = (u8)(Ls[64u * c + l] | (Ls[64u * c + 32u + l] << 4));
+      }
+    } else {
+      for (u32 b = 16u * g; b < 16u * g + 16u; ++b) {
+        const u32 c = b >> 5, l = b & 31u;
+        out[48 + b] = (u8)((Ls[64u * c + l] & 0xFu) | ((Ls[64u * c + 32u + l] & 0xFu) << 4));
+      }
+      for (u32 l = 4u * g; l < 4u * g + 4u; ++l) {
+        u32 h = 0;
+        for (u32 c = 0; c < 4u; ++c) {
+          h |= (Ls[64u * c + l] > 15u ? 1u : 0u) << (2u * c);
+          h |= (Ls[64u * c + 32u + l] > 15u ? 1u : 0u) << (2u * c + 1u);
+        }
+        out[16 + l] = (u8)h;
+      }
+    }
+    __syncwarp(mask);  // sh_* are reused by the next super-block of these lanes
+  }
+}
+
+// make_qx_quants(16, 32, x, L, rmse_type = 1, no weights); L = level + 32.
+__device__ __forceinline__ float kq_make_qx(const float* x, i8* L) {
+  constexpr int n = 16, nmax = 32;
+  float max = 0, amax = 0;
+#pragma unroll
+  for (int i = 0; i < n; ++i) {
+    const float ax = fabsf(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < 1e-15f) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) L[i] = 0;
+    return 0.0f;
+  }
+  float iscale = (float)(-nmax) / max;
+  float sumlx = 0, suml2 = 0;
+#pragma unroll
+  for (int i = 0; i < n; ++i) {
+    const int l = kq_imax(-nmax, kq_imin(nmax - 1, kq_nearest_int(iscale * x[i])));
+    L[i] = (i8)(l + nmax);
+    const float w = x[i] * x[i];
+    const float fl = (float)l;
+    sumlx += w * x[i] * fl;
+    suml2 += w * fl * fl;
+  }
+  float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
+  float best = scale * sumlx;
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    iscale = -((float)nmax + 0.1f * (float)is) / max;
+    sumlx = suml2 = 0;
+#pragma unroll
+    for (int i = 0; i < n; ++i) {
+      const int l = kq_imax(-nmax, kq_imin(nmax - 1, kq_nearest_int(iscale * x[i])));
+      const float w = x[i] * x[i];
+      const float fl = (float)l;
+      sumlx += w * x[i] * fl;
+      suml2 += w * fl * fl;
+    }
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+#pragma unroll
+      for (int i = 0; i < n; ++i) {
+        L[i] = (i8)(nmax + kq_imax(-nmax, kq_imin(nmax - 1, kq_nearest_int(iscale * x[i]))));
+      }
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+// Q6_K: 210 bytes (ql 128, qh 64, 16 int8 scales, f16 d).
+template <int kSrc>
+__device__ __forceinline__ void quantize_q6_k(const void* __restrict__ src, u8* __restrict__ dst, u64 nblocks,
+                                              u64 base, u64* status) {
+  constexpr int kSb = 16;  // super-blocks per 256-thread CTA
+  __shared__ float sh_scale[kSb][16];
+  __shared__ u8 sh_L[kSb][256];
+  const u32 t = threadIdx.x, g = t & 15u, s = t >> 4, lane = t & 31u;
+  const u32 mask = 0xFFFFu << (lane & 16u);
+  for (u64 sb = (u64)blockIdx.x * kSb + s; sb < nblocks; sb += (u64)gridDim.x * kSb) {
+    const u64 first = sb * 256u + g * 16u;
+    float x[16];
+    kq_load_group<kSrc, 16>(src, first, x, base, status);
+    i8 L[16];
+    const float scale = kq_make_qx(x, L);
+    sh_scale[s][g] = scale;
+    __syncwarp(mask);
+    float max_scale = 0, max_abs_scale = 0;
+    for (int j = 0; j < 16; ++j) {
+      const float abs_scale = fabsf(sh_scale[s][j]);
+      if (abs_scale > max_abs_scale) {
+        max_abs_scale = abs_scale;
+        max_scale = sh_scale[s][j];
+      }
+    }
+    u8* out = dst + sb * 210u;
+    if (max_abs_scale < 1e-15f) {  // an all-zero block (fp16(0) is 0x0000 too)
+      for (u32 b = 14u * g; b < 14u * g + 14u && b < 210u; ++b) out[b] = 0;
+      __syncwarp(mask);
+      __syncwarp(mask);  // as many as the other path (the CPU emulation's barrier counts them)
+      continue;
+    }
+    const float iscale = -128.f / max_scale;
+    const u16 d16 = kq_fp16(1 / iscale);
+    const i8 sc = (i8)kq_imin(127, kq_nearest_int(iscale * scale));  // int -> int8: modulo 256
+    out[192 + g] = (u8)sc;
+    const float d = f16_to_f32(d16) * (float)sc;
+    if (d != 0) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) L[i] = (i8)(kq_imax(-32, kq_imin(31, kq_nearest_int(x[i] / d))) + 32);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sh_L[s][16u * g + i] = (u8)L[i];
+    if (g == 0) {
+      out[208] = (u8)d16;
+      out[209] = (u8)(d16 >> 8);
+      if (kq_inf_half(d16)) atomicAdd(&status[1], 1ull);
+    }
+    __syncwarp(mask);
+    const u8* Ls = sh_L[s];
+    // ql byte b (0..127): half h = b / 64, r = b % 64; r < 32: elements 128h + r and +64;
+    // else 128h + r (= +32 + l) and +64. qh byte q (0..63): half h = q / 32, l = q % 32.
+    for (u32 b = 8u * g; b < 8u * g + 8u; ++b) {
+      const u32 h = b >> 6, r = b & 63u;
+      const u32 e = 128u * h + r;
+      out[b] = (u8)((Ls[e] & 0xFu) | ((Ls[e + 64u] & 0xFu) << 4));
+    }
+    for (u32 q = 4u * g; q < 4u * g + 4u; ++q) {
+      const u32 h = q >> 5, l = q & 31u;
+      const u32 e = 128u * h + l;
+      out[128 + q] = (u8)((Ls[e] >> 4) | ((Ls[e + 32u] >> 4) << 2) | ((Ls[e + 64u] >> 4) << 4) |
+                          ((Ls[e + 96u] >> 4) << 6));
+    }
+    __syncwarp(mask);
+  }
+}
+
+// Q4_0 (18 bytes), Q5_0 (22) and Q5_1 (24): one 32-value block per thread.
+template <int kSrc, int kFmt>  // 0: Q4_0, 1: Q5_0, 2: Q5_1
+__device__ __forceinline__ void quantize_q32(const void* __restrict__ src, u8* __restrict__ dst, u64 nblocks,
+                                             u64 base, u64* status) {
+  constexpr u32 kBytes = kFmt == 0 ? 18u : kFmt == 1 ? 22u : 24u;
+  for (u64 b = global_thread(); b < nblocks; b += grid_threads()) {
+    float x[32];
+    kq_load_group<kSrc, 32>(src, b * 32u, x, base, status);
+    u8* out = dst + b * kBytes;
+    u32 q[32];
+    if (kFmt < 2) {
+      float amax = 0, max = 0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        if (amax < fabsf(x[j])) {
+          amax = fabsf(x[j]);
+          max = x[j];
+        }
+      }
+      const float d = max / (kFmt == 0 ? -8.0f : -16.0f);
+      const float id = d != 0 ? 1.0f / d : 0.0f;
+      const u16 d16 = kq_fp16(d);
+      out[0] = (u8)d16;
+      out[1] = (u8)(d16 >> 8);
+      if (kq_inf_half(d16)) atomicAdd(&status[1], 1ull);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int t = (int)(i8)(u8)(u32)kq_trunc_x86(x[j] * id + (kFmt == 0 ? 8.5f : 16.5f));  // C's (int8_t)
+        q[j] = (u32)(u8)kq_imin(kFmt == 0 ? 15 : 31, t);
+      }
+    } else {
+      float min = 3.40282347e+38f, max = -3.40282347e+38f;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        if (x[j] < min) min = x[j];
+        if (x[j] > max) max = x[j];
+      }
+      const float d = (max - min) / 31.0f;
+      const float id = d != 0 ? 1.0f / d : 0.0f;
+      const u16 d16 = kq_fp16(d), m16 = kq_fp16(min);
+      out[0] = (u8)d16;
+      out[1] = (u8)(d16 >> 8);
+      out[2] = (u8)m16;
+      out[3] = (u8)(m16 >> 8);
+      if (kq_inf_half(d16) || kq_inf_half(m16)) atomicAdd(&status[1], 1ull);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) q[j] = (u32)kq_trunc_x86((x[j] - min) * id + 0.5f) & 0xFFu;  // C's (uint8_t)
+    }
+    u8* qs = out + (kFmt == 0 ? 2 : kFmt == 1 ? 6 : 8);
+    u32 qh = 0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      qs[j] = (u8)((q[j] & 0xFu) | ((q[16 + j] & 0xFu) << 4));
+      qh |= ((q[j] & 0x10u) >> 4) << j;
+      qh |= ((q[16 + j] & 0x10u) >> 4) << (j + 16);
+    }
+    if (kFmt > 0) {
+      u8* h = out + (kFmt == 1 ? 2 : 4);
+      h[0] = (u8)qh;
+      h[1] = (u8)(qh >> 8);
+      h[2] = (u8)(qh >> 16);
+      h[3] = (u8)(qh >> 24);
+    }
+  }
+}
+
+#define HF2Q_KQ_ENCODERS(name, body)                                                                        \
+  extern "C" __global__ void name##_f32(const void* src, u8* dst, u64 nblocks, u64 base, u64* status) {     \
+    body(0)                                                                                                 \
+  }                                                                                                         \
+  extern "C" __global__ void name##_f16(const void* src, u8* dst, u64 nblocks, u64 base, u64* status) {     \
+    body(1)                                                                                                 \
+  }                                                                                                         \
+  extern "C" __global__ void name##_bf16(const void* src, u8* dst, u64 nblocks, u64 base, u64* status) {    \
+    body(2)                                                                                                 \
+  }
+#define HF2Q_KQ_Q4_0(S) quantize_q32<S, 0>(src, dst, nblocks, base, status);
+#define HF2Q_KQ_Q5_0(S) quantize_q32<S, 1>(src, dst, nblocks, base, status);
+#define HF2Q_KQ_Q5_1(S) quantize_q32<S, 2>(src, dst, nblocks, base, status);
+#define HF2Q_KQ_Q4_K(S) quantize_qk_affine<S, 15>(src, dst, nblocks, base, status);
+#define HF2Q_KQ_Q5_K(S) quantize_qk_affine<S, 31>(src, dst, nblocks, base, status);
+#define HF2Q_KQ_Q6_K(S) quantize_q6_k<S>(src, dst, nblocks, base, status);
+HF2Q_KQ_ENCODERS(hf2q_quantize_q4_0, HF2Q_KQ_Q4_0)
+HF2Q_KQ_ENCODERS(hf2q_quantize_q5_0, HF2Q_KQ_Q5_0)
+HF2Q_KQ_ENCODERS(hf2q_quantize_q5_1, HF2Q_KQ_Q5_1)
+HF2Q_KQ_ENCODERS(hf2q_quantize_q4_k, HF2Q_KQ_Q4_K)
+HF2Q_KQ_ENCODERS(hf2q_quantize_q5_k, HF2Q_KQ_Q5_K)
+HF2Q_KQ_ENCODERS(hf2q_quantize_q6_k, HF2Q_KQ_Q6_K)
+
+// Read-back of the 4/5/6-bit formats (the checksums above): the float32 bits
+// the CPU's dequantizer gives (csrc/kernels/kquants.cpp), where a NaN follows
+// the CPU's rules, decided on the bits: an operand NaN propagates (quieted,
+// the first operand first), an invalid operation (0 * Inf, Inf - Inf) gives
+// the host's default NaN. The GPU's own NaN results are canonical.
+__device__ __forceinline__ bool kq_isnan_bits(u32 a) { return (a & 0x7FFFFFFFu) > 0x7F800000u; }
+__device__ __forceinline__ u32 kq_mul(u32 a, u32 b, u32 dnan) {
+  if (kq_isnan_bits(a)) return a | 0x00400000u;
+  if (kq_isnan_bits(b)) return b | 0x00400000u;
+  const u32 r = __float_as_uint(__uint_as_float(a) * __uint_as_float(b));
+  return kq_isnan_bits(r) ? dnan : r;
+}
+__device__ __forceinline__ u32 kq_add(u32 a, u32 b, u32 dnan) {
+  if (kq_isnan_bits(a)) return a | 0x00400000u;
+  if (kq_isnan_bits(b)) return b | 0x00400000u;
+  const u32 r = __float_as_uint(__uint_as_float(a) + __uint_as_float(b));
+  return kq_isnan_bits(r) ? dnan : r;
+}
+__device__ __forceinline__ u32 kq_sub(u32 a, u32 b, u32 dnan) { return kq_add(a, b ^ 0x80000000u, dnan) ; }
+__device__ __forceinline__ u32 kq_fbits(int v) { return __float_as_uint((float)v); }
+__device__ __forceinline__ u32 kq_half_bits(const u8* p) { return f16_to_f32_bits((u32)p[0] | ((u32)p[1] << 8)); }
+
+// Q4_K / Q5_K: group g's 6-bit scale and min (get_scale_min_k4).
+__device__ __forceinline__ void kq_scale_min(u32 g, const u8* q, u32* s, u32* m) {
+  if (g < 4u) {
+    *s = q[g] & 63u;
+    *m = q[g + 4u] & 63u;
+  } else {
+    *s = (q[g + 4u] & 0xFu) | ((q[g - 4u] >> 6) << 4);
+    *m = (q[g + 4u] >> 4) | ((q[g] >> 6) << 4);
+  }
+}
+
+struct BitsQ4_0 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32 dnan) {
+    const u8* blk = data + (k >> 5) * 18u;
+    const u32 j = (u32)(k & 31u);
+    const u32 q = j < 16u ? (blk[2 + j] & 0xFu) : (blk[2 + j - 16u] >> 4);
+    return kq_mul(kq_fbits((int)q - 8), kq_half_bits(blk), dnan);
+  }
+};
+template <bool kMin>
+struct BitsQ5 {  // Q5_0: (q - 16) * d; Q5_1: q * d + m
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32 dnan) {
+    const u8* blk = data + (k >> 5) * (kMin ? 24u : 22u);
+    const u8* hq = blk + (kMin ? 4 : 2);
+    const u32 qh = (u32)hq[0] | ((u32)hq[1] << 8) | ((u32)hq[2] << 16) | ((u32)hq[3] << 24);
+    const u32 j = (u32)(k & 31u);
+    const u8* qs = hq + 4;
+    const u32 q = (j < 16u ? (qs[j] & 0xFu) : (qs[j - 16u] >> 4)) | (((qh >> j) & 1u) << 4);
+    if (!kMin) return kq_mul(kq_fbits((int)q - 16), kq_half_bits(blk), dnan);
+    return kq_add(kq_mul(kq_fbits((int)q), kq_half_bits(blk), dnan), kq_half_bits(blk + 2), dnan);
+  }
+};
+template <bool kQ5>
+struct BitsQK {  // Q4_K / Q5_K: (d * s_g) * q - dmin * m_g
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32 dnan) {
+    const u8* blk = data + (k >> 8) * (kQ5 ? 176u : 144u);
+    const u32 i = (u32)(k & 255u), c = i >> 6, j = i & 63u, l = j & 31u, hi = j >> 5, g = 2u * c + hi;
+    const u8* ql = blk + (kQ5 ? 48 : 16) + 32u * c;
+    u32 q = hi ? (ql[l] >> 4) : (ql[l] & 0xFu);
+    if (kQ5) q += ((blk[16 + l] >> g) & 1u) ? 16u : 0u;
+    u32 s, m;
+    kq_scale_min(g, blk + 4, &s, &m);
+    const u32 d1 = kq_mul(kq_half_bits(blk), kq_fbits((int)s), dnan);
+    const u32 m1 = kq_mul(kq_half_bits(blk + 2), kq_fbits((int)m), dnan);
+    return kq_sub(kq_mul(d1, kq_fbits((int)q), dnan), m1, dnan);
+  }
+};
+struct BitsQ6_K {  // (d * sc) * (q - 32)
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32 dnan) {
+    const u8* blk = data + (k >> 8) * 210u;
+    const u32 i = (u32)(k & 255u), h = i >> 7, r = i & 127u, quarter = r >> 5, l = r & 31u;
+    const u8* ql = blk + 64u * h;
+    const u32 qh = blk[128u + 32u * h + l];
+    const u32 lo = quarter & 1u ? ql[l + 32u] : ql[l];
+    const u32 q = (quarter < 2u ? (lo & 0xFu) : (lo >> 4)) | (((qh >> (2u * quarter)) & 3u) << 4);
+    const int sc = (int)(i8)blk[192u + 8u * h + l / 16u + 2u * quarter];
+    return kq_mul(kq_mul(kq_half_bits(blk + 208), kq_fbits(sc), dnan), kq_fbits((int)(i8)(u8)q - 32), dnan);
+  }
+};
+HF2Q_CHECKSUMS(hf2q_checksums_q4_0, BitsQ4_0)
+HF2Q_CHECKSUMS(hf2q_checksums_q5_0, BitsQ5<false>)
+HF2Q_CHECKSUMS(hf2q_checksums_q5_1, BitsQ5<true>)
+HF2Q_CHECKSUMS(hf2q_checksums_q4_k, BitsQK<false>)
+HF2Q_CHECKSUMS(hf2q_checksums_q5_k, BitsQK<true>)
+HF2Q_CHECKSUMS(hf2q_checksums_q6_k, BitsQ6_K)

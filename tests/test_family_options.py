@@ -80,9 +80,9 @@ def test_inspect_uses_the_options_it_is_given(checkpoints: dict[str, Path]) -> N
 
 @pytest.mark.parametrize("command", ["inspect", "load"])
 @pytest.mark.parametrize(("family", "flag", "offered"), [
-    ("qwen35moe", "--dtype", "--expert-dtype, --dense-dtype"),  # mtp is Python-only: not offered
-    ("gemma4", "--dtype", "--expert-dtype, --dense-dtype"),
-    ("generic", "--dense-dtype", "--dtype"),
+    ("qwen35moe", "--dtype", "--expert-dtype, --dense-dtype, --recipe"),  # mtp is Python-only: not offered
+    ("gemma4", "--dtype", "--expert-dtype, --dense-dtype, --recipe"),
+    ("generic", "--dense-dtype", "--dtype, --recipe"),
     ("dflash", "--expert-dtype", "no options"),
 ])
 def test_cli_refuses_a_flag_the_family_does_not_take(command: str, family: str, flag: str, offered: str,

@@ -16,7 +16,8 @@ from hf2q import _core, formats
 def test_table_comes_from_native_core() -> None:
     rows = _core.format_table()
     assert [r[0] for r in rows] == list(formats.FORMATS)
-    assert formats.DEVICE_FORMATS == ("f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+    assert formats.DEVICE_FORMATS == ("f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k",
+                                      "q5_0", "q5_1")
     assert formats.DEVICE_FORMATS == hf2q.device.DTYPES
     for i, name in enumerate(formats.DEVICE_FORMATS):
         assert formats.get(name).id == i

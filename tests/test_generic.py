@@ -65,7 +65,7 @@ def test_registry_order_and_detection(tmp_path: Path) -> None:
     assert models.detect(LLAMA).name == "generic"
     assert models.detect({"architectures": ["DFlashDraftModel"]}).name == "dflash"
     assert models.detect({"model_type": "qwen3_5_moe"}).name == "qwen35moe"
-    assert models.family("generic").options == ("dtype",)
+    assert models.family("generic").options == ("dtype", "recipe")
     with pytest.raises(ValueError, match="unknown model family"):
         models.family("llama")
 

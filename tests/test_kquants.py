@@ -1,4 +1,4 @@
-"""Q4_0 / Q4_K / Q5_K / Q6_K against ggml's own C code.
+"""Q4_0 / Q4_K / Q5_K / Q6_K (and the fallbacks Q5_0 / Q5_1) against ggml's own C code.
 
 tests/data/kquants/ggml_ref.npz holds what ggml-quants.c from the pinned
 llama.cpp (scripts/make_kquant_golden.py: -O2 -DNDEBUG -ffp-contract=off)
@@ -20,7 +20,7 @@ import hf2q
 from hf2q import formats, ops, reference
 
 DATA = Path(__file__).parent / "data" / "kquants"
-FMTS = ("q4_0", "q4_k", "q5_k", "q6_k")
+FMTS = ("q4_0", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,8 @@ def _quiet_quantize(x: np.ndarray, fmt: str, **kw) -> np.ndarray:
 @pytest.mark.parametrize("fmt", FMTS)
 def test_table_rows(fmt: str) -> None:
     f = formats.get(fmt)
-    want = {"q4_0": (32, 18, 2), "q4_k": (256, 144, 12), "q5_k": (256, 176, 13), "q6_k": (256, 210, 14)}[fmt]
+    want = {"q4_0": (32, 18, 2), "q4_k": (256, 144, 12), "q5_k": (256, 176, 13), "q6_k": (256, 210, 14),
+            "q5_0": (32, 22, 6), "q5_1": (32, 24, 7)}[fmt]
     assert (f.block_elems, f.block_bytes, f.gguf_type) == want
     assert f.is_block
 
@@ -133,7 +134,7 @@ def test_roundtrip_error_is_small(golden, fmt: str) -> None:
     y = ops.dequantize(ops.quantize(x, fmt), fmt)
     # Bits per weight 4.5 .. 6.6: relative RMS error well under 1/8.
     err = np.sqrt(np.mean((y - x) ** 2)) / np.sqrt(np.mean(x**2))
-    assert err < {"q4_0": 0.12, "q4_k": 0.1, "q5_k": 0.05, "q6_k": 0.025}[fmt]
+    assert err < {"q4_0": 0.12, "q4_k": 0.1, "q5_k": 0.05, "q6_k": 0.025, "q5_0": 0.06, "q5_1": 0.05}[fmt]
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -236,9 +237,9 @@ def test_for_row_follows_llama_quantize_fallbacks() -> None:
     assert formats.for_row("q8_0", 40) == "f16"
     assert formats.for_row("bf16", 40) == "bf16"
     assert formats.for_row("q4_k", 40) == "f16"  # Q5_0 would not divide either
-    for fmt, other in (("q4_k", "Q5_0"), ("q5_k", "Q5_1")):
-        with pytest.raises(ValueError, match=f"'blk.0.ffn_down_exps.weight'.*{other}"):
-            formats.for_row(fmt, 704, "blk.0.ffn_down_exps.weight")
+    assert formats.for_row("q4_k", 704) == "q5_0"  # Gemma 4's ffn_down_exps rows
+    assert formats.for_row("q5_k", 704) == "q5_1"
+    assert formats.for_row("q5_0", 40) == "f16"
 
 
 def _generic_checkpoint(d: Path) -> dict[str, np.ndarray]:
@@ -259,7 +260,7 @@ def _generic_checkpoint(d: Path) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("policy,want", [
     ("q6_k", {"w512.weight": "q6_k", "w96.weight": "q8_0", "w40.weight": "f16", "out_norm.weight": "f32"}),
     ("q4_0", {"w512.weight": "q4_0", "w96.weight": "q4_0", "w40.weight": "f16", "out_norm.weight": "f32"}),
-    ("q5_k", None),
+    ("q5_k", {"w512.weight": "q5_k", "w96.weight": "q5_1", "w40.weight": "f16", "out_norm.weight": "f32"}),
 ])
 def test_generic_load_with_a_k_quant_policy(tmp_path: Path, policy: str, want: dict | None) -> None:
     t = _generic_checkpoint(tmp_path)

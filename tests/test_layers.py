@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tables", ("hf2q.formats", "hf2q._arrays", "hf2q.reference", "hf2q._progress", "hf2q._configfile")),
     ("device", ("hf2q._cuda", "hf2q.device", "hf2q.ops")),
     ("files", ("hf2q.safetensors", "hf2q.hub")),
-    ("loader", ("hf2q.plan", "hf2q.model", "hf2q.loader", "hf2q.shard", "hf2q.torch")),
+    ("loader", ("hf2q.plan", "hf2q.model", "hf2q.loader", "hf2q.shard", "hf2q.torch", "hf2q.recipes")),
     ("families", ("hf2q.models",)),
     ("testing", ("hf2q.testing",)),
     ("api", ("hf2q", "hf2q.__main__", "hf2q.cli", "hf2q.pairs", "hf2q.dflash", "hf2q.gemma4", "hf2q.qwen35")),

@@ -21,9 +21,10 @@ namespace hf2q {
 // element types (stable: Python and the kernels' callers use them). The
 // kernels take these too (a quantizer's source type is a DType).
 enum class DType : int {
-  F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5, Q4_0 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9
+  F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5, Q4_0 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9,
+  Q5_0 = 10, Q5_1 = 11
 };
-inline constexpr int kNumDTypes = 10;
+inline constexpr int kNumDTypes = 12;
 
 // Bit of `t` in a set of dtypes (FormatRow::sources).
 constexpr std::uint32_t dtype_bit(DType t) { return 1u << static_cast<int>(t); }
@@ -35,7 +36,7 @@ namespace kernels {
 struct FormatKernels;
 extern const FormatKernels kF32Kernels, kF16Kernels, kBF16Kernels, kU8Kernels, kI32Kernels, kQ8_0Kernels;
 // kquants.cpp
-extern const FormatKernels kQ4_0Kernels, kQ4_KKernels, kQ5_KKernels, kQ6_KKernels;
+extern const FormatKernels kQ4_0Kernels, kQ4_KKernels, kQ5_KKernels, kQ6_KKernels, kQ5_0Kernels, kQ5_1Kernels;
 }  // namespace kernels
 
 struct FormatRow {
@@ -73,6 +74,9 @@ inline constexpr FormatRow kFormats[] = {
     {"q4_k", 7, 256, 144, "", "", 12, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ4_KKernels},
     {"q5_k", 8, 256, 176, "", "", 13, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ5_KKernels},
     {"q6_k", 9, 256, 210, "", "", 14, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ6_KKernels},
+    // llama-quantize's fallbacks for Q4_K / Q5_K rows of whole 32-blocks only.
+    {"q5_0", 10, 32, 22, "", "", 6, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ5_0Kernels},
+    {"q5_1", 11, 32, 24, "", "", 7, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ5_1Kernels},
     // Checkpoint-only dtypes (read and validated, never a device buffer).
     {"bool", -1, 1, 1, "bool", "BOOL", -1},
     {"i8", -1, 1, 1, "int8", "I8", 24},

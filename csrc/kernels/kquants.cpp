@@ -1,4 +1,4 @@
-// Scalar Q4_0 / Q4_K / Q5_K / Q6_K (kquants.h). Every float operation below
+// Scalar Q4_0 / Q4_K / Q5_K / Q6_K / Q5_0 / Q5_1 (kquants.h). Every float operation below
 // is one IEEE binary32 operation in the order ggml's reference C code
 // performs it (written from docs/KQUANTS.md); the build compiles this file
 // with -ffp-contract=off, so no multiply-add is fused. Changing the order of
@@ -228,6 +228,14 @@ void qx_fit_groups(const float* x, std::int8_t* L, float* scales);
 void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t n);
 }  // namespace avx2
 #endif
+#if defined(__aarch64__)
+namespace neon {
+// kquants_neon.cpp: the same fits, one group per vector lane (four at a time).
+void qkx2_fit_groups(const float* x, std::uint8_t* L, float* scales, float* mins, int nmax, float rmin, int nstep);
+void qx_fit_groups(const float* x, std::int8_t* L, float* scales);
+void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t n);
+}  // namespace neon
+#endif
 
 namespace {
 
@@ -236,12 +244,18 @@ inline void qkx2_fit_groups(const float* x, std::uint8_t* L, float* scales, floa
 #if defined(HF2Q_HAVE_AVX2)
   if (active_isa() == Isa::Avx2) return avx2::qkx2_fit_groups(x, L, scales, mins, nmax, rmin, nstep);
 #endif
+#if defined(__aarch64__)
+  if (active_isa() == Isa::Neon) return neon::qkx2_fit_groups(x, L, scales, mins, nmax, rmin, nstep);
+#endif
   qkx2_fit_groups_scalar(x, L, scales, mins, nmax, rmin, nstep);
 }
 
 inline void qx_fit_groups(const float* x, std::int8_t* L, float* scales) {
 #if defined(HF2Q_HAVE_AVX2)
   if (active_isa() == Isa::Avx2) return avx2::qx_fit_groups(x, L, scales);
+#endif
+#if defined(__aarch64__)
+  if (active_isa() == Isa::Neon) return neon::qx_fit_groups(x, L, scales);
 #endif
   qx_fit_groups_scalar(x, L, scales);
 }
@@ -299,11 +313,16 @@ void qk_affine_superblock(const float* x, std::uint8_t* y, std::uint8_t* L, int 
 }  // namespace
 
 namespace {
-constexpr int kNumBlockFormats = 4;
+constexpr int kNumBlockFormats = 6;
 // Index of a format of this file in the tables below.
 constexpr int index_of(BlockFormat f) { return static_cast<int>(f) - static_cast<int>(DType::Q4_0); }
-static_assert(static_cast<int>(DType::Q6_K) - static_cast<int>(DType::Q4_0) == kNumBlockFormats - 1,
-              "Q4_0, Q4_K, Q5_K, Q6_K are consecutive DTypes");
+static_assert(static_cast<int>(DType::Q5_1) - static_cast<int>(DType::Q4_0) == kNumBlockFormats - 1 &&
+                  static_cast<int>(DType::Q5_0) == static_cast<int>(DType::Q6_K) + 1,
+              "Q4_0, Q4_K, Q5_K, Q6_K, Q5_0, Q5_1 are consecutive DTypes");
+static_assert(format_of(DType::Q5_0).block_elems == 32 && format_of(DType::Q5_0).block_bytes == 22,
+              "block_q5_0: f16 d + 4 bytes qh + 16 bytes");
+static_assert(format_of(DType::Q5_1).block_elems == 32 && format_of(DType::Q5_1).block_bytes == 24,
+              "block_q5_1: f16 d + f16 m + 4 bytes qh + 16 bytes");
 // The layouts below hard-code these offsets (ggml's block_q4_0 / _K structs).
 static_assert(format_of(DType::Q4_0).block_elems == 32 && format_of(DType::Q4_0).block_bytes == 18,
               "block_q4_0: f16 d + 16 bytes");
@@ -327,6 +346,9 @@ const FormatRow& block_geometry(BlockFormat f) {
 void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t n) {
 #if defined(HF2Q_HAVE_AVX2)
   if (active_isa() == Isa::Avx2) return avx2::quantize_row_q4_0(x, y, n);
+#endif
+#if defined(__aarch64__)
+  if (active_isa() == Isa::Neon) return neon::quantize_row_q4_0(x, y, n);
 #endif
   const std::int64_t nb = n / kQ40;
   for (std::int64_t i = 0; i < nb; ++i, x += kQ40, y += 18) {
@@ -361,6 +383,120 @@ void dequantize_row_q4_0(const std::uint8_t* x, float* y, std::int64_t n) {
       const int x1 = (x[2 + j] >> 4) - 8;
       y[j] = static_cast<float>(x0) * d;
       y[j + kQ40 / 2] = static_cast<float>(x1) * d;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Q5_0 / Q5_1
+// Q5_0 block: f16 d, 4 bytes qh (little-endian u32: bit j is the fifth bit
+// of element j), 16 nibble bytes as Q4_0; value = (q - 16) * d.
+// Q5_1 block: f16 d, f16 m, qh, 16 nibble bytes; value = q * d + m.
+namespace {
+inline void store_le32(std::uint8_t* p, std::uint32_t v) {
+  p[0] = static_cast<std::uint8_t>(v);
+  p[1] = static_cast<std::uint8_t>(v >> 8);
+  p[2] = static_cast<std::uint8_t>(v >> 16);
+  p[3] = static_cast<std::uint8_t>(v >> 24);
+}
+inline std::uint32_t load_le32(const std::uint8_t* p) {
+  return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
+         (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
+}
+// C's (uint8_t)(float) as x86-64 compilers emit it: CVTTSS2SI to 32 bits, keep
+// the low byte (INT32_MIN, low byte 0, for NaN and out-of-range values).
+inline unsigned trunc_to_uint8_x86(float f) {
+  std::int32_t i;
+  if (f > -2147483904.0f && f < 2147483648.0f) {
+    i = static_cast<std::int32_t>(f);
+  } else {
+    i = INT32_MIN;
+  }
+  return static_cast<std::uint32_t>(i) & 0xFFu;
+}
+// Nibbles and fifth bits of 32 levels (element j and j + 16 share byte j).
+inline void pack5(const unsigned* q, std::uint8_t* qh_out, std::uint8_t* qs) {
+  std::uint32_t qh = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<std::uint8_t>((q[j] & 0x0Fu) | ((q[16 + j] & 0x0Fu) << 4));
+    qh |= ((q[j] & 0x10u) >> 4) << j;
+    qh |= ((q[16 + j] & 0x10u) >> 4) << (j + 16);
+  }
+  store_le32(qh_out, qh);
+}
+}  // namespace
+
+void quantize_row_q5_0(const float* x, std::uint8_t* y, std::int64_t n) {
+  const std::int64_t nb = n / 32;
+  for (std::int64_t i = 0; i < nb; ++i, x += 32, y += 22) {
+    float amax = 0.0f;
+    float max = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[j];
+      if (amax < std::fabs(v)) {
+        amax = std::fabs(v);
+        max = v;
+      }
+    }
+    const float d = max / -16.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    store_le16(y, fp16_of(d));
+    unsigned q[32];
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[j] * id;
+      q[j] = static_cast<std::uint8_t>(imin(31, trunc_to_int8_x86(v + 16.5f)));
+    }
+    pack5(q, y + 2, y + 6);
+  }
+}
+
+void quantize_row_q5_1(const float* x, std::uint8_t* y, std::int64_t n) {
+  const std::int64_t nb = n / 32;
+  for (std::int64_t i = 0; i < nb; ++i, x += 32, y += 24) {
+    float min = 3.40282347e+38f;
+    float max = -3.40282347e+38f;
+    for (int j = 0; j < 32; ++j) {
+      const float v = x[j];
+      if (v < min) min = v;
+      if (v > max) max = v;
+    }
+    const float d = (max - min) / 31.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    store_le16(y, fp16_of(d));
+    store_le16(y + 2, fp16_of(min));
+    unsigned q[32];
+    for (int j = 0; j < 32; ++j) {
+      const float v = (x[j] - min) * id;
+      q[j] = trunc_to_uint8_x86(v + 0.5f);
+    }
+    pack5(q, y + 4, y + 8);
+  }
+}
+
+void dequantize_row_q5_0(const std::uint8_t* x, float* y, std::int64_t n) {
+  const std::int64_t nb = n / 32;
+  for (std::int64_t i = 0; i < nb; ++i, x += 22, y += 32) {
+    const float d = f32_of(x);
+    const std::uint32_t qh = load_le32(x + 2);
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = static_cast<int>((x[6 + j] & 0x0F) | (((qh >> j) << 4) & 0x10)) - 16;
+      const int x1 = static_cast<int>((x[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+      y[j] = static_cast<float>(x0) * d;
+      y[j + 16] = static_cast<float>(x1) * d;
+    }
+  }
+}
+
+void dequantize_row_q5_1(const std::uint8_t* x, float* y, std::int64_t n) {
+  const std::int64_t nb = n / 32;
+  for (std::int64_t i = 0; i < nb; ++i, x += 24, y += 32) {
+    const float d = f32_of(x);
+    const float m = f32_of(x + 2);
+    const std::uint32_t qh = load_le32(x + 4);
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = static_cast<int>((x[8 + j] & 0x0F) | (((qh >> j) << 4) & 0x10));
+      const int x1 = static_cast<int>((x[8 + j] >> 4) | ((qh >> (j + 12)) & 0x10));
+      y[j] = static_cast<float>(x0) * d + m;
+      y[j + 16] = static_cast<float>(x1) * d + m;
     }
   }
 }
@@ -543,9 +679,10 @@ namespace {
 using RowQuant = void (*)(const float*, std::uint8_t*, std::int64_t);
 using RowDequant = void (*)(const std::uint8_t*, float*, std::int64_t);
 constexpr RowQuant kQuant[kNumBlockFormats] = {quantize_row_q4_0, quantize_row_q4_K, quantize_row_q5_K,
-                                               quantize_row_q6_K};
+                                               quantize_row_q6_K, quantize_row_q5_0, quantize_row_q5_1};
 constexpr RowDequant kDequant[kNumBlockFormats] = {dequantize_row_q4_0, dequantize_row_q4_K,
-                                                   dequantize_row_q5_K, dequantize_row_q6_K};
+                                                   dequantize_row_q5_K, dequantize_row_q6_K,
+                                                   dequantize_row_q5_0, dequantize_row_q5_1};
 
 // Block scales stored as +-Inf (the data's range overflows float16).
 std::size_t inf_scales_of(BlockFormat f, const std::uint8_t* b) {
@@ -554,6 +691,8 @@ std::size_t inf_scales_of(BlockFormat f, const std::uint8_t* b) {
     case BlockFormat::Q4_K:
     case BlockFormat::Q5_K: return is_inf_half(load_le16(b)) || is_inf_half(load_le16(b + 2)) ? 1 : 0;
     case BlockFormat::Q6_K: return is_inf_half(load_le16(b + 208)) ? 1 : 0;
+    case BlockFormat::Q5_0: return is_inf_half(load_le16(b)) ? 1 : 0;
+    case BlockFormat::Q5_1: return is_inf_half(load_le16(b)) || is_inf_half(load_le16(b + 2)) ? 1 : 0;
     default: break;
   }
   return 0;
@@ -612,9 +751,8 @@ void dequantize_blocks_range(BlockFormat f, const std::uint8_t* src, float* dst,
 }
 
 // ---------------------------------------------------------------- rows
-// The kernels of the four rows in formats.h (format_kernels.h): decode to
-// float32, encode from f32 / f16 / bf16. No GPU kernels yet: the Metal and
-// CUDA backends refuse these formats with DeviceError.
+// The kernels of the six rows in formats.h (format_kernels.h): decode to
+// float32, encode from f32 / f16 / bf16.
 namespace {
 template <DType F>
 void to_f32_of(const std::uint8_t* src, float* dst, std::size_t n) {
@@ -626,13 +764,21 @@ EncodeResult encode_of(DType src_type, const void* src, std::uint8_t* dst, std::
 }
 }  // namespace
 
-const FormatKernels kQ4_0Kernels{to_f32_of<DType::Q4_0>, nullptr, encode_of<DType::Q4_0>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
-const FormatKernels kQ4_KKernels{to_f32_of<DType::Q4_K>, nullptr, encode_of<DType::Q4_K>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
-const FormatKernels kQ5_KKernels{to_f32_of<DType::Q5_K>, nullptr, encode_of<DType::Q5_K>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
-const FormatKernels kQ6_KKernels{to_f32_of<DType::Q6_K>, nullptr, encode_of<DType::Q6_K>, nullptr, nullptr,
-                                 nullptr, nullptr, 0};
+// GPU kernels (shaders/cuda_kernels.cu): the CUDA encoders run one group fit
+// per thread, so a 256-thread CTA covers 32 Q4_K / Q5_K super-blocks (eight
+// groups each), 16 Q6_K super-blocks (sixteen groups) or 256 blocks of 32;
+// read-back checksums for each. No Metal kernels yet: Metal refuses them.
+const FormatKernels kQ4_0Kernels{to_f32_of<DType::Q4_0>, nullptr, encode_of<DType::Q4_0>, nullptr,
+                                 "hf2q_checksums_q4_0", nullptr, "hf2q_quantize_q4_0", 256};
+const FormatKernels kQ4_KKernels{to_f32_of<DType::Q4_K>, nullptr, encode_of<DType::Q4_K>, nullptr,
+                                 "hf2q_checksums_q4_k", nullptr, "hf2q_quantize_q4_k", 32};
+const FormatKernels kQ5_KKernels{to_f32_of<DType::Q5_K>, nullptr, encode_of<DType::Q5_K>, nullptr,
+                                 "hf2q_checksums_q5_k", nullptr, "hf2q_quantize_q5_k", 32};
+const FormatKernels kQ6_KKernels{to_f32_of<DType::Q6_K>, nullptr, encode_of<DType::Q6_K>, nullptr,
+                                 "hf2q_checksums_q6_k", nullptr, "hf2q_quantize_q6_k", 16};
+const FormatKernels kQ5_0Kernels{to_f32_of<DType::Q5_0>, nullptr, encode_of<DType::Q5_0>, nullptr,
+                                 "hf2q_checksums_q5_0", nullptr, "hf2q_quantize_q5_0", 256};
+const FormatKernels kQ5_1Kernels{to_f32_of<DType::Q5_1>, nullptr, encode_of<DType::Q5_1>, nullptr,
+                                 "hf2q_checksums_q5_1", nullptr, "hf2q_quantize_q5_1", 256};
 
 }  // namespace hf2q::kernels

@@ -1,5 +1,6 @@
-// ggml's 4/5/6-bit block formats: Q4_0 (32 values in 18 bytes) and the
-// k-quants Q4_K, Q5_K, Q6_K (256 values in 144, 176 and 210 bytes).
+// ggml's 4/5/6-bit block formats: Q4_0 (32 values in 18 bytes), the
+// k-quants Q4_K, Q5_K, Q6_K (256 values in 144, 176 and 210 bytes) and
+// Q5_0 / Q5_1 (32 values in 22 / 24 bytes: llama-quantize's fallbacks).
 //
 // The row functions are byte-identical to ggml's reference quantizers
 // without an importance matrix (quantize_row_<t>_ref in ggml-quants.c, what
@@ -17,7 +18,7 @@
 
 namespace hf2q::kernels {
 
-// The formats implemented here: DType::Q4_0 .. DType::Q6_K (consecutive).
+// The formats implemented here: DType::Q4_0 .. DType::Q5_1 (consecutive).
 using BlockFormat = DType;
 
 // One row of `n` float32 values (a multiple of the block) on the calling
@@ -26,11 +27,15 @@ void quantize_row_q4_0(const float* x, std::uint8_t* y, std::int64_t n);
 void quantize_row_q4_K(const float* x, std::uint8_t* y, std::int64_t n);
 void quantize_row_q5_K(const float* x, std::uint8_t* y, std::int64_t n);
 void quantize_row_q6_K(const float* x, std::uint8_t* y, std::int64_t n);
+void quantize_row_q5_0(const float* x, std::uint8_t* y, std::int64_t n);
+void quantize_row_q5_1(const float* x, std::uint8_t* y, std::int64_t n);
 
 void dequantize_row_q4_0(const std::uint8_t* x, float* y, std::int64_t n);
 void dequantize_row_q4_K(const std::uint8_t* x, float* y, std::int64_t n);
 void dequantize_row_q5_K(const std::uint8_t* x, float* y, std::int64_t n);
 void dequantize_row_q6_K(const std::uint8_t* x, float* y, std::int64_t n);
+void dequantize_row_q5_0(const std::uint8_t* x, float* y, std::int64_t n);
+void dequantize_row_q5_1(const std::uint8_t* x, float* y, std::int64_t n);
 
 // `nblocks` blocks of `type` elements at `src` into `f` blocks at `dst`, on
 // the calling thread. Each block is widened to float32 and checked before it

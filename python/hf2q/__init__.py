@@ -100,7 +100,9 @@ def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, fami
     (DFlash drafter, Qwen3.5/3.6 MoE, Gemma 4, else ``generic``: its own tensor names);
     ``family`` forces one. ``options`` go to the family's loader: ``dtype``
     (generic: ``keep``/``f32``/``bf16``/``q8_0``/``q4_0``/``q4_k``/``q5_k``/``q6_k``), ``expert_dtype`` /
-    ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE). ``path`` may be a Hugging Face
+    ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE), ``recipe`` (Qwen3.5 MoE, Gemma 4,
+    generic: ``q4_k_m`` / ``q4_k_s`` / ``q5_k_m`` / ``q6_k`` / ``q8_0``, each
+    tensor's format as llama-quantize chooses it, docs/KQUANTS.md). ``path`` may be a Hugging Face
     repo id in the local cache (``revision``, ``download``: see
     :func:`hf2q.hub.resolve`). ``check_finite=True``: a NaN/Inf weight kept
     as it is raises NonFiniteError. ``shard`` (:class:`hf2q.Shard`): only

@@ -542,6 +542,7 @@ class DemoCacheError(OSError):
 def _add_convert_parser(sub: Any) -> None:
     """Register ``convert`` (the GGUF writer, hf2q.export) on the subparsers."""
     from .export import OUTTYPES
+    from .recipes import RECIPES
 
     p = sub.add_parser(
         "convert", help="write the GGUF file llama.cpp's convert_hf_to_gguf.py writes (Qwen3.5/3.6 MoE, Gemma 4)",
@@ -560,6 +561,9 @@ def _add_convert_parser(sub: Any) -> None:
                    help="Qwen3.5/3.6 MoE, Gemma 4: the other matrices' type (default: --outtype)")
     p.add_argument("--no-mtp", action="store_true",
                    help="Qwen3.5/3.6 MoE: leave the multi-token-prediction block out (the converter's --no-mtp)")
+    p.add_argument("--recipe", choices=list(RECIPES),
+                   help="the tensors llama-quantize would write for this file type from the converter's BF16 "
+                        "file, no importance matrix (Q4_K_M: q4_k_m); replaces --outtype and the dtype options")
     p.add_argument("--name", help="general.name (default: the checkpoint folder's name, as the converter does)")
     p.add_argument("--force", action="store_true", help="replace OUT.gguf if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (drawn only on a terminal anyway)")
@@ -577,6 +581,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         options["dense_dtype"] = args.dense_dtype
     if args.no_mtp:
         options["mtp"] = False
+    if args.recipe:
+        options["recipe"] = args.recipe
     try:
         summary = convert(path, args.out, args.outtype, force=args.force,
                           progress=not (args.no_progress or args.json), name=args.name or _convert_default_name(args),

@@ -233,21 +233,15 @@ _ROW_FALLBACK = {"q6_k": "q8_0", "q4_k": "q5_0", "q5_k": "q5_1"}
 def for_row(fmt: str | Format, ncols: int, tensor: str | None = None) -> str:
     """The format a tensor with rows of ``ncols`` values gets when ``fmt`` is
     asked for: ``fmt`` when its block divides the row, else llama-quantize's
-    fallback: q6_k -> q8_0, and q8_0 / q4_0 (or a fallback that does not
-    divide either) -> f16. llama.cpp gives q4_k / q5_k rows of whole
-    32-blocks Q5_0 / Q5_1, which hf2q does not implement: ValueError naming
-    the tensor (other rows: f16, as llama.cpp)."""
+    fallback (``tensor_type_fallback``): q4_k -> q5_0, q5_k -> q5_1,
+    q6_k -> q8_0 when 32 divides the row; q8_0 / q4_0 / q5_0 / q5_1 (or a
+    fallback that does not divide either) -> f16. ``tensor`` is unused (kept
+    for callers that name it)."""
     f = get(fmt)
     ncols = int(ncols)
     if not f.is_block or ncols % f.block_elems == 0:
         return f.name
     nxt = _ROW_FALLBACK.get(f.name)
-    if nxt is not None and nxt not in FORMATS and ncols % 32 == 0:  # Q5_0 / Q5_1: blocks of 32
-        where = f"'{tensor}'" if tensor else "a tensor"
-        raise ValueError(
-            f"{where} has rows of {ncols} values, not a multiple of {f.block_elems}: llama-quantize would store it "
-            f"as {nxt.upper()}, which hf2q does not implement; choose q8_0 or q6_k for it"
-        )
-    if nxt is not None and nxt in FORMATS and ncols % get(nxt).block_elems == 0:
+    if nxt is not None and ncols % get(nxt).block_elems == 0:
         return nxt
     return "f16"

@@ -1,5 +1,5 @@
 """Native conversion kernels: BF16/F16 -> F32 decode and ggml's block formats
-(Q8_0, Q4_0, Q4_K, Q5_K, Q6_K).
+(Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and Q5_0 / Q5_1: llama-quantize's row fallbacks).
 
 Every function is multi-threaded (:func:`hf2q.set_num_threads`) and releases
 the GIL; the decoders and Q8_0 use AVX2/F16C or NEON where the CPU has them
@@ -44,7 +44,7 @@ __all__ = [
 
 _Q8 = formats.get("q8_0")
 #: The block formats :func:`quantize` / :func:`dequantize` handle.
-BLOCK_FORMATS: tuple[str, ...] = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+BLOCK_FORMATS: tuple[str, ...] = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
 
 
 def _aligned(raw: np.ndarray, align: int) -> np.ndarray:

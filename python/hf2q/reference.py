@@ -141,6 +141,8 @@ READBACK: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q4_k": lambda raw: dequantize(raw, "q4_k").view(np.uint32),
     "q5_k": lambda raw: dequantize(raw, "q5_k").view(np.uint32),
     "q6_k": lambda raw: dequantize(raw, "q6_k").view(np.uint32),
+    "q5_0": lambda raw: dequantize(raw, "q5_0").view(np.uint32),
+    "q5_1": lambda raw: dequantize(raw, "q5_1").view(np.uint32),
 }
 
 
@@ -184,6 +186,21 @@ def _dequant_q4_0(b: np.ndarray) -> np.ndarray:
     return np.concatenate([lo * d, hi * d], axis=1)
 
 
+def _dequant_q5(b: np.ndarray, with_min: bool) -> np.ndarray:
+    """Q5_0 (``(q - 16) * d``) and Q5_1 (``q * d + m``): 4 nibble bytes' fifth
+    bits in a little-endian u32 ``qh`` (bit j: element j)."""
+    d = _f16(b[:, 0:2])[:, None]
+    o = 4 if with_min else 2
+    qh = (b[:, o].astype(np.uint32) | (b[:, o + 1].astype(np.uint32) << 8) | (b[:, o + 2].astype(np.uint32) << 16)
+          | (b[:, o + 3].astype(np.uint32) << 24))
+    qs = b[:, o + 4:o + 20].astype(np.int32)
+    bits = ((qh[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int32) << 4
+    q = np.concatenate([qs & 0xF, qs >> 4], axis=1) | bits
+    if not with_min:
+        return (q - 16).astype(F32) * d
+    return (q.astype(F32) * d).astype(F32) + _f16(b[:, 2:4])[:, None]
+
+
 def _dequant_affine(b: np.ndarray, high_bits: bool) -> np.ndarray:
     """Q4_K (high_bits False) and Q5_K: d * scale_g * q - dmin * min_g."""
     nb = b.shape[0]
@@ -225,13 +242,14 @@ def _dequant_q6_K(b: np.ndarray) -> np.ndarray:
 
 
 _DEQUANT = {"q4_0": _dequant_q4_0, "q4_k": lambda b: _dequant_affine(b, False),
-            "q5_k": lambda b: _dequant_affine(b, True), "q6_k": _dequant_q6_K}
+            "q5_k": lambda b: _dequant_affine(b, True), "q6_k": _dequant_q6_K,
+            "q5_0": lambda b: _dequant_q5(b, False), "q5_1": lambda b: _dequant_q5(b, True)}
 
 
 def dequantize(blocks: Any, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
-    """ggml's ``dequantize_row_<fmt>`` for q8_0, q4_0, q4_k, q5_k, q6_k:
+    """ggml's ``dequantize_row_<fmt>`` for q8_0, q4_0, q4_k, q5_k, q6_k, q5_0, q5_1:
 
-    - q4_0: ``(q - 8) * d``; q8_0: ``q * d``;
+    - q4_0: ``(q - 8) * d``; q8_0: ``q * d``; q5_0: ``(q - 16) * d``; q5_1: ``q * d + m``;
     - q4_k / q5_k: ``(d * scale_g) * q - (dmin * min_g)`` with 6-bit group
       scales and mins (groups of 32);
     - q6_k: ``(d * scale_g) * (q - 32)`` with signed 8-bit group scales

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/formats.h"
 #include "kernels/kernels.h"
 #include "kernels/thread_pool.h"
 
@@ -52,6 +53,12 @@ namespace k = hf2q::kernels;
 namespace {
 
 constexpr std::uint32_t kBf16F32 = 1, kF16F32 = 2, kQ8F32 = 3, kQ8Bf16 = 4, kQ8F16 = 5, kDeqQ8 = 6;
+// ggml's 4/5/6-bit formats from F32 (docs/KQUANTS.md): the format's DType id in
+// flags bits 8..15, the expected bytes ggml's own (tests/data/kquants).
+constexpr std::uint32_t kKQuantF32 = 7;
+hf2q::DType kq_format(std::uint32_t flags) { return static_cast<hf2q::DType>((flags >> 8) & 0xFF); }
+std::size_t kq_block_elems(std::uint32_t flags) { return hf2q::format_of(kq_format(flags)).block_elems; }
+std::size_t kq_block_bytes(std::uint32_t flags) { return hf2q::format_of(kq_format(flags)).block_bytes; }
 constexpr std::uint32_t kFlagNanAny = 1;
 constexpr std::uint8_t kSentinel = 0xA5;
 constexpr std::size_t kGuard = 64;  // sentinel bytes after every output buffer
@@ -190,6 +197,19 @@ bool compare_q8(const std::string& what, std::uint32_t kind, const std::uint8_t*
   return check(bad == 0, what);
 }
 
+// Block-by-block byte comparison; reports the first differing blocks.
+bool compare_bytes(const std::string& what, const std::uint8_t* got, const std::uint8_t* want, std::size_t len,
+                   std::size_t block) {
+  std::size_t bad = 0;
+  for (std::size_t b = 0; b * block < len; ++b) {
+    if (std::memcmp(got + b * block, want + b * block, block) != 0) {
+      if (bad < 3) std::printf("    %s: block %zu differs\n", what.c_str(), b);
+      ++bad;
+    }
+  }
+  return check(bad == 0, what);
+}
+
 // ---- vector file
 struct Record {
   std::uint32_t kind = 0, flags = 0;
@@ -287,6 +307,14 @@ bool record_sizes_ok(const Record& r) {
     case kDeqQ8:
       return r.in.size() == r.n * k::kQ8BlockBytes && r.out.size() == r.n * k::kQ8BlockElems * 4 &&
              r.first_bad == -1;
+    case kKQuantF32: {
+      const int id = static_cast<int>(kq_format(r.flags));
+      if (id < static_cast<int>(hf2q::DType::Q4_0) || id >= hf2q::kNumDTypes || id == static_cast<int>(hf2q::DType::Q8_0))
+        return false;
+      const std::size_t be = kq_block_elems(r.flags);
+      return be > 1 && r.n % be == 0 && r.in.size() == 4 * r.n && r.first_bad == -1 &&
+             r.out.size() == r.n / be * kq_block_bytes(r.flags);
+    }
     default:
       return false;
   }
@@ -333,6 +361,15 @@ OutBuf run_record(const Record& r, Path p, k::Q8Result* res) {
       pool ? k::dequantize_q8_0(r.in.data(), dst, n) : k::dequantize_q8_0_range(r.in.data(), dst, n);
       return out;
     }
+    case kKQuantF32: {
+      const std::size_t nb = n / kq_block_elems(r.flags);
+      OutBuf out(nb * kq_block_bytes(r.flags));
+      std::vector<float> src(n);
+      std::memcpy(src.data(), r.in.data(), r.in.size());
+      *res = pool ? k::encode(kq_format(r.flags), hf2q::DType::F32, src.data(), out.data(), nb)
+                  : k::encode_kernel(kq_format(r.flags), hf2q::DType::F32)(hf2q::DType::F32, src.data(), out.data(), nb);
+      return out;
+    }
     default: {
       const std::size_t nb = n / k::kQ8BlockElems;
       OutBuf out(nb * k::kQ8BlockBytes);
@@ -372,6 +409,9 @@ std::size_t check_record(const Record& r) {
       // with a non-finite input only the blocks before the bad one are defined
       compare_q8(what + " vs x86 reference", r.kind, r.in.data(), outs.back().data(), r.out.data(),
                  r.out.size() / k::kQ8BlockBytes);
+    } else if (r.kind == kKQuantF32) {
+      check(res.first_nonfinite == k::kNoIndex, what + ": no non-finite value");
+      compare_bytes(what + " vs ggml", outs.back().data(), r.out.data(), r.out.size(), kq_block_bytes(r.flags));
     } else if (r.kind == kDeqQ8) {
       compare_f32(what + " vs x86 reference", outs.back().data(), r.out.data(), r.out.size() / 4,
                   (r.flags & kFlagNanAny) != 0, p == Path::NeonRange ? &g_nan_sign_only : nullptr);
@@ -383,6 +423,8 @@ std::size_t check_record(const Record& r) {
   const std::size_t defined = r.out.size();
   if (is_q8)
     compare_q8(base + "neon == scalar", r.kind, r.in.data(), outs[0].data(), outs[1].data(), defined / k::kQ8BlockBytes);
+  else if (r.kind == kKQuantF32)
+    compare_bytes(base + "neon == scalar", outs[0].data(), outs[1].data(), defined, kq_block_bytes(r.flags));
   else
     compare_f32(base + "neon == scalar", outs[0].data(), outs[1].data(), defined / 4, false);
   return r.kind == kDeqQ8 ? r.n * k::kQ8BlockElems : r.n;
@@ -739,7 +781,7 @@ int main(int argc, char** argv) {
               k::isa_name(k::active_isa()), k::isa_name(k::best_isa()), hf2q::get_num_threads(), recs.size());
 
   check_isa();
-  std::size_t per_kind[7] = {0, 0, 0, 0, 0, 0, 0};
+  std::size_t per_kind[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::size_t nonfinite_records = 0;
   for (const Record& r : recs) {
     per_kind[r.kind] += check_record(r);
@@ -750,6 +792,7 @@ int main(int argc, char** argv) {
               "dequantized %zu values\n",
               per_kind[kBf16F32], per_kind[kF16F32], per_kind[kQ8F32], per_kind[kQ8Bf16], per_kind[kQ8F16],
               nonfinite_records, per_kind[kDeqQ8]);
+  std::printf("k-quants from f32 vs ggml's bytes (neon, scalar, pooled): %zu elements\n", per_kind[kKQuantF32]);
   if (g_nan_sign_only)
     std::printf("note: %zu dequantized NaNs (0 x +-Inf scale) differ from the x86 reference only as the "
                 "default NaN does (x86 0xFFC00000, arm64 0x7FC00000); accepted\n",

@@ -19,7 +19,10 @@ kind: 1 BF16->F32, 2 F16->F32 (n = elements, input n*2 bytes, output n*4),
       3/4/5 Q8_0 from F32/BF16/F16 (n = elements, a multiple of 32; output =
       Q8_0 bytes of all blocks, or with a non-finite input only of the blocks
       before the one holding first_nonfinite), 6 Q8_0 dequantization
-      (n = blocks, input n*34 bytes, output n*32 float32).
+      (n = blocks, input n*34 bytes, output n*32 float32), 7 Q4_0 / Q4_K / Q5_K
+      / Q6_K / Q5_0 / Q5_1 from F32 (n = elements; the format's native DType id
+      in flags bits 8..15; expected bytes: ggml's own, from
+      tests/data/kquants/ggml_ref.npz, not hf2q.reference).
 first_nonfinite: smallest flat index of a NaN/Inf input element, -1 if none.
 flags bit 0 (FLAG_NAN_ANY): the default NaN of an invalid operation (0 * Inf in a
       dequantized +-Inf-scale block) is 0xFFC00000 on x86 and 0x7FC00000 on
@@ -49,6 +52,9 @@ KIND_Q8_F32 = 3
 KIND_Q8_BF16 = 4
 KIND_Q8_F16 = 5
 KIND_DEQ_Q8 = 6
+KIND_KQUANT_F32 = 7
+KQUANT_FORMATS = ("q4_0", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
+KQUANT_DATA = Path(__file__).resolve().parents[1] / "data" / "kquants" / "ggml_ref.npz"
 FLAG_NAN_ANY = 1
 
 F32 = np.dtype(np.float32)
@@ -308,6 +314,18 @@ def _decode_cases(w: _Writer) -> None:
     w.add(KIND_F16_F32, odd.size, "f16 -> f32, 65531 rotated values", odd.tobytes(), reference.f16_to_f32(odd).tobytes())
 
 
+def _kquant_cases(w: _Writer) -> None:
+    """ggml's bytes for the committed adversarial and random rows (all finite)."""
+    from hf2q import formats
+
+    with np.load(KQUANT_DATA) as z:
+        rows = np.ascontiguousarray(z["rows"], dtype=np.float32)
+        for fmt in KQUANT_FORMATS:
+            flags = formats.get(fmt).id << 8
+            w.add(KIND_KQUANT_F32, rows.size, f"{fmt} from f32, {rows.shape[0]} ggml rows", rows.tobytes(),
+                  np.ascontiguousarray(z[fmt]).tobytes(), flags=flags)
+
+
 def build_vectors(seed: int = 20240607) -> tuple[bytes, dict[int, int]]:
     rng = np.random.default_rng(seed)
     w = _Writer()
@@ -315,6 +333,7 @@ def build_vectors(seed: int = 20240607) -> tuple[bytes, dict[int, int]]:
     _quant_cases(w, rng)
     _nonfinite_cases(w, rng)
     _dequant_cases(w, rng)
+    _kquant_cases(w)
     return w.serialize(), w.counts
 
 
@@ -331,7 +350,7 @@ def main(argv: list[str]) -> int:
         return 2
     counts = write_vectors(argv[1])
     names = {1: "bf16->f32 values", 2: "f16->f32 values", 3: "f32 q8 elements", 4: "bf16 q8 elements",
-             5: "f16 q8 elements", 6: "q8 blocks dequantized"}
+             5: "f16 q8 elements", 6: "q8 blocks dequantized", 7: "k-quant elements"}
     print(f"wrote {argv[1]} ({Path(argv[1]).stat().st_size} bytes): "
           + ", ".join(f"{counts.get(k, 0)} {v}" for k, v in names.items()))
     return 0

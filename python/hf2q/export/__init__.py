@@ -124,8 +124,8 @@ def _f16_plan(planner: Any, ckpt: Any, config: Mapping[str, Any],
 
 #: family -> (GGUF architecture, planner, key/value writer, options the family takes)
 _FAMILIES = {
-    "qwen35moe": ("qwen35moe", _planner("qwen35moe"), md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp")),
-    "gemma4": ("gemma4", _planner("gemma4"), md.gemma4, ("expert_dtype", "dense_dtype")),
+    "qwen35moe": ("qwen35moe", _planner("qwen35moe"), md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp", "recipe")),
+    "gemma4": ("gemma4", _planner("gemma4"), md.gemma4, ("expert_dtype", "dense_dtype", "recipe")),
 }
 
 
@@ -246,7 +246,9 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     ``outtype``: ``f32``, ``f16``, ``bf16`` or ``q8_0``, with the converter's meaning
     (which tensors take it; norms, routers and small tensors stay F32).
     ``options``: the family's own (``expert_dtype``, ``dense_dtype``,
-    ``mtp`` for Qwen3.5 MoE) refine it. ``force``: replace an existing
+    ``mtp`` for Qwen3.5 MoE) refine it; ``recipe="q4_k_m"`` (q4_k_s, q5_k_m,
+    q6_k, q8_0) replaces both: the tensors llama-quantize writes for that file
+    type from the BF16 file (docs/KQUANTS.md). ``force``: replace an existing
     ``out``. ``name``: ``general.name`` (default: the checkpoint folder's
     name, as the converter does). Supported: Qwen3.5/3.6 MoE
     (``qwen35moe``) and Gemma 4 (``gemma4``); other checkpoints raise
@@ -285,7 +287,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
 
     with open_checkpoint(src_path) as ckpt:
         half: set[str] = set()
-        if outtype == "f16":
+        if outtype == "f16" and options.get("recipe") is None:
             plan, cfg, half = _f16_plan(planner, ckpt, config, dict(options))
         else:
             plan, cfg = planner(ckpt, config, outtype, dict(options))
@@ -294,6 +296,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         kv.string("general.architecture", arch)
         md.general(kv, name if name is not None else str(default_name))
         kv_writer(kv, config, cfg, outtype)
+        if options.get("recipe") is not None:  # llama-quantize's file type (hf2q.recipes)
+            from ..recipes import FILE_TYPES
+
+            kv.u32("general.file_type", FILE_TYPES[options["recipe"]])
         kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
         tokenizer = _tokenizer(kv, fam.name, src_path if src_path.is_dir() else src_path.parent, cfg)
         infos = _tensor_infos(entries, half)

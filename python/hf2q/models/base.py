@@ -23,10 +23,11 @@ from ..device import Buffer, Device
 from ..loader import execute
 from ..model import LoadedModel
 from ..plan import CONVERT_DTYPES, LoadPlan
+from ..recipes import RECIPES
 from ..safetensors import Checkpoint
 from ..shard import Decision, Shard, name_rule, shard_plan
 
-__all__ = ["ModelFamily", "Option", "EXPERT_DTYPE", "DENSE_DTYPE"]
+__all__ = ["ModelFamily", "Option", "EXPERT_DTYPE", "DENSE_DTYPE", "RECIPE"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class Option:
 #: The options of the families that convert by tensor class (Qwen3.5, Gemma 4).
 EXPERT_DTYPE = Option("expert_dtype", CONVERT_DTYPES, "q8_0", "dtype of the expert stacks")
 DENSE_DTYPE = Option("dense_dtype", CONVERT_DTYPES, "f32", "dtype of the other matrices")
+#: llama-quantize's file type (hf2q.recipes): every tensor's format chosen as
+#: ``llama-quantize ... Q4_K_M`` chooses it from the converter's BF16 file
+#: (replaces the dtype options).
+RECIPE = Option("recipe", tuple(RECIPES), None,
+                "each tensor's format as llama-quantize's file type (no imatrix) chooses it; replaces the dtype "
+                "options")
 
 
 class ModelFamily:

@@ -22,7 +22,7 @@ from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily
+from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily
 from .config import ARCHITECTURES, FULL_ATTENTION, MODEL_TYPES, SLIDING_ATTENTION, Gemma4Config, Gemma4Layer
 from .plan import DEVICE_DTYPES, device_dtype, gguf_name, is_multimodal_tensor, plan_gemma4, rope_freqs, vocab_rows
 
@@ -102,7 +102,7 @@ class Gemma4Family(ModelFamily):
     name = "gemma4"
     description = "Gemma 4 text models, MoE and dense (experts in Q8_0 at load time)"
     label = "Gemma 4"
-    options = (EXPERT_DTYPE, DENSE_DTYPE)
+    options = (EXPERT_DTYPE, DENSE_DTYPE, RECIPE)
 
     def recognises(self, config: Mapping[str, Any] | None) -> bool:
         """An architecture ``Gemma4ForConditionalGeneration`` / ``Gemma4ForCausalLM``,
@@ -120,8 +120,16 @@ class Gemma4Family(ModelFamily):
         return _config_of(ckpt, config)
 
     def plan(self, ckpt: Checkpoint, config: Gemma4Config, *, expert_dtype: str = "q8_0",
-             dense_dtype: str = "f32") -> LoadPlan:
-        return plan_gemma4(ckpt, config, dense_dtype=dense_dtype, expert_dtype=expert_dtype, directory=ckpt.directory)
+             dense_dtype: str = "f32", recipe: str | None = None) -> LoadPlan:
+        if recipe is None:
+            return plan_gemma4(ckpt, config, dense_dtype=dense_dtype, expert_dtype=expert_dtype,
+                               directory=ckpt.directory)
+        from ...recipes import ModelFacts, apply_recipe
+
+        # llama-quantize's input: the converter's --outtype bf16 file.
+        plan = plan_gemma4(ckpt, config, dense_dtype="bf16", expert_dtype="bf16", directory=ckpt.directory)
+        n_expert = config.num_experts or 0  # expert_count, as the converter writes it
+        return apply_recipe(plan, recipe, ModelFacts(config.num_hidden_layers, n_expert))
 
     def model(self, device: Device, plan: LoadPlan, buffers: dict[str, Buffer]) -> Gemma4Model:
         return Gemma4Model(device, plan.config, plan, buffers)
@@ -163,7 +171,7 @@ target_heads = FAMILY.target_heads
 
 def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
          progress: bool = True, revision: str | None = None, download: bool = False,
-         check_finite: bool = False, shard: Shard | None = None) -> Gemma4Model:
+         check_finite: bool = False, shard: Shard | None = None, recipe: str | None = None) -> Gemma4Model:
     """Load a Gemma 4 checkpoint (directory with ``config.json``, single file
     or sharded) into device buffers. ``expert_dtype`` (default ``"q8_0"``)
     applies to ``ffn_gate_up_exps`` / ``ffn_down_exps``, ``dense_dtype``
@@ -173,21 +181,23 @@ def load(path: PathLike, device: Device | None = None, *, expert_dtype: str = "q
     NonFiniteError (quantized tensors always refuse them; docs/RELIABILITY.md).
     ``path`` may be a Hugging Face repo id in the local cache (``revision``,
     ``download``: see :func:`hf2q.hub.resolve`). ``shard``: only that rank's
-    slices (docs/SHARDING.md)."""
+    slices (docs/SHARDING.md). ``recipe`` (``"q4_k_m"``, ...): every tensor's
+    format as llama-quantize's file type gives it (docs/KQUANTS.md)."""
     from ...hub import resolve
 
     path = resolve(path, revision, download=download)
     dev = device if device is not None else Device.default()
     with open_checkpoint(path) as ckpt:
         return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype, check_finite=check_finite, shard=shard)
+                               dense_dtype=dense_dtype, check_finite=check_finite, shard=shard, recipe=recipe)
 
 
 def inspect(path: PathLike, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32", revision: str | None = None,
-            download: bool = False) -> dict[str, Any]:
+            download: bool = False, recipe: str | None = None) -> dict[str, Any]:
     """The load plan's numbers for a checkpoint (or Hugging Face repo id, as
     for :func:`load`), reading no tensor bytes."""
     from ...hub import resolve
 
     with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
-        return inspect_checkpoint(ckpt, config=None, expert_dtype=expert_dtype, dense_dtype=dense_dtype)
+        return inspect_checkpoint(ckpt, config=None, expert_dtype=expert_dtype, dense_dtype=dense_dtype,
+                                  recipe=recipe)

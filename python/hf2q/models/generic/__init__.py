@@ -15,7 +15,7 @@ from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import ModelFamily, Option
+from ..base import RECIPE, ModelFamily, Option
 from .config import DTYPE_POLICIES, GenericConfig
 from .plan import device_dtype, plan_generic
 
@@ -42,7 +42,7 @@ class GenericFamily(ModelFamily):
     label = "generic checkpoints (no known architecture)"
     options = (Option("dtype", DTYPE_POLICIES, "keep",
                       "keep each tensor's dtype, or convert floats as llama.cpp's --outtype would (q8_0: 2-D "
-                      "weights whose rows are whole 32-blocks)"),)
+                      "weights whose rows are whole 32-blocks)"), RECIPE)
 
     def recognises(self, config: Mapping[str, Any] | None) -> bool:
         """Every checkpoint: the registry asks the generic family last."""
@@ -52,8 +52,16 @@ class GenericFamily(ModelFamily):
         # The registry hands over what it read (None: the checkpoint has no config.json).
         return GenericConfig.from_dict(config)
 
-    def plan(self, ckpt: Checkpoint, config: GenericConfig, *, dtype: str = "keep") -> LoadPlan:
-        return plan_generic(ckpt, config, dtype=dtype)
+    def plan(self, ckpt: Checkpoint, config: GenericConfig, *, dtype: str = "keep",
+             recipe: str | None = None) -> LoadPlan:
+        if recipe is None:
+            return plan_generic(ckpt, config, dtype=dtype)
+        from ...recipes import apply_recipe, generic_facts, llama_gguf_name
+
+        # llama-like checkpoints: the converter's --outtype bf16 types, decided by their GGUF names.
+        plan = plan_generic(ckpt, config, dtype="bf16")
+        names = {e.name: llama_gguf_name(e.name) for e in plan}
+        return apply_recipe(plan, recipe, generic_facts(names, plan, config.model_type), names)
 
     def model(self, device: Device, plan: LoadPlan, buffers: dict[str, Buffer]) -> GenericModel:
         return GenericModel(device, plan.config, plan, buffers)
@@ -64,6 +72,8 @@ class GenericFamily(ModelFamily):
         hold are listed in ``unloadable`` (a load would refuse them, a plan too)."""
         from ... import formats
 
+        if self.with_defaults(options)["recipe"] is not None:
+            return super().inspect_checkpoint(ckpt, config=config, **options)
         dtype = self.with_defaults(options)["dtype"]
         out: dict[str, str | None] = {}
         for name in ckpt.keys():
@@ -84,11 +94,13 @@ inspect_checkpoint = FAMILY.inspect_checkpoint
 
 
 def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", progress: bool = True,
-         check_finite: bool = False, shard: Shard | None = None) -> GenericModel:
+         check_finite: bool = False, shard: Shard | None = None, recipe: str | None = None) -> GenericModel:
     """Load any safetensors checkpoint (file or directory) with its own tensor
     names; ``dtype`` as in :func:`~hf2q.models.generic.plan.plan_generic`;
     ``check_finite=True``: a NaN/Inf weight raises NonFiniteError; ``shard``:
-    only that rank's slices (docs/SHARDING.md)."""
+    only that rank's slices (docs/SHARDING.md); ``recipe`` (``"q4_k_m"``, ...):
+    llama-quantize's type for each tensor of a llama-like checkpoint, decided
+    by its GGUF name (replaces ``dtype``; docs/KQUANTS.md)."""
     from .. import read_config
 
     dev = device if device is not None else Device.default()
@@ -96,4 +108,4 @@ def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", p
     _, config = read_config(path)
     with open_checkpoint(path) as ckpt:
         return load_checkpoint(ckpt, dev, config=config, progress=progress, dtype=dtype, check_finite=check_finite,
-                               shard=shard)
+                               shard=shard, recipe=recipe)

@@ -22,7 +22,7 @@ from ...model import LoadedModel, check_layout
 from ...plan import destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import DENSE_DTYPE, EXPERT_DTYPE, ModelFamily, Option
+from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily, Option
 from .config import FULL_ATTENTION, Qwen35Config
 from .plan import Qwen35Plan, plan_qwen35_moe
 
@@ -95,7 +95,8 @@ class Qwen35Model(LoadedModel):
 
 def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
          progress: bool = True, mtp: bool | None = None, *, revision: str | None = None,
-         download: bool = False, check_finite: bool = False, shard: Shard | None = None) -> Qwen35Model:
+         download: bool = False, check_finite: bool = False, shard: Shard | None = None,
+         recipe: str | None = None) -> Qwen35Model:
     """Load a Qwen3.5/3.6 MoE checkpoint (directory with ``config.json``,
     single-file or sharded) into inference-ready device buffers.
 
@@ -109,25 +110,29 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     quantized tensors always refuse them).
     On any failure every buffer allocated so far is freed. ``path`` may be a
     Hugging Face repo id in the local cache (``revision``, ``download``: see
-    :func:`hf2q.hub.resolve`). ``shard``: only that rank's slices (docs/SHARDING.md)."""
+    :func:`hf2q.hub.resolve`). ``shard``: only that rank's slices (docs/SHARDING.md).
+    ``recipe`` (``"q4_k_m"``, ...): every tensor's format as llama-quantize's
+    file type gives it (replaces the dtype options; docs/KQUANTS.md)."""
     from ...hub import resolve
 
     path = resolve(path, revision, download=download)
     dev = device if device is not None else Device.default()
     with open_checkpoint(Path(path)) as ckpt:
         return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype, mtp=mtp, check_finite=check_finite, shard=shard)
+                               dense_dtype=dense_dtype, mtp=mtp, check_finite=check_finite, shard=shard,
+                               recipe=recipe)
 
 
 def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
-            revision: str | None = None, download: bool = False) -> dict[str, Any]:
+            revision: str | None = None, download: bool = False, recipe: str | None = None) -> dict[str, Any]:
     """The load plan of a checkpoint (or Hugging Face repo id, as for
     :func:`load`: ``download=True`` fetches it first), without reading tensor
     bytes."""
     from ...hub import resolve
 
     with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
-        return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
+        return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype,
+                                  recipe=recipe)
 
 
 # ----------------------------------------------------------------------------- family interface
@@ -145,7 +150,7 @@ class Qwen35Family(ModelFamily):
     label = "Qwen3.5/3.6 MoE"
     options = (EXPERT_DTYPE, DENSE_DTYPE,
                Option("mtp", (None, True, False), None, "keep (None: when present), require or drop the MTP block",
-                      cli=False))
+                      cli=False), RECIPE)
 
     def recognises(self, config: Mapping[str, Any] | None) -> bool:
         """``model_type`` (root or ``text_config``) ``qwen3_5_moe[_text]``, or a ``Qwen3_5Moe*`` architecture."""
@@ -161,8 +166,14 @@ class Qwen35Family(ModelFamily):
         return _config_of(ckpt, config)
 
     def plan(self, ckpt: Checkpoint, config: Qwen35Config, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-             mtp: bool | None = None) -> Qwen35Plan:
-        return plan_qwen35_moe(ckpt, config, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+             mtp: bool | None = None, recipe: str | None = None) -> Qwen35Plan:
+        if recipe is None:
+            return plan_qwen35_moe(ckpt, config, dense_dtype=dense_dtype, expert_dtype=expert_dtype, mtp=mtp)
+        from ...recipes import ModelFacts, apply_recipe
+
+        # llama-quantize's input: the converter's --outtype bf16 file (MTP blocks count in block_count).
+        plan = plan_qwen35_moe(ckpt, config, dense_dtype="bf16", expert_dtype="bf16", mtp=mtp)
+        return apply_recipe(plan, recipe, ModelFacts(plan.extra["blocks"], config.num_experts))
 
     def model(self, device: Device, plan: Qwen35Plan, buffers: dict[str, Buffer]) -> Qwen35Model:  # type: ignore[override]
         # plan.config: the plan resolves what the file leaves out (mtp_num_hidden_layers)

@@ -1,0 +1,318 @@
+"""llama-quantize's file-type recipes: each tensor's format, chosen as
+``llama-quantize <in> <out> Q4_K_M`` chooses it without an importance matrix
+(docs/KQUANTS.md, "Recipes").
+
+llama-quantize decides by GGUF tensor name, shape and a few model facts (the
+block count, the expert count, whether a LLaMA has 70B's shape); so does
+:func:`recipe_types`, over a list of ``(GGUF name, numpy shape, format)``.
+:func:`apply_recipe` applies it to a family's :class:`~hf2q.plan.LoadPlan`
+made as the converter's ``--outtype bf16`` file (the input llama-quantize
+would read): the tensors llama-quantize leaves alone keep their format, the
+others get the recipe's. The families expose it as their ``recipe`` option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import formats
+from .plan import LoadPlan, TensorPlan
+
+__all__ = ["RECIPES", "FILE_TYPES", "ModelFacts", "recipe_types", "apply_recipe", "allows_quantization", "category",
+           "llama_gguf_name", "generic_facts"]
+
+#: The recipes (llama-quantize's file types without an importance matrix)
+#: and each one's default tensor format.
+RECIPES: dict[str, str] = {"q4_k_m": "q4_k", "q4_k_s": "q4_k", "q5_k_m": "q5_k", "q6_k": "q6_k", "q8_0": "q8_0"}
+#: ``general.file_type`` llama-quantize writes for each (llama.h's ``llama_ftype``).
+FILE_TYPES: dict[str, int] = {"q4_k_m": 15, "q4_k_s": 14, "q5_k_m": 17, "q6_k": 18, "q8_0": 7}
+
+#: llama-quantize's fallback for a row its block does not divide
+#: (``tensor_type_fallback``); a fallback that does not divide either is F16.
+_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+_BLOCK = {"q4_0": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
+
+# Substrings that keep a tensor out of quantization (tensor_allows_quantization;
+# the architecture-specific ones of architectures hf2q does not load are left out).
+_NEVER = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
+          "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight",
+          "indexer.q_proj.weight", "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight",
+          "time_mix_w2.weight", "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight",
+          "time_mix_a0.weight", "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight",
+          "time_mix_g2.weight", "time_mix_decay_w1.weight", "time_mix_decay_w2.weight",
+          "time_mix_lerp_fused.weight", "attn_rel_b.weight", ".position_embd", "sam.pos_embd", "sam.neck.",
+          "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger", "a.rvq.codebook", "mm.a.code_embd")
+_NEVER_EXACT = ("position_embd.weight", "token_types.weight")
+
+_BLK = re.compile(r"blk\.(-?\d+)\.")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What llama-quantize reads from the model besides tensor names:
+    ``n_layer`` (GGUF ``block_count``, MTP blocks included), ``n_expert``
+    (``expert_count``, 0 for a dense model) and ``llama_70b`` (a LLaMA of 80
+    layers with grouped-query attention: llama.cpp's 70B, whose ``attn_v``
+    gets Q5_K for Q4_K)."""
+
+    n_layer: int
+    n_expert: int = 0
+    llama_70b: bool = False
+
+
+def ggml_n_dims(shape: Sequence[int]) -> int:
+    """ggml's dimension count of a numpy-order shape: its leading 1s (ggml's
+    trailing) do not count; at least 1."""
+    ne = list(reversed([int(d) for d in shape]))
+    for i in range(len(ne) - 1, 0, -1):
+        if ne[i] != 1:
+            return i + 1
+    return 1
+
+
+def allows_quantization(name: str, shape: Sequence[int]) -> bool:
+    """Whether llama-quantize quantizes tensor ``name`` (a GGUF name): 2-D or
+    3-D weights, not norms, routers, position tables and a few small kinds."""
+    if ggml_n_dims(shape) < 2 or not name.endswith("weight"):
+        return False
+    if name in _NEVER_EXACT:
+        return False
+    return not any(s in name for s in _NEVER)
+
+
+def category(name: str) -> str:
+    """llama-quantize's category of a GGUF tensor name (``tensor_get_category``)."""
+    if name == "output.weight":
+        return "output"
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):
+        return "token_embd"
+    for sub, cat in (("attn_qkv.weight", "attn_qkv"), ("attn_kv_b.weight", "attn_kv_b"),
+                     ("attn_v.weight", "attn_v"), ("attn_k.weight", "attn_k"), ("attn_q.weight", "attn_q"),
+                     ("attn_output.weight", "attn_output"), ("ffn_up", "ffn_up"), ("ffn_gate", "ffn_gate"),
+                     ("ffn_down", "ffn_down")):
+        if sub in name:
+            return cat
+    return "other"
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # C integer arithmetic: n // 8 truncates (n >= 0); the modulo is reached only for i >= n // 8.
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _layer_key(name: str) -> tuple[int, str]:
+    """llama.cpp's tensor order (the model loader's map): by block (names
+    without one first), then by name."""
+    m = _BLK.match(name)
+    return (int(m.group(1)) if m else -1, name)
+
+
+def _fallback(name: str, ncols: int, fmt: str) -> str:
+    if fmt not in _BLOCK or ncols % _BLOCK[fmt] == 0:
+        return fmt
+    nxt = _FALLBACK.get(fmt, fmt)
+    return nxt if ncols % _BLOCK[nxt] == 0 else "f16"
+
+
+def recipe_types(tensors: Iterable[tuple[str, Sequence[int], str]], recipe: str,
+                 facts: ModelFacts) -> dict[str, str]:
+    """name -> format under ``recipe`` for ``tensors`` (GGUF name, numpy
+    shape, format in the input file), as llama-quantize chooses for that file
+    type without an importance matrix (``llama_tensor_get_type``)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+    default = RECIPES[recipe]
+    items = sorted(((n, tuple(int(d) for d in s), f) for n, s, f in tensors), key=lambda t: _layer_key(t[0]))
+    cats = {n: category(n) for n, _, _ in items}
+    n_wv = sum(c in ("attn_v", "attn_qkv", "attn_kv_b") for c in cats.values())
+    tied = "output" not in cats.values()
+    n_layer = int(facts.n_layer)
+    i_wv = i_down = 0
+    out: dict[str, str] = {}
+    for name, shape, fmt in items:
+        if not allows_quantization(name, shape):
+            out[name] = fmt
+            continue
+        cat = cats[name]
+        ncols = shape[-1]
+        new = default
+        if cat == "output" or (tied and cat == "token_embd"):
+            if ncols % _BLOCK[default] != 0:
+                new = "q8_0"
+            elif new != "q8_0":
+                new = "q6_k"
+        elif cat == "token_embd":
+            pass
+        elif cat in ("attn_v", "attn_qkv", "attn_kv_b"):
+            if recipe in ("q4_k_m", "q5_k_m") and _use_more_bits(i_wv, n_wv):
+                new = "q6_k"
+            elif recipe == "q4_k_s" and i_wv < 4:
+                new = "q5_k"
+            if facts.llama_70b and new == "q4_k":
+                new = "q5_k"
+            if facts.n_expert == 8:
+                new = "q8_0"
+            i_wv += 1
+        elif cat == "attn_k":
+            if facts.n_expert == 8:
+                new = "q8_0"
+        elif cat == "ffn_down":
+            i_layer = i_down
+            if facts.n_expert > 1:
+                m = _BLK.match(name)
+                if m is None or not 0 <= int(m.group(1)) < n_layer:
+                    raise ValueError(f"{name}: no block index below the model's {n_layer} blocks "
+                                     "(llama-quantize: 'Failed to determine layer' / 'Bad layer')")
+                i_layer = int(m.group(1))
+            if recipe in ("q4_k_m", "q5_k_m") and _use_more_bits(i_layer, n_layer):
+                new = "q6_k"
+            elif recipe == "q4_k_s" and i_layer < n_layer // 8:
+                new = "q5_k"
+            i_down += 1
+        elif cat == "attn_output":
+            if facts.n_expert == 8 and recipe in ("q4_k_m", "q4_k_s"):
+                new = "q5_k"
+        out[name] = _fallback(name, ncols, new)
+    return out
+
+
+#: A few llama-like Hugging Face names -> GGUF names (the generic family
+#: keeps checkpoint names; llama-quantize decides by GGUF ones).
+_HF_LAYER = {
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+}
+_HF_EXPERT = re.compile(r"(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight")
+_HF_EXPERT_KIND = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+_HF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight",
+              "model.norm.weight": "output_norm.weight"}
+_HF_BLOCK = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def llama_gguf_name(hf_name: str) -> str:
+    """The GGUF name llama.cpp's converter gives a llama-like checkpoint
+    tensor (``model.layers.3.self_attn.v_proj.weight`` ->
+    ``blk.3.attn_v.weight``; an expert ``...experts.E.w2.weight`` ->
+    ``blk.N.ffn_down_exps.E.weight``: the converter stacks the experts, the
+    recipe only needs the kind and block). Other names are kept."""
+    if hf_name in _HF_GLOBAL:
+        return _HF_GLOBAL[hf_name]
+    m = _HF_BLOCK.fullmatch(hf_name)
+    if m is None:
+        return hf_name
+    b, rest = m.groups()
+    if rest in _HF_LAYER:
+        return f"blk.{b}.{_HF_LAYER[rest]}"
+    e = _HF_EXPERT.fullmatch(rest)
+    if e is not None:
+        return f"blk.{b}.ffn_{_HF_EXPERT_KIND[e.group(2)]}_exps.{e.group(1)}.weight"
+    return f"blk.{b}.{rest}"
+
+
+def generic_facts(names: Mapping[str, str], plan: LoadPlan, model_type: str | None) -> ModelFacts:
+    """A llama-like checkpoint's :class:`ModelFacts` from its tensors' GGUF
+    ``names`` (entry name -> GGUF name) and shapes: blocks (the largest
+    block index + 1), experts (distinct expert indices of a block) and
+    llama.cpp's 70B rule (``llama`` with 80 blocks and fewer K than Q rows:
+    grouped-query attention; ``qwen2`` with 80 blocks)."""
+    blocks = [int(m.group(1)) for g in names.values() if (m := _BLK.match(g))]
+    n_layer = max(blocks) + 1 if blocks else 0
+    experts: dict[str, set[str]] = {}
+    for g in names.values():
+        m = re.fullmatch(r"(blk\.\d+\.ffn_\w+_exps)\.(\d+)\.weight", g)
+        if m:
+            experts.setdefault(m.group(1), set()).add(m.group(2))
+    n_expert = max((len(v) for v in experts.values()), default=0)
+    rows = {g: e.shape[0] for e in plan if e.shape for g in [names[e.name]]}
+    gqa = rows.get("blk.0.attn_k.weight", 0) < rows.get("blk.0.attn_q.weight", 0)
+    is_70b = n_layer == 80 and ((model_type == "llama" and gqa) or model_type == "qwen2")
+    return ModelFacts(n_layer, n_expert, is_70b)
+
+
+def _via_bf16(transform: Callable[[list[np.ndarray]], np.ndarray]) -> Callable[[list[np.ndarray]], np.ndarray]:
+    """A transform whose result the converter's BF16 file stores rounded to
+    BF16 (what llama-quantize then reads): round it the same way first."""
+    import ml_dtypes
+
+    def step(arrays: list[np.ndarray]) -> np.ndarray:
+        y = transform(arrays)
+        if y.dtype == ml_dtypes.bfloat16:
+            return y
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.asarray(y, dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+    return step
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """F32 / F16 values rounded to BF16 (nearest even), as the BF16 file holds them."""
+    import ml_dtypes
+
+    if x.dtype == ml_dtypes.bfloat16:
+        return x
+    return x.astype(np.float32, copy=False).astype(ml_dtypes.bfloat16)
+
+
+def _gather_bf16(entry: TensorPlan) -> Callable[[list[np.ndarray]], np.ndarray]:
+    """A transform that assembles ``entry`` from its whole sources (row
+    slices cut, each piece at its element offset) and rounds it to BF16: the
+    BF16 file's values of a tensor cut out of an F32 / F16 fused one."""
+    pieces = entry.sources
+    shape = tuple(entry.shape)
+
+    def step(arrays: list[np.ndarray]) -> np.ndarray:
+        out = np.empty(int(np.prod(shape, dtype=np.int64)), dtype=np.float32)
+        for p, a in zip(pieces, arrays):
+            a = np.asarray(a)
+            if p.rows is not None:
+                a = a[:, p.rows[0]:p.rows[1]]
+            flat = a.reshape(-1)
+            out[p.dest_offset:p.dest_offset + flat.size] = flat
+        return _round_bf16(out.reshape(shape))
+
+    return step
+
+
+def apply_recipe(plan: LoadPlan, recipe: str, facts: ModelFacts,
+                 names: Mapping[str, str] | None = None) -> LoadPlan:
+    """``plan`` (made as the converter's ``--outtype bf16`` file) with each
+    entry's format chosen by :func:`recipe_types`; ``names``: entry name ->
+    GGUF name where they differ (the generic family's checkpoint names).
+    A BF16 entry computed by a transform, or read from an F32 / F16
+    checkpoint, is rounded to BF16 before it is quantized, as llama-quantize
+    reads it from the BF16 file. Returns a plan
+    of the same class; ``extra["recipe"]`` names the recipe."""
+    gguf = {e.name: (names or {}).get(e.name, e.name) for e in plan}
+    types = recipe_types(((gguf[e.name], e.shape, e.dtype) for e in plan), recipe, facts)
+    entries: list[TensorPlan] = []
+    for e in plan:
+        new = types[gguf[e.name]]
+        if new == e.dtype:
+            entries.append(e)
+            continue
+        if not formats.get(new).is_device:  # pragma: no cover - every recipe format is a device format
+            raise ValueError(f"{e.name}: recipe {recipe} chose {new}, which hf2q cannot store")
+        changes: dict[str, Any] = {"dtype": new}
+        if e.transform is not None and e.dtype == "bf16":
+            changes["transform"] = _via_bf16(e.transform)
+        elif e.dtype == "bf16" and e.elementwise is None and any(p.dtype.lower() != "bf16" for p in e.sources):
+            # An F32 / F16 checkpoint: the BF16 file rounds it first; stage it the same way
+            # (a row slice of a fused tensor cannot be staged: read whole, cut, round).
+            if all(p.rows is None for p in e.sources):
+                changes["elementwise"] = _round_bf16
+            else:
+                changes["transform"] = _gather_bf16(e)
+        entries.append(dataclasses.replace(e, **changes))
+    extra = {**plan.extra, "recipe": recipe}
+    return dataclasses.replace(plan, entries=entries, extra=extra)

@@ -1,0 +1,190 @@
+// The CUDA k-quant encoders of shaders/cuda_kernels.cu run on the CPU: a
+// minimal emulation of the CUDA built-ins they use (one CTA of 256 threads
+// as std::threads, __syncwarp as a barrier over all of them, shared memory as
+// statics), so that CI without a GPU checks their bytes against the CPU
+// kernels (tests/test_kquants_cuda.py). Host float32 arithmetic is IEEE like
+// the GPU's without fast math; built with -ffp-contract=off.
+//
+//   cuda_kquants_emu IN.f32 OUT_PREFIX      (IN: float32 values, a multiple of 256 * 32)
+// writes OUT_PREFIX.<fmt>.<src> for fmt in q4_0 q5_0 q5_1 q4_k q5_k q6_k and
+// src in f32 f16 bf16 (the f16 / bf16 sources: IN rounded to them here),
+// OUT_PREFIX.<src>.in (the rounded inputs, for the comparison), and
+// OUT_PREFIX.<fmt>.bits: the read-back value (u32 bits, x86's default NaN)
+// the CUDA checksum kernels give each element of the f32 source's output.
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct dim3_ {
+  unsigned x = 0, y = 0, z = 0;
+};
+thread_local dim3_ threadIdx;
+dim3_ blockIdx, blockDim, gridDim;
+std::barrier<>* g_barrier = nullptr;
+std::mutex g_atomic;
+
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __shared__ static
+#define __restrict__
+
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline int __clz(unsigned v) { return v ? __builtin_clz(v) : 32; }
+inline void __syncwarp(unsigned = 0xFFFFFFFFu) { g_barrier->arrive_and_wait(); }
+inline void __syncthreads() { g_barrier->arrive_and_wait(); }
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int) { return v; }  // only the Q8_0 kernels use it (not run here)
+inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
+  std::lock_guard<std::mutex> l(g_atomic);
+  const unsigned long long old = *p;
+  if (v < old) *p = v;
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  std::lock_guard<std::mutex> l(g_atomic);
+  const unsigned long long old = *p;
+  *p = old + v;
+  return old;
+}
+struct uint4 {
+  unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+
+// float32 -> binary16, round to nearest even (cvt.rn.f16.f32 on the GPU).
+inline unsigned short emu_f32_to_f16(float f) {
+  const unsigned u = __float_as_uint(f);
+  const unsigned sign = (u >> 16) & 0x8000u;
+  const unsigned a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<unsigned short>(sign | 0x7FFFu);  // the GPU's canonical NaN
+  if (a >= 0x477FF000u) return static_cast<unsigned short>(sign | 0x7C00u);  // rounds to >= 65520: Inf
+  if (a < 0x38800000u) {  // below 2^-14: subnormal half (or zero)
+    const float s = __uint_as_float(a) * 16777216.0f;  // exact scaling by 2^24
+    const float r = std::nearbyint(s);                  // ties to even (default rounding mode)
+    return static_cast<unsigned short>(sign | static_cast<unsigned>(r));
+  }
+  const unsigned mant = a & 0x7FFFFFu, exp = (a >> 23) - 112u;
+  unsigned h = (exp << 10) | (mant >> 13);
+  const unsigned rest = mant & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return static_cast<unsigned short>(sign | h);
+}
+#define asm(...) h = emu_f32_to_f16(f)
+
+#include "../../shaders/cuda_kernels.cu"
+
+#undef asm
+
+namespace {
+
+using Kernel = void (*)(const void*, u8*, u64, u64, u64*);
+using BitsFn = u32 (*)(const u8*, u64, u32);
+
+// One CTA of 256 threads covering every block (grid-stride from block 0).
+std::vector<unsigned char> run(Kernel k, const void* src, u64 nblocks, std::size_t bytes) {
+  std::vector<unsigned char> out(nblocks * bytes, 0xA5);
+  u64 status[2] = {~0ull, 0};
+  blockIdx.x = 0;
+  blockDim.x = 256;
+  gridDim.x = 1;
+  std::barrier<> bar(256);
+  g_barrier = &bar;
+  std::vector<std::thread> ts;
+  for (unsigned t = 0; t < 256; ++t) {
+    ts.emplace_back([=, &out, &status] {
+      threadIdx.x = t;
+      k(src, out.data(), nblocks, 0, status);
+    });
+  }
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+bool write_file(const std::string& path, const void* p, std::size_t n) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return false;
+  const bool ok = std::fwrite(p, 1, n, f) == n;
+  return std::fclose(f) == 0 && ok;
+}
+
+unsigned short to_bf16(float f) {  // round to nearest even (finite input)
+  const unsigned u = __float_as_uint(f);
+  return static_cast<unsigned short>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s IN.f32 OUT_PREFIX\n", argv[0]);
+    return 2;
+  }
+  std::vector<float> x;
+  if (std::FILE* f = std::fopen(argv[1], "rb")) {
+    float buf[4096];
+    std::size_t got;
+    while ((got = std::fread(buf, 4, 4096, f)) > 0) x.insert(x.end(), buf, buf + got);
+    std::fclose(f);
+  }
+  if (x.empty() || x.size() % (256 * 32) != 0) {
+    std::fprintf(stderr, "%s: expected a multiple of 8192 float32 values\n", argv[1]);
+    return 2;
+  }
+  const std::string prefix = argv[2];
+  std::vector<unsigned short> h16(x.size()), b16(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    h16[i] = emu_f32_to_f16(x[i]);
+    b16[i] = to_bf16(x[i]);
+  }
+  struct Src {
+    const char* name;
+    const void* p;
+    std::size_t bytes;
+  } srcs[] = {{"f32", x.data(), 4 * x.size()}, {"f16", h16.data(), 2 * x.size()}, {"bf16", b16.data(), 2 * x.size()}};
+  struct Fmt {
+    const char* name;
+    std::size_t elems, bytes;
+    Kernel k[3];
+    BitsFn bits;
+  } fmts[] = {
+      {"q4_0", 32, 18, {hf2q_quantize_q4_0_f32, hf2q_quantize_q4_0_f16, hf2q_quantize_q4_0_bf16}, BitsQ4_0::at},
+      {"q5_0", 32, 22, {hf2q_quantize_q5_0_f32, hf2q_quantize_q5_0_f16, hf2q_quantize_q5_0_bf16}, BitsQ5<false>::at},
+      {"q5_1", 32, 24, {hf2q_quantize_q5_1_f32, hf2q_quantize_q5_1_f16, hf2q_quantize_q5_1_bf16}, BitsQ5<true>::at},
+      {"q4_k", 256, 144, {hf2q_quantize_q4_k_f32, hf2q_quantize_q4_k_f16, hf2q_quantize_q4_k_bf16}, BitsQK<false>::at},
+      {"q5_k", 256, 176, {hf2q_quantize_q5_k_f32, hf2q_quantize_q5_k_f16, hf2q_quantize_q5_k_bf16}, BitsQK<true>::at},
+      {"q6_k", 256, 210, {hf2q_quantize_q6_k_f32, hf2q_quantize_q6_k_f16, hf2q_quantize_q6_k_bf16}, BitsQ6_K::at},
+  };
+  for (int s = 0; s < 3; ++s) {
+    if (!write_file(prefix + "." + srcs[s].name + ".in", srcs[s].p, srcs[s].bytes)) return 2;
+    for (const Fmt& f : fmts) {
+      const u64 nb = x.size() / f.elems;
+      const auto out = run(f.k[s], srcs[s].p, nb, f.bytes);
+      if (!write_file(prefix + "." + f.name + "." + srcs[s].name, out.data(), out.size())) return 2;
+      if (s == 0) {
+        std::vector<u32> bits(x.size());
+        for (u64 i = 0; i < x.size(); ++i) bits[i] = f.bits(out.data(), i, 0xFFC00000u);
+        if (!write_file(prefix + "." + f.name + ".bits", bits.data(), 4 * bits.size())) return 2;
+      }
+    }
+  }
+  std::printf("cuda_kquants_emu: %zu values, 6 formats x 3 sources\n", x.size());
+  return 0;
+}
