@@ -244,3 +244,36 @@ HF2Q_CHECKSUMS(hf2q_checksums_f16, BitsF16)
 HF2Q_CHECKSUMS(hf2q_checksums_bf16, BitsBF16)
 HF2Q_CHECKSUMS(hf2q_checksums_u8, BitsU8)
 HF2Q_CHECKSUMS(hf2q_checksums_q8_0, BitsQ8_0)
+
+// ------------------------------------------------------------- FP8 (docs/FP8.md)
+
+// OCP E4M3FN byte -> float32 bits, exact: s eeee mmm, bias 7, no Inf,
+// s 1111 111 NaN (quiet, sign kept) -- csrc/kernels/fp8.cpp's table.
+__device__ __forceinline__ u32 f8_e4m3_bits(u32 b) {
+  const u32 sign = (b & 0x80u) << 24;
+  const u32 e = (b >> 3) & 0xFu;
+  const u32 m = b & 0x7u;
+  if (e == 0xFu && m == 0x7u) return sign | 0x7FC00000u;
+  if (e != 0u) return sign | ((e + 120u) << 23) | (m << 20);
+  if (m == 0u) return sign;
+  const u32 top = 31u - (u32)__clz(m);  // subnormal m * 2^-9
+  return sign | ((top + 118u) << 23) | ((m << (23u - top)) & 0x007FFFFFu);
+}
+// E5M2 byte: the top byte of a binary16.
+__device__ __forceinline__ u32 f8_e5m2_bits(u32 b) { return f16_to_f32_bits(b << 8); }
+
+extern "C" __global__ void hf2q_f8_e4m3_to_f32(const u8* __restrict__ src, float* __restrict__ dst, u64 n) {
+  for (u64 i = global_thread(); i < n; i += grid_threads()) dst[i] = __uint_as_float(f8_e4m3_bits(src[i]));
+}
+extern "C" __global__ void hf2q_f8_e5m2_to_f32(const u8* __restrict__ src, float* __restrict__ dst, u64 n) {
+  for (u64 i = global_thread(); i < n; i += grid_threads()) dst[i] = __uint_as_float(f8_e5m2_bits(src[i]));
+}
+
+struct BitsF8E4M3 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) { return f8_e4m3_bits(data[k]); }
+};
+struct BitsF8E5M2 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) { return f8_e5m2_bits(data[k]); }
+};
+HF2Q_CHECKSUMS(hf2q_checksums_f8_e4m3, BitsF8E4M3)
+HF2Q_CHECKSUMS(hf2q_checksums_f8_e5m2, BitsF8E5M2)

@@ -21,9 +21,10 @@ namespace hf2q {
 // element types (stable: Python and the kernels' callers use them). The
 // kernels take these too (a quantizer's source type is a DType).
 enum class DType : int {
-  F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5, Q4_0 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9
+  F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5, Q4_0 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9,
+  F8_E4M3 = 10, F8_E5M2 = 11
 };
-inline constexpr int kNumDTypes = 10;
+inline constexpr int kNumDTypes = 12;
 
 // Bit of `t` in a set of dtypes (FormatRow::sources).
 constexpr std::uint32_t dtype_bit(DType t) { return 1u << static_cast<int>(t); }
@@ -36,6 +37,8 @@ struct FormatKernels;
 extern const FormatKernels kF32Kernels, kF16Kernels, kBF16Kernels, kU8Kernels, kI32Kernels, kQ8_0Kernels;
 // kquants.cpp
 extern const FormatKernels kQ4_0Kernels, kQ4_KKernels, kQ5_KKernels, kQ6_KKernels;
+// fp8.cpp
+extern const FormatKernels kF8E4M3Kernels, kF8E5M2Kernels;
 }  // namespace kernels
 
 struct FormatRow {
@@ -59,10 +62,14 @@ struct FormatRow {
 };
 
 inline constexpr std::uint32_t kHalfSources = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
+// FP8 elements decode exactly to f32 (other conversions stage through it). (A
+// scaled FP8 tensor is not one of these conversions: its weight and scale
+// meet in the scaled decoder, kernels/fp8.h.)
+inline constexpr std::uint32_t kF8Sources = dtype_bit(DType::F8_E4M3) | dtype_bit(DType::F8_E5M2);
 
 // Device formats first, in DType order (kFormats[id] is the row of id).
 inline constexpr FormatRow kFormats[] = {
-    {"f32", 0, 1, 4, "float32", "F32", 0, 0x7F800000u, kHalfSources, &kernels::kF32Kernels},
+    {"f32", 0, 1, 4, "float32", "F32", 0, 0x7F800000u, kHalfSources | kF8Sources, &kernels::kF32Kernels},
     {"f16", 1, 1, 2, "float16", "F16", 1, 0x7C00u, 0, &kernels::kF16Kernels},
     {"bf16", 2, 1, 2, "bfloat16", "BF16", 30, 0x7F80u, 0, &kernels::kBF16Kernels},
     {"u8", 3, 1, 1, "uint8", "U8", -1, 0, 0, &kernels::kU8Kernels},
@@ -73,6 +80,10 @@ inline constexpr FormatRow kFormats[] = {
     {"q4_k", 7, 256, 144, "", "", 12, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ4_KKernels},
     {"q5_k", 8, 256, 176, "", "", 13, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ5_KKernels},
     {"q6_k", 9, 256, 210, "", "", 14, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ6_KKernels},
+    // FP8 elements (OCP E4M3FN: NaN is s.1111.111, no Inf; E5M2: IEEE-like,
+    // exponent 11111 is Inf/NaN). GGUF has no FP8 type. docs/FP8.md.
+    {"f8_e4m3", 10, 1, 1, "float8_e4m3fn", "F8_E4M3", -1, 0x7Fu, 0, &kernels::kF8E4M3Kernels},
+    {"f8_e5m2", 11, 1, 1, "float8_e5m2", "F8_E5M2", -1, 0x7Cu, 0, &kernels::kF8E5M2Kernels},
     // Checkpoint-only dtypes (read and validated, never a device buffer).
     {"bool", -1, 1, 1, "bool", "BOOL", -1},
     {"i8", -1, 1, 1, "int8", "I8", 24},
@@ -83,8 +94,6 @@ inline constexpr FormatRow kFormats[] = {
     {"u64", -1, 1, 8, "uint64", "U64", -1},
     {"f64", -1, 1, 8, "float64", "F64", 28},
     {"c64", -1, 1, 8, "complex64", "C64", -1},
-    {"f8_e4m3", -1, 1, 1, "float8_e4m3fn", "F8_E4M3", -1},
-    {"f8_e5m2", -1, 1, 1, "float8_e5m2", "F8_E5M2", -1},
     {"f8_e8m0", -1, 1, 1, "float8_e8m0fnu", "F8_E8M0", -1},
     {"f8_e4m3fnuz", -1, 1, 1, "float8_e4m3fnuz", "F8_E4M3FNUZ", -1},
     {"f8_e5m2fnuz", -1, 1, 1, "float8_e5m2fnuz", "F8_E5M2FNUZ", -1},

@@ -5,7 +5,9 @@ one load summary.
 Streamed entries go from the file straight into their device buffer (native
 ``pread`` + decode / quantize, expert slices and fused halves at their element
 offsets); ``elementwise`` entries pass through a bounded staging buffer a
-chunk of whole rows at a time; ``transform`` entries are read whole,
+chunk of whole rows at a time; scaled FP8 sources (a weight and its scale)
+are read a tensor (an expert) at a time and decoded natively into the
+destination format; ``transform`` entries are read whole,
 transformed in numpy and uploaded. On any failure, KeyboardInterrupt
 included, every buffer allocated so far is freed before the error leaves."""
 
@@ -399,7 +401,9 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
     try:
         streamed = []
         for piece in entry.sources:
-            if entry.elementwise is not None or not formats.can_convert(piece.dtype, entry.dtype):
+            if piece.scale is not None:
+                _write_scaled(device, ckpt, entry, piece, buf, check_finite)
+            elif entry.elementwise is not None or not formats.can_convert(piece.dtype, entry.dtype):
                 _stage(device, ckpt, entry, piece, buf, check_finite)
             else:
                 streamed.append(piece)
@@ -514,5 +518,52 @@ def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ..
 
 def _read_array(ckpt: Checkpoint, piece: Piece) -> np.ndarray:
     """The whole source tensor: a transform selects its own part (``rows``
-    and ``dest_offset`` place streamed pieces only)."""
+    and ``dest_offset`` place streamed pieces only). A scaled FP8 source is
+    its float32 values (weight times scale), as llama.cpp's converter hands
+    them to its transforms."""
+    if piece.scale is not None:
+        return _scaled_array(ckpt, piece, "f32")[0]
     return ckpt.read_array(piece.tensor)
+
+
+def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False) -> tuple[np.ndarray, int]:
+    """A scaled FP8 piece's whole tensor decoded into ``to`` (f32 / bf16 /
+    f16 / q8_0) in one native pass (hf2q.ops.dequantize_fp8)."""
+    from .ops import dequantize_fp8
+
+    sc = piece.scale
+    assert sc is not None
+    w = ckpt.read_array(piece.tensor)
+    s = ckpt.read_array(sc.tensor).reshape(-1)
+    grid_n = formats.numel(sc.grid)
+    # A per-tensor scale of a stacked weight: one value for every matrix.
+    s = np.broadcast_to(s, (grid_n,)).reshape(sc.grid) if s.size == 1 else s.reshape(sc.grid)
+    ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+    return dequantize_fp8(w, np.ascontiguousarray(s), sc.block, to=to, name=piece.tensor, check_finite=check_finite)
+
+
+def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer,
+                  check_finite: bool = False) -> None:
+    """A scaled FP8 piece into ``buf``: decoded straight into the buffer's
+    format where the decoder writes it (f32 / bf16 / f16 / q8_0) and the
+    piece is whole; else to float32 first (row slices, shard ranges, the
+    other block formats), which the device converts as any f32 source."""
+    from .ops import FP8_OUTPUTS
+
+    direct = piece.rows is None and piece.select is None and entry.dtype in FP8_OUTPUTS
+    arr, _ = _scaled_array(ckpt, piece, entry.dtype if direct else "f32", check_finite)
+    if direct:
+        flat = arr.reshape(-1)
+        device.write(buf, flat, offset=piece.dest_offset, src_dtype="q8_0" if entry.dtype == "q8_0" else None,
+                     name=entry.name)
+        return
+    cast = _caster(entry.dtype)
+    if piece.select is not None:
+        flat = arr.reshape(-1)
+        for d0, s0, n in piece.select.tolist():
+            device.write(buf, np.ascontiguousarray(cast(flat[s0:s0 + n])), offset=d0, name=entry.name)
+        return
+    if piece.rows is not None:
+        start, stop = piece.rows
+        arr = arr.reshape(piece.shape[0], piece.shape[1], -1)[:, start:stop]
+    device.write(buf, np.ascontiguousarray(cast(arr.reshape(-1))), offset=piece.dest_offset, name=entry.name)

@@ -127,6 +127,25 @@ def dequantize_q8_0(blocks: Any, out: np.ndarray | None = None) -> np.ndarray:
 
 #: The read-back value of each element of a device format, from its stored
 #: bytes (uint8, whole blocks): the float32 bits of its decoded value, or for
+def f8_to_f32_bits(raw: np.ndarray, fmt: str) -> np.ndarray:
+    """FP8 bytes (OCP ``f8_e4m3`` = E4M3FN, ``f8_e5m2``) to float32 bits,
+    field by field (docs/FP8.md). E4M3FN NaN (s.1111.111) is the quiet NaN
+    0x7FC00000 with its sign, as ml_dtypes gives it; E5M2 is the top byte of
+    a binary16."""
+    b = np.asarray(raw, dtype=np.uint8).astype(np.uint32)
+    if fmt == "f8_e5m2":
+        return f16_bits_to_f32_bits(b << 8)
+    if fmt != "f8_e4m3":
+        raise ValueError(f"not an FP8 format: {fmt!r}")
+    sign = (b & 0x80) << 24
+    exp = (b >> 3) & 0xF
+    mant = b & 0x7
+    normal = sign | ((exp + 120) << 23) | (mant << 20)
+    sub = sign | (mant.astype(np.float32) * np.float32(2.0**-9)).view(np.uint32)  # exact
+    out = np.where(exp == 0, sub, normal)
+    return np.where((b & 0x7F) == 0x7F, sign | 0x7FC00000, out).astype(np.uint32)
+
+
 #: integers their own 32 bits (i32) / value (u8); the definition of
 #: csrc/device/verify.h, which the native decoders of every backend must
 #: match. One entry per device format of :mod:`hf2q.formats`.
@@ -141,6 +160,8 @@ READBACK: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q4_k": lambda raw: dequantize(raw, "q4_k").view(np.uint32),
     "q5_k": lambda raw: dequantize(raw, "q5_k").view(np.uint32),
     "q6_k": lambda raw: dequantize(raw, "q6_k").view(np.uint32),
+    "f8_e4m3": lambda raw: f8_to_f32_bits(raw, "f8_e4m3"),
+    "f8_e5m2": lambda raw: f8_to_f32_bits(raw, "f8_e5m2"),
 }
 
 
