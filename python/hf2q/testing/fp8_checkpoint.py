@@ -98,15 +98,14 @@ def write_safetensors(path: str | os.PathLike[str], arrays: Mapping[str, np.ndar
 
 
 def _read_all(d: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    from safetensors import safe_open
+    from ..safetensors import open_checkpoint
 
     arrays: dict[str, np.ndarray] = {}
     where: dict[str, str] = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), framework="numpy") as sf:
-            for k in sf.keys():
-                arrays[k] = sf.get_tensor(k)
-                where[k] = f.name
+    with open_checkpoint(d) as ckpt:
+        for k in ckpt.keys():
+            arrays[k] = ckpt.read_array(k)
+            where[k] = ckpt.file_for(k).path.name
     return arrays, where
 
 
