@@ -199,6 +199,7 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     scales: dict[str, Scale] = {}
     consumed: set[str] = set()
     dropped: set[str] = set()
+    paired: set[str] = set()  # weights with a scale tensor (problems with it are reported as such)
     missing: list[ManifestProblem] = []
     bad_dtype: list[ManifestProblem] = []
     bad_shape: list[ManifestProblem] = []
@@ -213,6 +214,7 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
         if scheme.method == "compressed-tensors" and not weight.endswith(".weight"):
             continue  # e.g. a module's own "x_scale" parameter: not a weight's scale
         consumed.add(name)
+        paired.add(weight)
         if weight not in present:
             missing.append(ManifestProblem("missing", weight, f"the weight scaled by '{name}' ({rule})", "absent"))
             continue
@@ -261,14 +263,14 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
             continue
         scales[weight] = Scale(name, sfmt, sshape, block, grid, strategy)
     for name in names:
-        if name in scales or name in consumed or name in dropped:
+        if name in paired or name in consumed or name in dropped:
             continue
         fmt = formats.from_safetensors(ckpt[name].dtype).name
         if fmt in _F8:
             missing.append(ManifestProblem("missing", name + scheme.suffix,
                                            f"the scale of FP8 weight '{name}' ({rule})", "absent"))
-    for problems, cls, what in ((missing, MissingTensorError, "missing"), (bad_dtype, DtypeMismatchError, "dtype"),
-                                (bad_shape, ShapeMismatchError, "shape")):
+    for problems, cls in ((missing, MissingTensorError), (bad_dtype, DtypeMismatchError),
+                          (bad_shape, ShapeMismatchError)):
         if problems:
             lines = "\n".join(f"  {p}" for p in problems)
             raise cls(f"{getattr(ckpt, 'directory', '')}: {len(problems)} FP8 weight/scale problem(s):\n{lines}",
