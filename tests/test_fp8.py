@@ -276,3 +276,44 @@ def test_sharded_fp8_load_is_the_full_loads_slice() -> None:
                                range(r * k, (r + 1) * k), axis=ax)
                 got = hf2q.ops.dequantize(a.numpy(), "q8_0") if a.dtype == "q8_0" else a.numpy()
                 assert np.array_equal(got, want), n
+
+
+def test_inspect_shows_source_format_scale_layout_and_device_format() -> None:
+    import subprocess
+    import sys
+
+    d = Path(__file__).parent / "data" / "fp8"
+    for variant, args, weight, device in (
+            ("qwen3_fp8_deepseek", ["--dtype", "q8_0"], "model.layers.0.mlp.up_proj.weight", "q8_0"),
+            ("qwen3_fp8_ct_channel", [], "model.layers.0.mlp.up_proj.weight", "f8_e4m3"),
+            ("qwen35moe_fp8_block128", ["--dense-dtype", "bf16"], "model.layers.0.linear_attn.in_proj_qkv.weight",
+             "bf16")):
+        r = subprocess.run([sys.executable, "-m", "hf2q", "inspect", str(d / variant / "hf"), "--json", *args],
+                           capture_output=True, text=True, check=True)
+        rep = json.loads(r.stdout)
+        rows = {t["name"]: t for t in rep["tensor_list"]}
+        w = rows[weight]
+        assert w["dtype"] == "F8_E4M3" and w["device_dtype"] == device
+        assert w["scale"].startswith("fp8 ") and "scale '" in w["scale"]
+        sname = w["scale"].split("scale '")[1].rstrip("'")
+        assert rows[sname]["scale"] == f"scale of '{weight}'"
+        # a converting policy applies the scale to its weight; keep loads it as its own buffer
+        assert rows[sname]["device_dtype"] == (rows[sname]["dtype"].lower() if device == "f8_e4m3" else None)
+        assert rep["quantization"]
+
+
+def test_torch_state_dict_keeps_fp8_as_float8() -> None:
+    torch = pytest.importorskip("torch")
+    from hf2q import torch as ht
+
+    d = Path(__file__).parent / "data" / "fp8" / "qwen3_fp8_deepseek" / "hf"
+    model = hf2q.load(d, device=hf2q.Device._isolated("host"), dtype="keep", progress=False)
+    sd = ht.state_dict(model.named_buffers())
+    name = "model.layers.0.mlp.up_proj.weight"
+    t, s = sd[name], sd[name + "_scale_inv"]
+    assert t.dtype == torch.float8_e4m3fn and tuple(t.shape) == (160, 64) and s.dtype == torch.float32
+    assert t.data_ptr() == model[name].address  # a view, no copy
+    # The hand-off's FP8 with its scale: the converter's product, bit for bit.
+    want = hf2q.load(d, device=hf2q.Device._isolated("host"), dtype="f32", progress=False)[name].numpy()
+    deq = t.float() * s.repeat_interleave(32, 0).repeat_interleave(48, 1)[:160, :64]
+    assert np.array_equal(deq.numpy(), want)

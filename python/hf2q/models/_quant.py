@@ -37,7 +37,7 @@ from ..errors import ConfigError, DtypeMismatchError, ManifestProblem, MissingTe
 from ..plan import Scale
 
 __all__ = ["QuantScheme", "ScaledTensors", "quant_scheme", "scaled_tensors", "SUPPORTED_SCHEMES",
-           "unconfigured_scales"]
+           "unconfigured_scales", "scale_layouts"]
 
 #: One line per supported scheme, as docs/FP8.md and ``hf2q inspect`` name them.
 SUPPORTED_SCHEMES: tuple[str, ...] = (
@@ -276,6 +276,20 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
             raise cls(f"{getattr(ckpt, 'directory', '')}: {len(problems)} FP8 weight/scale problem(s):\n{lines}",
                       problems)
     return ScaledTensors(scheme, scales, frozenset(consumed), frozenset(dropped))
+
+
+def scale_layouts(scaled: ScaledTensors) -> dict[str, str]:
+    """For ``hf2q inspect``: each scaled weight's layout (``"fp8 block
+    128x128, bf16 scale 'w_scale_inv'"``), each scale tensor's role
+    (``"scale of 'w'"``), each dropped activation scale's."""
+    out: dict[str, str] = {}
+    for w, s in scaled.scales.items():
+        what = {"block": f"block {s.block[0]}x{s.block[1]}", "channel": "per-channel", "tensor": "per-tensor"}
+        out[w] = f"fp8 {what.get(s.scheme, s.scheme)}, {s.dtype} scale '{s.tensor}'"
+        out[s.tensor] = f"scale of '{w}'"
+    for n in scaled.dropped:
+        out[n] = "activation scale (not used for weights)"
+    return out
 
 
 def unconfigured_scales(ckpt: Any) -> list[str]:

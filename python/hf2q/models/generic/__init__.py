@@ -63,15 +63,29 @@ class GenericFamily(ModelFamily):
         """Device dtypes and bytes under ``dtype``; tensors no device format can
         hold are listed in ``unloadable`` (a load would refuse them, a plan too)."""
         from ... import formats
+        from .._quant import scale_layouts
+        from .plan import fp8_sources
 
         dtype = self.with_defaults(options)["dtype"]
+        cfg = self.parse_config(ckpt, config)
+        scaled = fp8_sources(ckpt, cfg, dtype)  # typed errors for bad FP8 checkpoints, as a load
         out: dict[str, str | None] = {}
+        not_loaded: set[str] = set()
         for name in ckpt.keys():
             info = ckpt[name]
-            out[name] = device_dtype(name, formats.from_safetensors(info.dtype).name, tuple(info.shape), dtype)
+            if dtype != "keep" and (name in scaled.consumed or name in scaled.dropped):
+                out[name] = None  # a scale, applied to its weight
+                not_loaded.add(name)
+                continue
+            src = "f32" if dtype != "keep" and name in scaled.scales else formats.from_safetensors(info.dtype).name
+            out[name] = device_dtype(name, src, tuple(info.shape), dtype)
         nbytes = sum(formats.nbytes(ckpt[n].shape, d) for n, d in out.items() if d is not None)
-        return {"gpu_resident_bytes": nbytes, "device_dtypes": out, "dtype": dtype,
-                "unloadable": [n for n, d in out.items() if d is None]}
+        report = {"gpu_resident_bytes": nbytes, "device_dtypes": out, "dtype": dtype,
+                  "unloadable": [n for n, d in out.items() if d is None and n not in not_loaded]}
+        if scaled.scheme is not None:
+            report["quantization"] = scaled.scheme.describe()
+            report["scale_layouts"] = scale_layouts(scaled)
+        return report
 
 
 FAMILY = GenericFamily()
