@@ -317,3 +317,31 @@ def test_torch_state_dict_keeps_fp8_as_float8() -> None:
     want = hf2q.load(d, device=hf2q.Device._isolated("host"), dtype="f32", progress=False)[name].numpy()
     deq = t.float() * s.repeat_interleave(32, 0).repeat_interleave(48, 1)[:160, :64]
     assert np.array_equal(deq.numpy(), want)
+
+
+def test_bench_fp8_smoke() -> None:
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fp8.py"
+    p = subprocess.run([sys.executable, str(bench), "--rows", "300", "--cols", "256", "--json"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert {x["case"] for x in r["results"]} == {f"fp8 e4m3 -> {t}" for t in ("q8_0", "bf16", "f16", "f32")}
+
+
+@pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
+def test_simd_and_scalar_decode_agree_on_every_byte(fmt) -> None:
+    # Every byte pattern at every position of an 8-wide vector, times scales
+    # whose products round, overflow and underflow: the same bits both ways.
+    w = np.concatenate([np.roll(ALL, k) for k in range(8)]).reshape(64, 32)
+    s = np.array([[3.0e-3], [1.7e36], [1e-40], [-0.75]] * 16, np.float32)
+    for to in ("f32", "bf16", "f16"):
+        simd, _ = ops.dequantize_fp8(w, s, (1, 32), fmt=fmt, to=to)
+        ops.set_simd_enabled(False)
+        try:
+            scalar, _ = ops.dequantize_fp8(w, s, (1, 32), fmt=fmt, to=to)
+        finally:
+            ops.set_simd_enabled(True)
+        assert simd.view(np.uint8).tobytes() == scalar.view(np.uint8).tobytes(), to

@@ -19,6 +19,11 @@
 #include "kernels_internal.h"
 #include "thread_pool.h"
 
+#if defined(HF2Q_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HF2Q_FP8_AVX2 1
+#endif
+
 namespace hf2q::kernels {
 namespace {
 
@@ -139,6 +144,89 @@ bool mul3(std::size_t a, std::size_t b, std::size_t c, std::size_t* out) {
   return true;
 }
 
+
+#if defined(HF2Q_FP8_AVX2)
+// AVX2 + F16C paths, chosen at run time (active_isa); bit-identical to the
+// scalar code above: the same exact decode, the same single multiply.
+// Function-level target attributes: the file is built for the baseline ISA.
+
+// 8 FP8 bytes -> 8 exact float32 (E4M3FN by integer arithmetic on the bits:
+// normals rebias the exponent, subnormals are m * 2^-9 from an exact
+// int -> float conversion, NaN the quiet NaN; E5M2 through F16C).
+__attribute__((target("avx2,f16c"))) inline __m256 decode8(const std::uint8_t* p, bool e5m2) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  if (e5m2) {
+    const __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(raw), 8);
+    return _mm256_cvtph_ps(h);
+  }
+  const __m256i b = _mm256_cvtepu8_epi32(raw);
+  const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23));
+  const __m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(0.001953125f)));
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag);
+  const __m256i is_nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
+  __m256i v = _mm256_blendv_epi8(normal, sub, is_sub);
+  v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7FC00000), is_nan);
+  return _mm256_castsi256_ps(_mm256_or_si256(v, sign));
+}
+
+// y[c] = decode(w[c]) * scale of c's block, for a whole row; returns whether
+// a product is NaN/Inf.
+__attribute__((target("avx2,f16c"))) bool scale_row_avx2(const std::uint8_t* w, float* y, std::size_t cols,
+                                                         std::size_t block_cols, const float* scales, bool e5m2) {
+  __m256i bad = _mm256_setzero_si256();
+  const __m256i expo = _mm256_set1_epi32(0x7F800000);
+  std::size_t c = 0;
+  for (std::size_t b = 0; c < cols; ++b) {
+    const float sc = scales[b];
+    const __m256 vs = _mm256_set1_ps(sc);
+    const std::size_t end = std::min(cols, c + block_cols);
+    for (; c + 8 <= end; c += 8) {
+      const __m256 v = _mm256_mul_ps(decode8(w + c, e5m2), vs);
+      _mm256_storeu_ps(y + c, v);
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), expo), expo));
+    }
+    for (; c < end; ++c) {
+      y[c] = table_of(e5m2 ? DType::F8_E5M2 : DType::F8_E4M3).v[w[c]] * sc;
+      if (is_nonfinite_bits(f32_bits(y[c]))) bad = _mm256_set1_epi32(-1);
+    }
+  }
+  return _mm256_movemask_epi8(bad) != 0;
+}
+
+__attribute__((target("avx2,f16c"))) void f32_to_bf16_avx2(const float* y, std::uint16_t* o, std::size_t n) {
+  std::size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(y + j));
+    const __m256i absu = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i nan = _mm256_cmpgt_epi32(absu, _mm256_set1_epi32(0x7F800000));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256i v = _mm256_blendv_epi8(r, q, nan);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + j), _mm256_castsi256_si128(packed));
+  }
+  for (; j < n; ++j) o[j] = f32_to_bf16_rne(y[j]);
+}
+
+__attribute__((target("avx2,f16c"))) void f32_to_f16_avx2(const float* y, std::uint16_t* o, std::size_t n) {
+  std::size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(y + j);
+    const __m256i u = _mm256_castps_si256(v);
+    // NaN as the scalar conversion writes it (F16C keeps other payload bits).
+    const __m256i absu = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+    if (_mm256_movemask_epi8(_mm256_cmpgt_epi32(absu, _mm256_set1_epi32(0x7F800000))) != 0) {
+      for (std::size_t k = j; k < j + 8; ++k) o[k] = f32_to_f16_rne_inline(y[k]);
+      continue;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + j), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; j < n; ++j) o[j] = f32_to_f16_rne_inline(y[j]);
+}
+#endif
 }  // namespace
 
 //                                  to_f32       to_u32   encode   metal    cuda verify              cuda to_f32            enc  per CTA
@@ -176,22 +264,35 @@ EncodeResult scaled_fp8_rows(const ScaledFp8& s, const std::uint8_t* w, const st
   const std::size_t sbytes = kFormats[static_cast<int>(s.scale)].block_bytes;
   const std::size_t cols = s.cols;
   const std::size_t q8_blocks = cols / kQ8BlockElems;
+#if defined(HF2Q_FP8_AVX2)
+  const bool avx2 = active_isa() == Isa::Avx2;
+  const bool e5m2 = s.weight == DType::F8_E5M2;
+  std::vector<float> row_scales(avx2 ? s.scale_cols : 0);
+#endif
   for (std::size_t r = row_begin; r < row_end; ++r) {
     const std::size_t lead = r / s.rows;
     const std::size_t row = r % s.rows;
     const std::uint8_t* srow = scale + ((lead * s.scale_rows + row / s.block_rows) * s.scale_cols) * sbytes;
     const std::uint8_t* wrow = w + r * cols;
     float* y = out == DType::F32 ? reinterpret_cast<float*>(dst + r * cols * 4) : tmp;
-    std::size_t c = 0;
-    for (std::size_t b = 0; c < cols; ++b) {
-      const float sc = scale_value(s.scale, srow + b * sbytes);
-      const std::size_t end = std::min(cols, c + s.block_cols);
-      for (; c < end; ++c) {
+    bool bad = false;
+#if defined(HF2Q_FP8_AVX2)
+    if (avx2) {
+      for (std::size_t b = 0; b < s.scale_cols; ++b) row_scales[b] = scale_value(s.scale, srow + b * sbytes);
+      bad = scale_row_avx2(wrow, y, cols, s.block_cols, row_scales.data(), e5m2);
+    } else
+#endif
+    {
+      std::size_t c = 0;
+      for (std::size_t b = 0; c < cols; ++b) {
+        const float sc = scale_value(s.scale, srow + b * sbytes);
+        const std::size_t end = std::min(cols, c + s.block_cols);
         // One float32 multiply per element (no contraction: -ffp-contract=off).
-        y[c] = table[wrow[c]] * sc;
+        for (; c < end; ++c) y[c] = table[wrow[c]] * sc;
       }
+      bad = true;  // scanned below
     }
-    if (result.first_nonfinite == kNoIndex) {
+    if (bad && result.first_nonfinite == kNoIndex) {
       for (std::size_t j = 0; j < cols; ++j) {
         if (is_nonfinite_bits(f32_bits(y[j]))) {
           result.first_nonfinite = r * cols + j;
@@ -203,11 +304,23 @@ EncodeResult scaled_fp8_rows(const ScaledFp8& s, const std::uint8_t* w, const st
       case DType::F32: break;
       case DType::BF16: {
         auto* o = reinterpret_cast<std::uint16_t*>(dst + r * cols * 2);
+#if defined(HF2Q_FP8_AVX2)
+        if (avx2) {
+          f32_to_bf16_avx2(y, o, cols);
+          break;
+        }
+#endif
         for (std::size_t j = 0; j < cols; ++j) o[j] = f32_to_bf16_rne(y[j]);
         break;
       }
       case DType::F16: {
         auto* o = reinterpret_cast<std::uint16_t*>(dst + r * cols * 2);
+#if defined(HF2Q_FP8_AVX2)
+        if (avx2) {
+          f32_to_f16_avx2(y, o, cols);
+          break;
+        }
+#endif
         for (std::size_t j = 0; j < cols; ++j) o[j] = f32_to_f16_rne_inline(y[j]);
         break;
       }

@@ -212,7 +212,8 @@ def _fp8_weight(weight: Any, fmt: str | None) -> tuple[np.ndarray, str]:
 
 
 def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str | None = None, to: str = "f32",
-                   name: str | None = None, check_finite: bool = False) -> tuple[np.ndarray, int]:
+                   name: str | None = None, check_finite: bool = False,
+                   out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """A scaled FP8 tensor decoded into ``to`` (one of :data:`FP8_OUTPUTS`) in
     one pass: element ``w[..., r, c]`` times ``scale[..., r // br, c // bc]``
     for ``block = (br, bc)`` (edge blocks partial), one float32 multiply
@@ -227,7 +228,9 @@ def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str 
     ``weight``'s shape in ``to`` (q8_0: uint8 in gguf-py's layout, ``C`` a
     multiple of 32) and the flat index of the first NaN/Inf product, or -1.
     A NaN/Inf raises :class:`hf2q.NonFiniteError` for q8_0 always (the
-    quantizer refuses it), for the others when ``check_finite``."""
+    quantizer refuses it), for the others when ``check_finite``. ``out``: a
+    caller's C-contiguous array of the result's dtype and size, written
+    instead of a new one."""
     w, wfmt = _fp8_weight(weight, fmt)
     if to not in FP8_OUTPUTS:
         raise ValueError(f"to must be one of {', '.join(FP8_OUTPUTS)}, got {to!r}")
@@ -252,9 +255,13 @@ def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str 
     if out_fmt.is_block:
         if cols % out_fmt.block_elems:
             raise ValueError(f"q8_0 rows are whole blocks of 32: the weight's rows hold {cols}")
-        result = np.empty(formats.storage_shape(shape, out_fmt), dtype=U8)
+        want_dt, want_shape = U8, formats.storage_shape(shape, out_fmt)
     else:
-        result = np.empty(shape, dtype=out_fmt.numpy_dtype)
+        want_dt, want_shape = out_fmt.numpy_dtype, shape
+    if out is None:
+        result = np.empty(want_shape, dtype=want_dt)
+    else:
+        result = check_out(out, want_dt, formats.numel(want_shape))
     sraw = np.ascontiguousarray(s).reshape(-1).view(U8)
     first, _ = _core.scaled_fp8(w.reshape(-1), wfmt, sraw, sfmt.name, (lead, rows, cols), (br, bc), to,
                                 result.reshape(-1).view(U8))
