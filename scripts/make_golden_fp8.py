@@ -31,7 +31,11 @@ Variants:
   [32, 48] (several blocks per matrix, partial at both edges);
 - ``qwen3_fp8_ct_channel``: the same model as llm-compressor's
   compressed-tensors FP8 (``float-quantized``, strategy ``channel``, BF16
-  ``weight_scale`` [rows, 1]).
+  ``weight_scale`` [rows, 1]);
+- ``gptoss_mxfp4``: a tiny transformers ``GptOssForCausalLM`` with its
+  experts as OpenAI publishes them (``*_blocks`` uint8 + ``*_scales`` E8M0,
+  ``quant_method: mxfp4``; :func:`hf2q.testing.fp8_checkpoint.mxfp4_checkpoint`),
+  which the converter repacks into ggml MXFP4.
 
 The vocabulary step is stubbed as in scripts/make_golden.py (no tokenizer
 files; no tensor depends on them).
@@ -69,6 +73,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], list[str], str]] = {
     "qwen3_fp8_deepseek": (
         "qwen3", dict(method="fp8", strategy="block", block=(32, 48), scale_dtype="f32"),
         [], "Qwen3 dense (generic family) as DeepSeek-V3 stores FP8: F32 scale_inv, blocks 32x48"),
+    "gptoss_mxfp4": (
+        "gptoss", dict(), [], "gpt-oss experts in MXFP4 (*_blocks + *_scales), the rest BF16"),
     "qwen3_fp8_ct_channel": (
         "qwen3", dict(method="compressed-tensors", strategy="channel", scale_dtype="bf16"),
         [], "Qwen3 dense (generic family) as compressed-tensors FP8: per-channel BF16 weight_scale"),
@@ -97,19 +103,65 @@ def make_qwen3(out: Path) -> None:
     model.save_pretrained(out)
 
 
+GPTOSS_TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, head_dim=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+                   max_position_embeddings=512)
+
+
+def make_gptoss(out: Path) -> None:
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(5)
+    model = tf.GptOssForCausalLM(tf.GptOssConfig(**GPTOSS_TEXT))
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(torch.rand_like(p) * 1.5 + 0.25)
+            else:
+                p.copy_(torch.randn_like(p) * 0.05)
+    model.to(torch.bfloat16).save_pretrained(out)
+
+
 def convert(conv_dir: Path, model_dir: Path, outtype: str, outfile: Path, extra: list[str]) -> None:
     for p in (str(conv_dir / "gguf-py"), str(conv_dir)):
         if p not in sys.path:
             sys.path.insert(0, p)
+    import conversion.gpt_oss as gpt_oss  # noqa: PLC0415
     import conversion.qwen as qwen  # noqa: PLC0415  (the extracted converter)
 
     def no_vocab(self: Any) -> None:
         return None
 
-    for cls in (qwen.Qwen2Model, qwen.Qwen3Model):
+    for cls in (qwen.Qwen2Model, qwen.Qwen3Model, gpt_oss.GptOssModel):
         if "set_vocab" in cls.__dict__:
             cls.set_vocab = no_vocab  # type: ignore[method-assign]
     _golden_module().convert(conv_dir, model_dir, outtype, outfile, extra)
+
+
+def record(conv_dir: Path, gguf_path: Path, blobs: dict[str, bytes]) -> dict[str, Any]:
+    """Every tensor of the converter's file (scripts/make_golden.py's record,
+    for any architecture name) and the architecture's key/values."""
+    import hashlib
+
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(gguf_path)
+    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    meta: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if key.startswith(arch + ".") or key in ("general.architecture", "general.file_type"):
+            v = f.contents()
+            meta[key] = v.tolist() if isinstance(v, np.ndarray) else v
+    tensors = []
+    for t in reader.tensors:
+        data = bytes(np.asarray(t.data).view(np.uint8).reshape(-1))
+        h = hashlib.sha256(data).hexdigest()[:24]
+        blobs.setdefault(h, data)
+        tensors.append({"name": t.name, "type": t.tensor_type.name,
+                        "shape": [int(x) for x in reversed(t.shape.tolist())], "nbytes": int(t.n_bytes), "blob": h})
+    return {"architecture": arch, "metadata": meta, "tensors": tensors}
 
 
 def hf_names(conv_dir: Path, hf: Path, arch: str, n_blocks: int) -> dict[str, str]:
@@ -117,7 +169,8 @@ def hf_names(conv_dir: Path, hf: Path, arch: str, n_blocks: int) -> dict[str, st
     import gguf
     from safetensors import safe_open
 
-    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], n_blocks)
+    by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
+    tmap = gguf.get_tensor_name_map(by_name[arch], n_blocks)
     out: dict[str, str] = {}
     for f in sorted(hf.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as sf:
@@ -137,7 +190,7 @@ def main() -> None:
     args = ap.parse_args()
     mg = _golden_module()
     conv_dir = args.converter or mg.fetch_converter(args.cache)
-    from hf2q.testing.fp8_checkpoint import fp8_checkpoint
+    from hf2q.testing.fp8_checkpoint import fp8_checkpoint, mxfp4_checkpoint
 
     import numpy as np
 
@@ -150,12 +203,15 @@ def main() -> None:
             shutil.rmtree(hf)
         vdir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
-            if base == "qwen3":
+            if base in ("qwen3", "gptoss"):
                 src = Path(tmp) / "bf16"
-                make_qwen3(src)
+                (make_qwen3 if base == "qwen3" else make_gptoss)(src)
             else:
                 src = REPO / "tests" / "data" / "golden" / base / "hf"
-            fp8_checkpoint(src, hf, **kw)
+            if base == "gptoss":
+                mxfp4_checkpoint(src, hf)
+            else:
+                fp8_checkpoint(src, hf, **kw)
             blobs: dict[str, bytes] = {}
             out: dict[str, Any] = {"variant": name, "note": note, "base": base, "quantizer": kw,
                                    "converter": f"llama.cpp convert_hf_to_gguf.py from llama-cpp-python "
@@ -164,7 +220,7 @@ def main() -> None:
                 g = Path(tmp) / f"{ot}.gguf"
                 convert(conv_dir, hf, ot, g, extra)
                 mg._reset_converter_state()
-                rec = mg.record(conv_dir, g, blobs, hf)
+                rec = record(conv_dir, g, blobs)
                 names = hf_names(conv_dir, hf, rec["architecture"], rec["metadata"][f"{rec['architecture']}.block_count"])
                 for t in rec["tensors"]:
                     if t["name"] in names:

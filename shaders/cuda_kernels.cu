@@ -277,3 +277,17 @@ struct BitsF8E5M2 {
 };
 HF2Q_CHECKSUMS(hf2q_checksums_f8_e4m3, BitsF8E4M3)
 HF2Q_CHECKSUMS(hf2q_checksums_f8_e5m2, BitsF8E5M2)
+
+// ggml MXFP4 read-back (csrc/kernels/mxfp4.cpp): the doubled E2M1 value of
+// the code times half the block's E8M0 power of two, one exact product.
+__device__ __forceinline__ u32 mxfp4_half_bits(u32 e) { return e < 2u ? (0x00200000u << e) : ((e - 1u) << 23); }
+struct BitsMXFP4 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) {
+    const u8* blk = data + (k >> 5) * 17u;
+    const u32 j = (u32)(k & 31u);
+    const u32 code = j < 16u ? (blk[1 + j] & 0x0Fu) : (blk[1 + j - 16u] >> 4);
+    const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    return __float_as_uint((float)kv[code] * __uint_as_float(mxfp4_half_bits(blk[0])));
+  }
+};
+HF2Q_CHECKSUMS(hf2q_checksums_mxfp4, BitsMXFP4)

@@ -17,7 +17,7 @@ def test_table_comes_from_native_core() -> None:
     rows = _core.format_table()
     assert [r[0] for r in rows] == list(formats.FORMATS)
     assert formats.DEVICE_FORMATS == ("f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k",
-                                      "f8_e4m3", "f8_e5m2")
+                                      "f8_e4m3", "f8_e5m2", "mxfp4")
     assert formats.DEVICE_FORMATS == hf2q.device.DTYPES
     for i, name in enumerate(formats.DEVICE_FORMATS):
         assert formats.get(name).id == i
@@ -145,7 +145,7 @@ def test_conversions_are_the_rows_sources() -> None:
     # The rows of csrc/kernels/formats.h say which sources convert into them.
     assert formats.sources_of("f32") == ("f16", "bf16", "f8_e4m3", "f8_e5m2")
     assert formats.sources_of("q8_0") == ("f32", "f16", "bf16")
-    for name in ("f16", "bf16", "u8", "i32", "f8_e4m3", "f8_e5m2"):
+    for name in ("f16", "bf16", "u8", "i32", "f8_e4m3", "f8_e5m2", "mxfp4"):
         assert formats.sources_of(name) == ()
     dev = hf2q.Device("host")
     buf = dev.alloc((32,), "q8_0")
@@ -188,6 +188,9 @@ def test_every_device_format_has_a_readback_oracle() -> None:
             dev.write(buf, src.astype(np.int32) if dtype == "i32" else src.view(np.uint8))
         elif dtype == "f32" or formats.can_convert("f32", dtype):
             dev.write(buf, x)
+        elif dtype == "mxfp4":  # written only as repacked bytes (docs/FP8.md)
+            raw = np.random.default_rng(0).integers(0, 256, formats.nbytes(src.shape, dtype), dtype=np.uint8)
+            dev.write(buf, raw, src_dtype="mxfp4")
         else:
             dev.write(buf, x.astype(formats.get(dtype).numpy_dtype))
         assert dev.verify(buf).ok, dtype

@@ -102,3 +102,76 @@ def test_generic_keep_holds_fp8_and_its_scale(dev, variant) -> None:
             assert model[name].numpy().view(np.uint8).tobytes() == a.view(np.uint8).tobytes(), name
     fp8 = [n for n in model.names() if model[n].dtype == "f8_e4m3"]
     assert fp8 and all((n + "_scale_inv") in model or (n + "_scale") in model for n in fp8)
+
+
+# ----------------------------------------------------------------------------- MXFP4 (gpt-oss)
+MX = "gptoss_mxfp4"
+
+
+def _converter_tensor(outtype: str, name: str) -> tuple[dict[str, Any], bytes]:
+    meta, blobs = golden(MX)
+    t = next(t for t in meta["outtypes"][outtype]["tensors"] if t["name"] == name)
+    return t, blobs[t["blob"]]
+
+
+def test_mxfp4_kept_is_the_converters_repack(dev) -> None:
+    model = hf2q.load(DATA / MX / "hf", device=dev, dtype="keep", progress=False)
+    assert model.family == "generic"
+    for b in range(2):
+        gu = model[f"model.layers.{b}.mlp.experts.gate_up_proj"]
+        down = model[f"model.layers.{b}.mlp.experts.down_proj"]
+        assert gu.dtype == "mxfp4" and gu.shape == (4, 128, 64) and down.shape == (4, 64, 64)
+        raw = gu.numpy().reshape(4, 128, 2 * 17)
+        # The converter splits gpt-oss's interleaved gate/up rows: gate = rows 0::2, up = 1::2.
+        for half, rows in (("gate", raw[:, 0::2]), ("up", raw[:, 1::2])):
+            t, theirs = _converter_tensor("q8_0", f"blk.{b}.ffn_{half}_exps.weight")
+            assert t["type"] == "MXFP4" and np.ascontiguousarray(rows).tobytes() == theirs
+        t, theirs = _converter_tensor("f32", f"blk.{b}.ffn_down_exps.weight")
+        assert down.numpy().tobytes() == theirs
+    assert not any(n.endswith(("_blocks", "_scales")) for n in model.names())
+    assert dev.verify(model["model.layers.0.mlp.experts.down_proj"]).ok
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "q8_0"])
+def test_mxfp4_decoded_equals_ggml_dequantize(dev, dtype) -> None:
+    import gguf
+    from gguf.quants import dequantize
+
+    from hf2q import ops
+
+    model = hf2q.load(DATA / MX / "hf", device=dev, dtype=dtype, progress=False)
+    gu = model["model.layers.1.mlp.experts.gate_up_proj"]
+    assert gu.dtype == dtype and gu.shape == (4, 128, 64)
+    _, theirs = _converter_tensor("bf16", "blk.1.ffn_up_exps.weight")
+    ref = dequantize(np.frombuffer(theirs, np.uint8).reshape(4, 64, 34), gguf.GGMLQuantizationType.MXFP4)
+    ref = ref.astype(np.float32)
+    ours = gu.numpy()
+    if dtype == "q8_0":
+        assert ours.reshape(4, 128, 68)[:, 1::2].tobytes() == ops.quantize_q8_0(ref).tobytes()
+    elif dtype == "bf16":
+        import ml_dtypes
+
+        assert ours[:, 1::2].tobytes() == ref.astype(ml_dtypes.bfloat16).tobytes()
+    else:
+        assert ours[:, 1::2].tobytes() == ref.tobytes()
+
+
+def test_mxfp4_bad_checkpoints_are_refused(tmp_path) -> None:
+    from hf2q.errors import MissingTensorError, ShapeMismatchError
+    from hf2q.testing.fp8_checkpoint import write_safetensors
+
+    cfg = json.dumps({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                      "quantization_config": {"quant_method": "mxfp4"}})
+    d = tmp_path / "miss"
+    d.mkdir()
+    write_safetensors(d / "model.safetensors", {"e.w_blocks": np.zeros((2, 4, 2, 16), np.uint8)})
+    (d / "config.json").write_text(cfg)
+    with pytest.raises(MissingTensorError, match=r"e\.w_scales"):
+        hf2q.load(d, progress=False)
+    d = tmp_path / "shape"
+    d.mkdir()
+    write_safetensors(d / "model.safetensors", {"e.w_blocks": np.zeros((2, 4, 2, 16), np.uint8),
+                                                "e.w_scales": np.zeros((2, 4, 3), np.uint8)})
+    (d / "config.json").write_text(cfg)
+    with pytest.raises(ShapeMismatchError, match=r"e\.w_scales"):
+        hf2q.load(d, dtype="f32", progress=False)

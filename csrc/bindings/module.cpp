@@ -15,6 +15,7 @@
 #include "../device/reader.h"
 #include "../kernels/formats.h"
 #include "../kernels/kernels.h"
+#include "../kernels/mxfp4.h"
 #include "../kernels/thread_pool.h"
 #include "release_gil.h"
 
@@ -133,6 +134,24 @@ NB_MODULE(_core, m) {
       "A scaled FP8 tensor [lead, rows, cols] (its scale grid: one value per block of `block`, edge blocks "
       "partial) decoded into out_dtype (f32, bf16, f16, q8_0); returns (first non-finite flat index or -1, "
       "Q8_0 blocks with an Inf scale).");
+  m.def(
+      "mxfp4_repack",
+      [](RoBytes packed, RoBytes scales, RwBytes out) {
+        const std::size_t n = scales.size();
+        if (packed.size() / 16 != n || packed.size() % 16 != 0) {
+          throw std::invalid_argument("packed holds " + std::to_string(packed.size()) + " bytes, expected 16 per scale (" +
+                                      std::to_string(n) + " scales)");
+        }
+        if (out.size() / 17 != n || out.size() % 17 != 0) {
+          throw std::invalid_argument("out holds " + std::to_string(out.size()) + " bytes, expected 17 per block (" +
+                                      std::to_string(n) + " blocks)");
+        }
+        hf2q::bindings::ReleaseGil nogil;
+        hf2q::kernels::mxfp4_repack(packed.data(), scales.data(), out.data(), n);
+      },
+      "packed"_a.noconvert(), "scales"_a.noconvert(), "out"_a.noconvert(),
+      "MXFP4 as gpt-oss stores it (16 bytes per block, element 2i in the low nibble of byte i; one E8M0 byte per "
+      "block) into ggml block_mxfp4 (17 bytes per block).");
   m.def(
       "f32_to_f16_rne",
       [](RoU32 src, RwU16 out) {

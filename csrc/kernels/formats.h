@@ -22,9 +22,9 @@ namespace hf2q {
 // kernels take these too (a quantizer's source type is a DType).
 enum class DType : int {
   F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5, Q4_0 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9,
-  F8_E4M3 = 10, F8_E5M2 = 11
+  F8_E4M3 = 10, F8_E5M2 = 11, MXFP4 = 12
 };
-inline constexpr int kNumDTypes = 12;
+inline constexpr int kNumDTypes = 13;
 
 // Bit of `t` in a set of dtypes (FormatRow::sources).
 constexpr std::uint32_t dtype_bit(DType t) { return 1u << static_cast<int>(t); }
@@ -39,6 +39,8 @@ extern const FormatKernels kF32Kernels, kF16Kernels, kBF16Kernels, kU8Kernels, k
 extern const FormatKernels kQ4_0Kernels, kQ4_KKernels, kQ5_KKernels, kQ6_KKernels;
 // fp8.cpp
 extern const FormatKernels kF8E4M3Kernels, kF8E5M2Kernels;
+// mxfp4.cpp
+extern const FormatKernels kMXFP4Kernels;
 }  // namespace kernels
 
 struct FormatRow {
@@ -84,6 +86,9 @@ inline constexpr FormatRow kFormats[] = {
     // exponent 11111 is Inf/NaN). GGUF has no FP8 type. docs/FP8.md.
     {"f8_e4m3", 10, 1, 1, "float8_e4m3fn", "F8_E4M3", -1, 0x7Fu, 0, &kernels::kF8E4M3Kernels},
     {"f8_e5m2", 11, 1, 1, "float8_e5m2", "F8_E5M2", -1, 0x7Cu, 0, &kernels::kF8E5M2Kernels},
+    // ggml MXFP4: E8M0 exponent + 32 E2M1 codes in 16 bytes (docs/FP8.md). Written
+    // as repacked from a checkpoint's MXFP4 (kernels/mxfp4.h); nothing encodes into it.
+    {"mxfp4", 12, 32, 17, "", "", 39, 0, 0, &kernels::kMXFP4Kernels},
     // Checkpoint-only dtypes (read and validated, never a device buffer).
     {"bool", -1, 1, 1, "bool", "BOOL", -1},
     {"i8", -1, 1, 1, "int8", "I8", 24},

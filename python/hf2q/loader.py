@@ -533,6 +533,8 @@ def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = 
 
     sc = piece.scale
     assert sc is not None
+    if sc.scheme == "mxfp4":
+        return _mxfp4_array(ckpt, piece, to, check_finite)
     w = ckpt.read_array(piece.tensor)
     s = ckpt.read_array(sc.tensor).reshape(-1)
     grid_n = formats.numel(sc.grid)
@@ -540,6 +542,33 @@ def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = 
     s = np.broadcast_to(s, (grid_n,)).reshape(sc.grid) if s.size == 1 else s.reshape(sc.grid)
     ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
     return dequantize_fp8(w, np.ascontiguousarray(s), sc.block, to=to, name=piece.tensor, check_finite=check_finite)
+
+
+def _mxfp4_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False) -> tuple[np.ndarray, int]:
+    """gpt-oss MXFP4 codes and exponents repacked into ggml's MXFP4 blocks
+    (``to="mxfp4"``), or decoded from them to float32 (docs/FP8.md)."""
+    from .errors import NonFiniteError
+    from .ops import dequantize, repack_mxfp4
+
+    sc = piece.scale
+    assert sc is not None
+    blocks = ckpt.read_array(piece.tensor)
+    exps = ckpt.read_array(sc.tensor)
+    ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+    packed = repack_mxfp4(blocks, exps.view(np.uint8))
+    if to == "mxfp4":
+        return packed, -1
+    if to != "f32":
+        raise ValueError(f"MXFP4 decodes to f32 here, not {to}")
+    with np.errstate(over="ignore"):
+        y = dequantize(packed, "mxfp4")
+    bad = np.flatnonzero(~np.isfinite(y.reshape(-1)))
+    first = int(bad[0]) if bad.size else -1
+    if first >= 0 and check_finite:
+        raise NonFiniteError(f"non-finite weight in '{piece.tensor}' at flat index {first}: an E8M0 exponent of 255 "
+                             "overflows float32", index=first, tensor=piece.tensor, value_class="inf",
+                             step="mxfp4 scale")
+    return y, first
 
 
 def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer,
@@ -550,12 +579,17 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
     other block formats), which the device converts as any f32 source."""
     from .ops import FP8_OUTPUTS
 
-    direct = piece.rows is None and piece.select is None and entry.dtype in FP8_OUTPUTS
+    assert piece.scale is not None
+    mx = piece.scale.scheme == "mxfp4"
+    if mx and (piece.rows is not None or piece.select is not None):
+        raise ValueError(f"{entry.name}: MXFP4 tensors load whole (no row slices or shard ranges)")
+    whole = piece.rows is None and piece.select is None
+    direct = whole and (entry.dtype in ("mxfp4", "f32") if mx else entry.dtype in FP8_OUTPUTS)
     arr, _ = _scaled_array(ckpt, piece, entry.dtype if direct else "f32", check_finite)
     if direct:
         flat = arr.reshape(-1)
-        device.write(buf, flat, offset=piece.dest_offset, src_dtype="q8_0" if entry.dtype == "q8_0" else None,
-                     name=entry.name)
+        raw = entry.dtype in ("q8_0", "mxfp4")
+        device.write(buf, flat, offset=piece.dest_offset, src_dtype=entry.dtype if raw else None, name=entry.name)
         return
     cast = _caster(entry.dtype)
     if piece.select is not None:

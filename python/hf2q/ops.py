@@ -36,6 +36,7 @@ __all__ = [
     "dequantize_q8_0",
     "dequantize_fp8",
     "FP8_OUTPUTS",
+    "repack_mxfp4",
     "quantize",
     "dequantize",
     "BLOCK_FORMATS",
@@ -164,11 +165,11 @@ def quantize(src: np.ndarray, fmt: str, out: np.ndarray | None = None, *, name: 
 
 
 def dequantize(blocks: Any, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
-    """ggml block-format bytes to float32, bit-identical to ggml's
-    ``dequantize_row_<fmt>``. ``blocks``: uint8 array whose last dimension is
+    """ggml block-format bytes (also ``"mxfp4"``, 17-byte blocks) to float32,
+    bit-identical to ggml's ``dequantize_row_<fmt>``. ``blocks``: uint8 array whose last dimension is
     a multiple of the block's byte size, or a bytes-like object. Returns shape
     ``blocks.shape[:-1] + (last // block_bytes * block_elems,)``, or ``out``."""
-    fmt = _block_format(fmt)
+    fmt = "mxfp4" if formats.get(fmt).name == "mxfp4" else _block_format(fmt)  # mxfp4: decode only
     if fmt == "q8_0":
         return dequantize_q8_0(blocks, out)
     raw, shape = q8_source(blocks, fmt=fmt)
@@ -274,6 +275,28 @@ def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str 
                              f"is not finite (NaN encoding, non-finite scale, or overflow)", index=first,
                              multi_index=multi, value_class="nan", tensor=name, step="fp8 scale")
     return result, int(first)
+
+
+def repack_mxfp4(blocks: Any, scales: Any) -> np.ndarray:
+    """MXFP4 as gpt-oss (and compressed-tensors' ``mxfp4-pack-quantized``)
+    store it into ggml's ``block_mxfp4`` bytes, moving bits only (docs/FP8.md).
+
+    ``blocks``: uint8 ``[..., nb, 16]`` (element 2i of a block in the low
+    nibble of byte i, 2i + 1 in the high one); ``scales``: uint8 (or
+    ``float8_e8m0fnu``) ``[..., nb]``, one E8M0 exponent per 32 elements.
+    Returns uint8 ``[..., nb * 17]``: the rows of a ``[..., nb * 32]`` tensor
+    in gguf-py's layout."""
+    b = np.ascontiguousarray(blocks)
+    s = np.ascontiguousarray(scales)
+    if b.dtype != U8 or s.dtype.itemsize != 1 or s.dtype.kind not in "uV":
+        raise TypeError(f"blocks must be uint8 and scales uint8 / float8_e8m0fnu, got {b.dtype} and {s.dtype}")
+    if b.ndim < 1 or b.shape[-1] != 16 or tuple(s.shape) != tuple(b.shape[:-1]):
+        raise ValueError(f"MXFP4 blocks {list(b.shape)} need a last dimension of 16 and scales of shape "
+                         f"{list(b.shape[:-1])}, got {list(s.shape)}")
+    nb = b.shape[-2] if b.ndim >= 2 else 1
+    out = np.empty((*b.shape[:-2], nb * 17), dtype=U8)
+    _core.mxfp4_repack(b.reshape(-1), s.reshape(-1).view(U8), out.reshape(-1))
+    return out
 
 
 def simd_isa() -> str:

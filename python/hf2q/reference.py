@@ -146,6 +146,21 @@ def f8_to_f32_bits(raw: np.ndarray, fmt: str) -> np.ndarray:
     return np.where((b & 0x7F) == 0x7F, sign | 0x7FC00000, out).astype(np.uint32)
 
 
+_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
+
+
+def dequantize_mxfp4(raw: np.ndarray) -> np.ndarray:
+    """ggml MXFP4 blocks (17 bytes: E8M0 exponent, 16 bytes of codes, byte j
+    holding element j low and j + 16 high) to float32: the doubled E2M1 value
+    times ``2^(e - 128)`` (e = 0, 1: the float32 subnormals; 255: 2^127), as
+    ggml's ``dequantize_row_mxfp4``."""
+    b = np.asarray(raw, dtype=np.uint8).reshape(-1, 17)
+    e = b[:, 0].astype(np.uint32)
+    half = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << 23).astype(np.uint32).view(np.float32)
+    codes = np.concatenate([b[:, 1:] & 0x0F, b[:, 1:] >> 4], axis=1)
+    return (_MXFP4_VALUES[codes] * half[:, None]).reshape(-1)
+
+
 #: integers their own 32 bits (i32) / value (u8); the definition of
 #: csrc/device/verify.h, which the native decoders of every backend must
 #: match. One entry per device format of :mod:`hf2q.formats`.
@@ -162,6 +177,7 @@ READBACK: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q6_k": lambda raw: dequantize(raw, "q6_k").view(np.uint32),
     "f8_e4m3": lambda raw: f8_to_f32_bits(raw, "f8_e4m3"),
     "f8_e5m2": lambda raw: f8_to_f32_bits(raw, "f8_e5m2"),
+    "mxfp4": lambda raw: dequantize_mxfp4(raw).view(np.uint32),
 }
 
 

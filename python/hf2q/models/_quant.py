@@ -18,6 +18,9 @@ Supported (anything else is a :class:`~hf2q.ConfigError` naming the key):
   schemes are dropped. Other formats (``pack-quantized`` int4,
   ``nvfp4-pack-quantized``, ``int-quantized``), ``group`` strategies, several
   differing groups, and other ``num_bits`` are refused.
+- ``quant_method: "mxfp4"`` (gpt-oss): ``<w>_blocks`` (U8 ``[..., R, C/32,
+  16]``) with ``<w>_scales`` (U8 / F8_E8M0 ``[..., R, C/32]``) are one MXFP4
+  tensor ``<w>`` of shape ``[..., R, C]``, kept as ggml's MXFP4 or decoded.
 
 Each weight with a scale must be F8_E4M3 / F8_E5M2 and each F8 weight must
 have its scale: a missing scale is a :class:`~hf2q.MissingTensorError`, a
@@ -37,13 +40,14 @@ from ..errors import ConfigError, DtypeMismatchError, ManifestProblem, MissingTe
 from ..plan import Scale
 
 __all__ = ["QuantScheme", "ScaledTensors", "quant_scheme", "scaled_tensors", "SUPPORTED_SCHEMES",
-           "unconfigured_scales", "scale_layouts"]
+           "unconfigured_scales", "scale_layouts", "mxfp4_logical"]
 
 #: One line per supported scheme, as docs/FP8.md and ``hf2q inspect`` name them.
 SUPPORTED_SCHEMES: tuple[str, ...] = (
     "fp8 block (weight_block_size, <w>_scale_inv F32/BF16): DeepSeek-V3/R1, Qwen3/3.5/3.6 -FP8",
     "fp8 per-tensor / per-channel (<w>_scale_inv of one value / one per row)",
     "compressed-tensors float-quantized FP8, strategy channel / tensor / block (<w>.weight_scale)",
+    "mxfp4 (gpt-oss: <w>_blocks U8 + <w>_scales E8M0, 32 values per block)",
 )
 
 _F8 = ("f8_e4m3", "f8_e5m2")
@@ -109,6 +113,10 @@ def quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
         ignore = q.get("modules_to_not_convert") or ()
         return QuantScheme("fp8", "block" if block else "auto", block, _FMT[fmt_name], "_scale_inv",
                            (".activation_scale", "_activation_scale"),
+                           tuple(x for x in ignore if isinstance(x, str)) if isinstance(ignore, list) else ())
+    if method == "mxfp4":
+        ignore = q.get("modules_to_not_convert") or ()
+        return QuantScheme("mxfp4", "block", (1, 32), "mxfp4", "_scales", (),
                            tuple(x for x in ignore if isinstance(x, str)) if isinstance(ignore, list) else ())
     if method == "compressed-tensors":
         fmt = q.get("format")
@@ -204,6 +212,8 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     bad_dtype: list[ManifestProblem] = []
     bad_shape: list[ManifestProblem] = []
     rule = f"quantization_config: {scheme.describe()}"
+    if scheme.method == "mxfp4":
+        return _mxfp4_tensors(ckpt, scheme, names, rule)
     for name in names:
         if any(name.endswith(d) for d in scheme.dropped):
             dropped.add(name)
@@ -278,6 +288,58 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     return ScaledTensors(scheme, scales, frozenset(consumed), frozenset(dropped))
 
 
+def _mxfp4_tensors(ckpt: Any, scheme: QuantScheme, names: list[str], rule: str) -> ScaledTensors:
+    """gpt-oss MXFP4: each ``<w>_blocks`` with its ``<w>_scales`` (module doc).
+    The Scale is keyed by the blocks tensor; its grid is the scales' shape."""
+    present = set(names)
+    scales: dict[str, Scale] = {}
+    consumed: set[str] = set()
+    missing: list[ManifestProblem] = []
+    bad_dtype: list[ManifestProblem] = []
+    bad_shape: list[ManifestProblem] = []
+    for name in names:
+        if name.endswith("_scales") and name[: -len("_scales")] + "_blocks" not in present:
+            missing.append(ManifestProblem("missing", name[: -len("_scales")] + "_blocks",
+                                           f"the MXFP4 codes scaled by '{name}' ({rule})", "absent"))
+        if not name.endswith("_blocks"):
+            continue
+        sname = name[: -len("_blocks")] + "_scales"
+        if sname not in present:
+            missing.append(ManifestProblem("missing", sname, f"the E8M0 scales of MXFP4 '{name}' ({rule})", "absent"))
+            continue
+        consumed.add(sname)
+        binfo, sinfo = ckpt[name], ckpt[sname]
+        bfmt = formats.from_safetensors(binfo.dtype).name
+        sfmt = formats.from_safetensors(sinfo.dtype).name
+        if bfmt != "u8":
+            bad_dtype.append(ManifestProblem("dtype", name, f"U8 (MXFP4 codes, two per byte; {rule})", binfo.dtype))
+            continue
+        if sfmt not in ("u8", "f8_e8m0"):
+            bad_dtype.append(ManifestProblem("dtype", sname, f"U8 or F8_E8M0 (E8M0 exponents; {rule})", sinfo.dtype))
+            continue
+        bshape = tuple(int(d) for d in binfo.shape)
+        sshape = tuple(int(d) for d in sinfo.shape)
+        if len(bshape) < 2 or bshape[-1] != 16 or sshape != bshape[:-1]:
+            bad_shape.append(ManifestProblem(
+                "shape", sname, f"{list(bshape[:-1])}: one exponent per 16-byte block of '{name}' {list(bshape)} "
+                f"(whose last dimension must be 16; {rule})", str(list(sshape))))
+            continue
+        scales[name] = Scale(sname, sfmt, sshape, (1, 32), sshape, "mxfp4")
+    for problems, cls in ((missing, MissingTensorError), (bad_dtype, DtypeMismatchError),
+                          (bad_shape, ShapeMismatchError)):
+        if problems:
+            lines = "\n".join(f"  {p}" for p in problems)
+            raise cls(f"{getattr(ckpt, 'directory', '')}: {len(problems)} MXFP4 blocks/scales problem(s):\n{lines}",
+                      problems)
+    return ScaledTensors(scheme, scales, frozenset(consumed), frozenset())
+
+
+def mxfp4_logical(name: str, blocks_shape: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+    """The MXFP4 tensor a ``<w>_blocks`` tensor holds: its name ``<w>`` and
+    logical shape ``[..., R, C]`` (``C`` = blocks per row x 32)."""
+    return name.removesuffix("_blocks"), (*blocks_shape[:-2], blocks_shape[-2] * 32)
+
+
 def scale_layouts(scaled: ScaledTensors) -> dict[str, str]:
     """For ``hf2q inspect``: each scaled weight's layout (``"fp8 block
     128x128, bf16 scale 'w_scale_inv'"``), each scale tensor's role
@@ -285,7 +347,10 @@ def scale_layouts(scaled: ScaledTensors) -> dict[str, str]:
     out: dict[str, str] = {}
     for w, s in scaled.scales.items():
         what = {"block": f"block {s.block[0]}x{s.block[1]}", "channel": "per-channel", "tensor": "per-tensor"}
-        out[w] = f"fp8 {what.get(s.scheme, s.scheme)}, {s.dtype} scale '{s.tensor}'"
+        if s.scheme == "mxfp4":
+            out[w] = f"mxfp4 codes of '{w.removesuffix('_blocks')}', E8M0 scales '{s.tensor}'"
+        else:
+            out[w] = f"fp8 {what.get(s.scheme, s.scheme)}, {s.dtype} scale '{s.tensor}'"
         out[s.tensor] = f"scale of '{w}'"
     for n in scaled.dropped:
         out[n] = "activation scale (not used for weights)"

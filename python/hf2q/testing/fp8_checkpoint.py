@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["quantize_fp8", "fp8_checkpoint", "keeps_bf16", "write_safetensors", "FP8_MAX"]
+__all__ = ["quantize_fp8", "fp8_checkpoint", "keeps_bf16", "write_safetensors", "FP8_MAX", "quantize_mxfp4",
+           "mxfp4_checkpoint"]
 
 #: Largest finite value of each FP8 format.
 FP8_MAX = {"f8_e4m3": 448.0, "f8_e5m2": 57344.0}
@@ -166,4 +167,59 @@ def fp8_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, 
         if extra.is_file() and extra.suffix not in (".safetensors",) and extra.name not in (
                 "config.json", "model.safetensors.index.json") and not (dst / extra.name).exists():
             shutil.copyfile(extra, dst / extra.name)
+    return dst
+
+
+#: E2M1 magnitudes, in code order (codes 8-15 are the negatives).
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+
+
+def quantize_mxfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` (float ``[..., R, C]``, C a multiple of 32) as gpt-oss stores
+    MXFP4: (codes uint8 ``[..., R, C/32, 16]``, element 2i of a block in the
+    low nibble of byte i; E8M0 exponents uint8 ``[..., R, C/32]``). The OCP MX
+    rule: shared exponent ``floor(log2(amax)) - 2`` (E2M1's largest exponent),
+    each element divided by it and rounded to the nearest E2M1 value,
+    saturating at 6."""
+    x = np.asarray(x, dtype=np.float32)
+    *lead, rows, cols = x.shape
+    if cols % 32:
+        raise ValueError("MXFP4 rows are whole blocks of 32")
+    b = x.reshape(*lead, rows, cols // 32, 32)
+    amax = np.abs(b).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(np.maximum(amax, np.float32(1e-38)))) - 2, -127)
+    e = np.clip(e, -127, 127).astype(np.int32)
+    scaled = b / np.exp2(e.astype(np.float32))[..., None]
+    mag = np.minimum(np.abs(scaled), np.float32(6.0))
+    idx = np.abs(mag[..., None] - _E2M1).argmin(axis=-1).astype(np.uint8)
+    codes = idx | np.where(scaled < 0, np.uint8(8), np.uint8(0))
+    codes = np.where(idx == 0, np.uint8(0), codes).astype(np.uint8)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return packed, (e + 127).astype(np.uint8)
+
+
+def mxfp4_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """A transformers-written gpt-oss checkpoint (BF16 experts
+    ``mlp.experts.gate_up_proj`` ``[E, H, 2I]`` and ``down_proj`` ``[E, I, H]``,
+    inputs first) as OpenAI publishes it: each expert matrix transposed to
+    ``[E, out, in]`` and stored as ``<name>_blocks`` / ``<name>_scales``
+    (:func:`quantize_mxfp4`), the rest unchanged, ``quantization_config``
+    ``{"quant_method": "mxfp4"}``."""
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    arrays, _ = _read_all(src)
+    out: dict[str, np.ndarray] = {}
+    for name, a in arrays.items():
+        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")) and a.ndim == 3:
+            packed, exps = quantize_mxfp4(np.swapaxes(a.astype(np.float32), -1, -2))
+            out[name + "_blocks"] = packed
+            out[name + "_scales"] = exps
+        else:
+            out[name] = a
+    write_safetensors(dst / "model.safetensors", out)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return dst

@@ -26,7 +26,7 @@ from ... import formats
 from ...errors import ConfigError, DtypeMismatchError, ManifestProblem
 from ...plan import LoadPlan, Piece, TensorPlan
 from ...safetensors import Checkpoint
-from .._quant import ScaledTensors, scaled_tensors, unconfigured_scales
+from .._quant import ScaledTensors, mxfp4_logical, scaled_tensors, unconfigured_scales
 from .config import DTYPE_POLICIES, GenericConfig
 
 __all__ = ["plan_generic", "device_dtype", "FLOAT_FORMATS"]
@@ -88,8 +88,21 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
         info = ckpt[name]
         src = formats.from_safetensors(info.dtype).name
         shape = tuple(int(d) for d in info.shape)
-        if dtype != "keep" and (name in scaled.consumed or name in scaled.dropped):
+        mxscale = scaled.scheme is not None and scaled.scheme.method == "mxfp4" and name in scaled.consumed
+        if mxscale or (dtype != "keep" and (name in scaled.consumed or name in scaled.dropped)):
             skipped.append(name)  # a scale: applied to its weight, not a tensor of its own
+            continue
+        mx = scaled.scales.get(name)
+        if mx is not None and mx.scheme == "mxfp4":
+            # gpt-oss MXFP4: <w>_blocks + <w>_scales are one tensor <w>, kept as ggml's
+            # MXFP4 (keep) or decoded and converted as a matrix weight.
+            lname, lshape = mxfp4_logical(name, shape)
+            dst = "mxfp4" if dtype == "keep" else device_dtype(lname + ".weight", "f32", lshape, dtype)
+            assert dst is not None
+            entries.append(TensorPlan(lname, lshape, dst, (Piece(name, src, shape, scale=mx),),
+                                      group=_block_id(name), kind="mxfp4"))
+            continue
+        if mx is not None and name in scaled.consumed:
             continue
         scale = scaled.scales.get(name) if dtype != "keep" else None
         if scale is not None:
