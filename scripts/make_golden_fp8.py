@@ -25,6 +25,12 @@ Variants:
   ``quant_method: fp8``, ``weight_block_size [128, 128]``, BF16
   ``weight_scale_inv``, experts one per expert (rows of 320 and 64 make
   partial edge blocks);
+- ``qwen35moe_fp8_fused``: the fused-experts Qwen3.5-MoE golden checkpoint
+  (``gate_up_proj`` ``[E, 2I, H]``) in the same form: the gate and up halves
+  are cut after decoding;
+- ``qwen3_fp8_e5m2_tensor``: the Qwen3 model below with E5M2 weights and
+  one F32 ``weight_scale_inv`` per tensor (``quant_method: fp8`` without
+  ``weight_block_size``);
 - ``qwen3_fp8_deepseek``: a tiny transformers ``Qwen3ForCausalLM`` (an
   architecture hf2q has no family for: the generic family loads it) as
   DeepSeek-V3 stores FP8: F32 ``weight_scale_inv``, here with blocks of
@@ -70,6 +76,12 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], list[str], str]] = {
     "qwen35moe_fp8_block128": (
         "qwen35moe_causal_lm", dict(method="fp8", strategy="block", block=(128, 128), scale_dtype="bf16"),
         ["--no-mtp"], "Qwen3.5-MoE as Qwen's -FP8 repos: fp8 block 128x128, BF16 scale_inv, per-expert experts"),
+    "qwen35moe_fp8_fused": (
+        "qwen35moe_causal_lm_fused_mrope", dict(method="fp8", strategy="block", block=(128, 128), scale_dtype="bf16"),
+        ["--no-mtp"], "Qwen3.5-MoE with fused gate_up_proj experts in FP8 (scale [E, 2I/128, H/128]), block 128x128"),
+    "qwen3_fp8_e5m2_tensor": (
+        "qwen3", dict(method="fp8", strategy="tensor", fmt="f8_e5m2", scale_dtype="f32"),
+        [], "Qwen3 dense, E5M2 weights with one F32 scale_inv per tensor (fp8 without weight_block_size)"),
     "qwen3_fp8_deepseek": (
         "qwen3", dict(method="fp8", strategy="block", block=(32, 48), scale_dtype="f32"),
         [], "Qwen3 dense (generic family) as DeepSeek-V3 stores FP8: F32 scale_inv, blocks 32x48"),

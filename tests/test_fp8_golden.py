@@ -21,8 +21,8 @@ from hf2q import qwen35
 DATA = Path(__file__).parent / "data" / "fp8"
 OUTTYPES = ("q8_0", "f32", "bf16")
 GGUF_TYPE = {"F32": "f32", "BF16": "bf16", "Q8_0": "q8_0", "F16": "f16"}
-QWEN = ("qwen35moe_fp8_block128",)
-GENERIC = ("qwen3_fp8_deepseek", "qwen3_fp8_ct_channel")
+QWEN = ("qwen35moe_fp8_block128", "qwen35moe_fp8_fused")
+GENERIC = ("qwen3_fp8_deepseek", "qwen3_fp8_ct_channel", "qwen3_fp8_e5m2_tensor")
 
 
 @lru_cache(maxsize=None)
@@ -39,11 +39,12 @@ def dev() -> hf2q.Device:
 
 
 def test_fp8_golden_data_present_and_small() -> None:
-    for v in QWEN + GENERIC:
+    for v in QWEN + GENERIC + ("gptoss_mxfp4",):
         meta, blobs = golden(v)
         assert set(meta["outtypes"]) == set(OUTTYPES)
+    assert sorted(p.name for p in DATA.iterdir() if p.is_dir()) == sorted(QWEN + GENERIC + ("gptoss_mxfp4",))
     total = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file())
-    assert total < 3 << 20
+    assert total < 5 << 20
 
 
 def _same(name: str, ours: bytes, theirs: bytes, outtype: str) -> None:
@@ -100,7 +101,7 @@ def test_generic_keep_holds_fp8_and_its_scale(dev, variant) -> None:
         for name in ckpt.keys():
             a = ckpt.read_array(name)
             assert model[name].numpy().view(np.uint8).tobytes() == a.view(np.uint8).tobytes(), name
-    fp8 = [n for n in model.names() if model[n].dtype == "f8_e4m3"]
+    fp8 = [n for n in model.names() if model[n].dtype in ("f8_e4m3", "f8_e5m2")]
     assert fp8 and all((n + "_scale_inv") in model or (n + "_scale") in model for n in fp8)
 
 
