@@ -37,7 +37,8 @@ _KEEP = ("embed_tokens", "lm_head", "norm", "mlp.gate.weight", "shared_expert_ga
 
 def keeps_bf16(name: str, shape: tuple[int, ...]) -> bool:
     """Whether the quantizers leave tensor ``name`` unquantized (module doc)."""
-    return len(shape) < 2 or not name.endswith(".weight") or any(k in name for k in _KEEP)
+    matrix = name.endswith((".weight", "experts.gate_up_proj", "experts.down_proj"))  # fused experts: no .weight
+    return len(shape) < 2 or not matrix or any(k in name for k in _KEEP)
 
 
 def quantize_fp8(x: np.ndarray, *, strategy: str = "block", block: tuple[int, int] = (128, 128),
