@@ -31,6 +31,9 @@ Variants:
 - ``qwen3_fp8_e5m2_tensor``: the Qwen3 model below with E5M2 weights and
   one F32 ``weight_scale_inv`` per tensor (``quant_method: fp8`` without
   ``weight_block_size``);
+- ``gemma4_moe_fp8_ct_channel``: tests/data/gemma4/gemma4_moe_causal_lm/hf
+  (transformers-written Gemma 4 MoE) as compressed-tensors per-channel FP8
+  (its fused experts, which carry no ``.weight``, stay BF16);
 - ``qwen3_fp8_deepseek``: a tiny transformers ``Qwen3ForCausalLM`` (an
   architecture hf2q has no family for: the generic family loads it) as
   DeepSeek-V3 stores FP8: F32 ``weight_scale_inv``, here with blocks of
@@ -82,6 +85,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], list[str], str]] = {
     "qwen3_fp8_e5m2_tensor": (
         "qwen3", dict(method="fp8", strategy="tensor", fmt="f8_e5m2", scale_dtype="f32"),
         [], "Qwen3 dense, E5M2 weights with one F32 scale_inv per tensor (fp8 without weight_block_size)"),
+    "gemma4_moe_fp8_ct_channel": (
+        "gemma4/gemma4_moe_causal_lm", dict(method="compressed-tensors", strategy="channel", scale_dtype="bf16"),
+        [], "Gemma 4 MoE as compressed-tensors FP8 (per-channel BF16 weight_scale; fused experts stay BF16)"),
     "qwen3_fp8_deepseek": (
         "qwen3", dict(method="fp8", strategy="block", block=(32, 48), scale_dtype="f32"),
         [], "Qwen3 dense (generic family) as DeepSeek-V3 stores FP8: F32 scale_inv, blocks 32x48"),
@@ -139,13 +145,14 @@ def convert(conv_dir: Path, model_dir: Path, outtype: str, outfile: Path, extra:
     for p in (str(conv_dir / "gguf-py"), str(conv_dir)):
         if p not in sys.path:
             sys.path.insert(0, p)
+    import conversion.gemma as gemma  # noqa: PLC0415
     import conversion.gpt_oss as gpt_oss  # noqa: PLC0415
     import conversion.qwen as qwen  # noqa: PLC0415  (the extracted converter)
 
     def no_vocab(self: Any) -> None:
         return None
 
-    for cls in (qwen.Qwen2Model, qwen.Qwen3Model, gpt_oss.GptOssModel):
+    for cls in (qwen.Qwen2Model, qwen.Qwen3Model, gpt_oss.GptOssModel, gemma.Gemma4Model):
         if "set_vocab" in cls.__dict__:
             cls.set_vocab = no_vocab  # type: ignore[method-assign]
     _golden_module().convert(conv_dir, model_dir, outtype, outfile, extra)
@@ -219,7 +226,7 @@ def main() -> None:
                 src = Path(tmp) / "bf16"
                 (make_qwen3 if base == "qwen3" else make_gptoss)(src)
             else:
-                src = REPO / "tests" / "data" / "golden" / base / "hf"
+                src = REPO / "tests" / "data" / (base if "/" in base else "golden/" + base) / "hf"
             if base == "gptoss":
                 mxfp4_checkpoint(src, hf)
             else:

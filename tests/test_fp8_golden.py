@@ -23,6 +23,7 @@ OUTTYPES = ("q8_0", "f32", "bf16")
 GGUF_TYPE = {"F32": "f32", "BF16": "bf16", "Q8_0": "q8_0", "F16": "f16"}
 QWEN = ("qwen35moe_fp8_block128", "qwen35moe_fp8_fused")
 GENERIC = ("qwen3_fp8_deepseek", "qwen3_fp8_ct_channel", "qwen3_fp8_e5m2_tensor")
+GEMMA = ("gemma4_moe_fp8_ct_channel",)
 
 
 @lru_cache(maxsize=None)
@@ -39,10 +40,10 @@ def dev() -> hf2q.Device:
 
 
 def test_fp8_golden_data_present_and_small() -> None:
-    for v in QWEN + GENERIC + ("gptoss_mxfp4",):
+    for v in QWEN + GENERIC + GEMMA + ("gptoss_mxfp4",):
         meta, blobs = golden(v)
         assert set(meta["outtypes"]) == set(OUTTYPES)
-    assert sorted(p.name for p in DATA.iterdir() if p.is_dir()) == sorted(QWEN + GENERIC + ("gptoss_mxfp4",))
+    assert sorted(p.name for p in DATA.iterdir() if p.is_dir()) == sorted(QWEN + GENERIC + GEMMA + ("gptoss_mxfp4",))
     total = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file())
     assert total < 5 << 20
 
@@ -71,6 +72,24 @@ def test_qwen_fp8_equals_converter(dev, variant, outtype) -> None:
         assert list(buf.shape) == t["shape"], name
         _same(name, buf.numpy().view(np.uint8).tobytes(), blobs[t["blob"]], outtype)
     assert "fp8 block 128x128" in model.summary.extra["quantization"]
+
+
+@pytest.mark.parametrize("outtype", OUTTYPES)
+@pytest.mark.parametrize("variant", GEMMA)
+def test_gemma4_fp8_equals_converter(dev, variant, outtype) -> None:
+    from hf2q import gemma4
+
+    meta, blobs = golden(variant)
+    cfg = json.loads((DATA / variant / "hf" / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "compressed-tensors"
+    model = gemma4.load(DATA / variant / "hf", device=dev, dense_dtype=outtype, expert_dtype=outtype, progress=False)
+    want = {t["name"]: t for t in meta["outtypes"][outtype]["tensors"]}
+    assert sorted(model.names()) == sorted(want)
+    for name, t in want.items():
+        buf = model[name]
+        assert buf.dtype == GGUF_TYPE[t["type"]] and list(buf.shape) == t["shape"], name
+        _same(name, buf.numpy().view(np.uint8).tobytes(), blobs[t["blob"]], outtype)
+    assert "compressed-tensors channel" in model.summary.extra["quantization"]
 
 
 @pytest.mark.parametrize("outtype", OUTTYPES)

@@ -130,7 +130,8 @@ def fp8_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, 
     for name, a in arrays.items():
         files = out_files.setdefault(where[name], {})
         shape = tuple(a.shape)
-        if keep(name, shape) or a.dtype.kind not in "fV" or a.dtype.name.startswith("float8"):
+        unpaired = method != "fp8" and not name.endswith(".weight")  # compressed-tensors scales '<m>.weight_scale'
+        if keep(name, shape) or unpaired or a.dtype.kind not in "fV" or a.dtype.name.startswith("float8"):
             files[name] = a
             continue
         w, s = quantize_fp8(a.astype(np.float32), strategy=strategy, block=block, fmt=fmt, scale_dtype=scale_dtype)
