@@ -371,3 +371,23 @@ def test_cuda_kernels_compile_with_nvcc(tmp_path) -> None:
     for name in ("f8_e4m3", "f8_e5m2"):
         assert f".entry hf2q_{name}_to_f32(" in ptx
     assert formats.get("mxfp4").gguf_type == 39 and formats.get("mxfp4").block_bytes == 17
+
+
+def test_qwen_generator_writes_the_fp8_form(tmp_path) -> None:
+    """hf2q.testing's Qwen3.5 generator with fp8_block (the benchmarks' FP8
+    checkpoints): matrices F8_E4M3 with BF16 scale_inv, the BF16 tensors of
+    the real repos kept; loads, each expert decoded with its own scale."""
+    from hf2q import qwen35
+    from hf2q.safetensors import open_checkpoint
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = make_qwen35_moe_checkpoint(tmp_path / "q", "tiny", seed=3, fp8_block=(16, 16))
+    with open_checkpoint(d) as c:
+        dt = {n: c[n].dtype for n in c.keys()}
+        w = c.read_array("model.layers.0.mlp.experts.1.down_proj.weight")
+        s = c.read_array("model.layers.0.mlp.experts.1.down_proj.weight_scale_inv")
+    assert dt["model.embed_tokens.weight"] == "BF16" and dt["model.layers.0.mlp.gate.weight"] == "BF16"
+    assert dt["model.layers.0.mlp.experts.0.up_proj.weight"] == "F8_E4M3"
+    m = qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="f32", progress=False)
+    want = w.astype(np.float32) * _blocks(s, (16, 16), w.shape)
+    assert m["blk.0.ffn_down_exps.weight"].numpy()[1].tobytes() == want.tobytes()
