@@ -391,3 +391,23 @@ def test_qwen_generator_writes_the_fp8_form(tmp_path) -> None:
     m = qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="f32", progress=False)
     want = w.astype(np.float32) * _blocks(s, (16, 16), w.shape)
     assert m["blk.0.ffn_down_exps.weight"].numpy()[1].tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("qc", [
+    {"quant_method": ["fp8"]}, {"quant_method": "fp8", "fmt": ["e4m3"]}, {"quant_method": "fp8", "fmt": None},
+    {"quant_method": "fp8", "weight_block_size": [True, 1]}, {"quant_method": "fp8", "weight_block_size": "128"},
+    {"quant_method": "compressed-tensors", "format": ["float-quantized"]},
+    {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": []},
+    {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": 1}},
+    {"quant_method": "compressed-tensors", "format": "float-quantized",
+     "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8, "strategy": ["channel"]}}}},
+    {"quant_method": "compressed-tensors", "format": "float-quantized",
+     "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8, "strategy": "block",
+                                         "block_structure": None}}}},
+    {"quant_method": None}, [], 7,
+])
+def test_malformed_quantization_config_is_a_config_error(qc) -> None:
+    from hf2q.models._quant import quant_scheme
+
+    with pytest.raises(ConfigError):
+        quant_scheme({"quantization_config": qc})

@@ -103,9 +103,12 @@ def quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
         raise ConfigError(f"quantization_config must be an object, got {type(q).__name__}",
                           key="quantization_config")
     method = q.get("quant_method")
+    if not isinstance(method, str):
+        raise ConfigError(f"quantization_config.quant_method must be a string, got {method!r}{supported}",
+                          key="quantization_config.quant_method")
     if method == "fp8":
         fmt_name = q.get("fmt", "e4m3")
-        if fmt_name not in _FMT:
+        if not isinstance(fmt_name, str) or fmt_name not in _FMT:
             raise ConfigError(f"quantization_config.fmt {fmt_name!r} is not an FP8 format hf2q reads "
                               f"(e4m3, e5m2){supported}", key="quantization_config.fmt")
         bs = q.get("weight_block_size")
@@ -120,7 +123,7 @@ def quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
                            tuple(x for x in ignore if isinstance(x, str)) if isinstance(ignore, list) else ())
     if method == "compressed-tensors":
         fmt = q.get("format")
-        if fmt != "float-quantized":
+        if not isinstance(fmt, str) or fmt != "float-quantized":
             raise ConfigError(f"compressed-tensors format {fmt!r} is not supported (FP8 'float-quantized' "
                               f"is){supported}", key="quantization_config.format")
         groups = q.get("config_groups")
@@ -150,7 +153,7 @@ def quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
             raise ConfigError(f"compressed-tensors: group_size {first.get('group_size')!r} is not supported"
                               f"{supported}", key=f"{key}.group_size")
         strategy = first.get("strategy")
-        if strategy not in ("channel", "tensor", "block"):
+        if not isinstance(strategy, str) or strategy not in ("channel", "tensor", "block"):
             raise ConfigError(f"compressed-tensors: strategy {strategy!r} is not supported (channel, tensor, "
                               f"block){supported}", key=f"{key}.strategy")
         if first.get("symmetric", True) is not True:
