@@ -526,9 +526,11 @@ def _read_array(ckpt: Checkpoint, piece: Piece) -> np.ndarray:
     return ckpt.read_array(piece.tensor)
 
 
-def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False) -> tuple[np.ndarray, int]:
+def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False,
+                  out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """A scaled FP8 piece's whole tensor decoded into ``to`` (f32 / bf16 /
-    f16 / q8_0) in one native pass (hf2q.ops.dequantize_fp8)."""
+    f16 / q8_0) in one native pass (hf2q.ops.dequantize_fp8); ``out``: where
+    (a view of the destination buffer's memory on a CPU-visible device)."""
     from .ops import dequantize_fp8
 
     sc = piece.scale
@@ -541,7 +543,8 @@ def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = 
     # A per-tensor scale of a stacked weight: one value for every matrix.
     s = np.broadcast_to(s, (grid_n,)).reshape(sc.grid) if s.size == 1 else s.reshape(sc.grid)
     ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
-    return dequantize_fp8(w, np.ascontiguousarray(s), sc.block, to=to, name=piece.tensor, check_finite=check_finite)
+    return dequantize_fp8(w, np.ascontiguousarray(s), sc.block, to=to, name=piece.tensor, check_finite=check_finite,
+                          out=out)
 
 
 def _mxfp4_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False) -> tuple[np.ndarray, int]:
@@ -585,6 +588,13 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
         raise ValueError(f"{entry.name}: MXFP4 tensors load whole (no row slices or shard ranges)")
     whole = piece.rows is None and piece.select is None
     direct = whole and (entry.dtype in ("mxfp4", "f32") if mx else entry.dtype in FP8_OUTPUTS)
+    if direct and not mx and device._native.cpu_visible:
+        # Memory the CPU addresses (host, Metal): decoded straight into the buffer, no second copy.
+        fmt = formats.get(entry.dtype)
+        begin = fmt.storage_bytes(piece.dest_offset)
+        view = buf._native.numpy_view().reshape(-1).view(np.uint8)[begin:begin + fmt.storage_bytes(piece.numel)]
+        _scaled_array(ckpt, piece, entry.dtype, check_finite, out=view.view(fmt.storage_dtype))
+        return
     arr, _ = _scaled_array(ckpt, piece, entry.dtype if direct else "f32", check_finite)
     if direct:
         flat = arr.reshape(-1)
