@@ -411,3 +411,38 @@ def test_malformed_quantization_config_is_a_config_error(qc) -> None:
 
     with pytest.raises(ConfigError):
         quant_scheme({"quantization_config": qc})
+
+
+def test_device_scaled_fp8_op_equals_the_cpu_decoder(monkeypatch) -> None:
+    """Device.scaled_fp8 (the path a GPU takes: weight and f32 scale grid
+    uploaded, decoded by the device's kernels) on the host backend: the same
+    bytes as the CPU decoder, and the golden loads through it unchanged."""
+    from hf2q import loader
+
+    dev = hf2q.Device._isolated("host")
+    rng = np.random.default_rng(5)
+    w = rng.integers(0, 256, (2, 40, 64), dtype=np.uint8)
+    w[(w & 0x7F) == 0x7F] = 3
+    wf = w.view(ml_dtypes.float8_e4m3fn)
+    s = (rng.random((2, 2, 3), dtype=np.float32) * 1e-2).astype(np.float32)
+    for to in ("f32", "bf16", "f16", "q8_0"):
+        want, _ = ops.dequantize_fp8(wf, s, (32, 24), to=to)
+        buf = dev.alloc((3, 40, 64), to)
+        first, _ = dev._native.scaled_fp8(buf._native, 40 * 64, dev.upload(wf)._native, dev.upload(s)._native,
+                                          (2, 40, 64), (32, 24))
+        assert first == -1
+        got = buf.numpy().reshape(-1).view(np.uint8)
+        nb = formats.nbytes((2, 40, 64), to)
+        off = formats.nbytes((40, 64), to)
+        assert got[off:off + nb].tobytes() == want.view(np.uint8).tobytes(), to
+    buf = dev.alloc((2, 40, 64), "f32")
+    with pytest.raises(ValueError, match="scale buffer holds"):
+        dev._native.scaled_fp8(buf._native, 0, dev.upload(wf)._native, dev.upload(s[:1])._native, (2, 40, 64),
+                               (32, 24))
+    with pytest.raises(ValueError, match="overrun"):
+        dev._native.scaled_fp8(buf._native, 32, dev.upload(wf)._native, dev.upload(s)._native, (2, 40, 64), (32, 24))
+    monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    test_qwen_fp8_via_device = __import__("test_fp8_golden")
+    for outtype in ("q8_0", "bf16"):
+        test_qwen_fp8_via_device.test_qwen_fp8_equals_converter(dev, "qwen35moe_fp8_block128", outtype)
+        test_qwen_fp8_via_device.test_generic_fp8_equals_converter(dev, "qwen3_fp8_deepseek", outtype)

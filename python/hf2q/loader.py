@@ -574,6 +574,48 @@ def _mxfp4_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = F
     return y, first
 
 
+#: Tests: decode scaled FP8 with the device's own kernels (Device.scaled_fp8)
+#: also where the CPU addresses the memory (a GPU always does).
+_SCALED_ON_DEVICE = False
+
+
+def _scaled_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer,
+                      check_finite: bool) -> None:
+    """A scaled FP8 piece decoded by the device (CUDA kernels on a GPU): the
+    weight's bytes and its scale grid (as float32, exact) are uploaded, then
+    decoded into ``buf`` at the piece's offset (docs/FP8.md)."""
+    from .errors import NonFiniteError
+
+    sc = piece.scale
+    assert sc is not None
+    w = ckpt.read_array(piece.tensor)
+    s = ckpt.read_array(sc.tensor).reshape(-1)
+    grid_n = formats.numel(sc.grid)
+    s = np.broadcast_to(s, (grid_n,)) if s.size == 1 else s
+    s32 = np.ascontiguousarray(s.astype(np.float32))  # bf16 / f16 / f32 -> f32: exact
+    ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+    shape = tuple(piece.shape)
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
+    lead = formats.numel(shape[:-2])
+    wbuf = device.upload(np.ascontiguousarray(w))
+    sbuf = device.upload(s32)
+    first, inf_scales = device._native.scaled_fp8(buf._native, piece.dest_offset, wbuf._native, sbuf._native,
+                                                  (lead, rows, cols), sc.block)
+    del wbuf, sbuf
+    if first >= 0 and (check_finite or entry.dtype == "q8_0"):
+        multi = tuple(int(i) for i in np.unravel_index(first, shape)) if len(shape) > 1 else None
+        raise NonFiniteError(f"non-finite weight in '{piece.tensor}' at flat index {first}: the FP8 value times its "
+                             "scale is not finite (NaN encoding, non-finite scale, or overflow)", index=first,
+                             multi_index=multi, value_class="nan", tensor=piece.tensor, step="fp8 scale")
+    if inf_scales:
+        import warnings
+
+        from .errors import ScaleOverflowWarning
+
+        warnings.warn(f"'{entry.name}': {inf_scales} Q8_0 block scale(s) overflow float16 and are stored as +Inf "
+                      "(as ggml's reference quantizer does)", ScaleOverflowWarning, stacklevel=3)
+
+
 def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer,
                   check_finite: bool = False) -> None:
     """A scaled FP8 piece into ``buf``: decoded straight into the buffer's
@@ -588,6 +630,9 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
         raise ValueError(f"{entry.name}: MXFP4 tensors load whole (no row slices or shard ranges)")
     whole = piece.rows is None and piece.select is None
     direct = whole and (entry.dtype in ("mxfp4", "f32") if mx else entry.dtype in FP8_OUTPUTS)
+    if direct and not mx and (_SCALED_ON_DEVICE or not device._native.cpu_visible):
+        _scaled_on_device(device, ckpt, entry, piece, buf, check_finite)
+        return
     if direct and not mx and device._native.cpu_visible:
         # Memory the CPU addresses (host, Metal): decoded straight into the buffer, no second copy.
         fmt = formats.get(entry.dtype)
