@@ -195,3 +195,24 @@ def test_mxfp4_bad_checkpoints_are_refused(tmp_path) -> None:
     (d / "config.json").write_text(cfg)
     with pytest.raises(ShapeMismatchError, match=r"e\.w_scales"):
         hf2q.load(d, dtype="f32", progress=False)
+
+
+def test_convert_writes_the_converters_tensors_for_fp8(tmp_path) -> None:
+    """hf2q convert runs the same plan: an FP8 checkpoint's GGUF holds the
+    converter's tensors byte for byte (ssm_a within 1 ulp)."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    out = tmp_path / "o.gguf"
+    hf = DATA / "qwen35moe_fp8_block128" / "hf"
+    r = subprocess.run([sys.executable, "-m", "hf2q", "convert", str(hf), str(out), "--outtype", "q8_0",
+                        "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ours = {t.name: bytes(np.asarray(t.data).view(np.uint8).reshape(-1)) for t in gguf.GGUFReader(out).tensors}
+    meta, blobs = golden("qwen35moe_fp8_block128")
+    want = meta["outtypes"]["q8_0"]["tensors"]
+    assert sorted(ours) == sorted(t["name"] for t in want)
+    for t in want:
+        _same(t["name"], ours[t["name"]], blobs[t["blob"]], "q8_0")
