@@ -777,3 +777,151 @@ HF2Q_CHECKSUMS(hf2q_checksums_q5_1, BitsQ5<true>)
 HF2Q_CHECKSUMS(hf2q_checksums_q4_k, BitsQK<false>)
 HF2Q_CHECKSUMS(hf2q_checksums_q5_k, BitsQK<true>)
 HF2Q_CHECKSUMS(hf2q_checksums_q6_k, BitsQ6_K)
+
+// ------------------------------------------------------------- FP8 (docs/FP8.md)
+
+// OCP E4M3FN byte -> float32 bits, exact: s eeee mmm, bias 7, no Inf,
+// s 1111 111 NaN (quiet, sign kept) -- csrc/kernels/fp8.cpp's table.
+__device__ __forceinline__ u32 f8_e4m3_bits(u32 b) {
+  const u32 sign = (b & 0x80u) << 24;
+  const u32 e = (b >> 3) & 0xFu;
+  const u32 m = b & 0x7u;
+  if (e == 0xFu && m == 0x7u) return sign | 0x7FC00000u;
+  if (e != 0u) return sign | ((e + 120u) << 23) | (m << 20);
+  if (m == 0u) return sign;
+  const u32 top = 31u - (u32)__clz(m);  // subnormal m * 2^-9
+  return sign | ((top + 118u) << 23) | ((m << (23u - top)) & 0x007FFFFFu);
+}
+// E5M2 byte: the top byte of a binary16.
+__device__ __forceinline__ u32 f8_e5m2_bits(u32 b) { return f16_to_f32_bits(b << 8); }
+
+extern "C" __global__ void hf2q_f8_e4m3_to_f32(const u8* __restrict__ src, float* __restrict__ dst, u64 n) {
+  for (u64 i = global_thread(); i < n; i += grid_threads()) dst[i] = __uint_as_float(f8_e4m3_bits(src[i]));
+}
+extern "C" __global__ void hf2q_f8_e5m2_to_f32(const u8* __restrict__ src, float* __restrict__ dst, u64 n) {
+  for (u64 i = global_thread(); i < n; i += grid_threads()) dst[i] = __uint_as_float(f8_e5m2_bits(src[i]));
+}
+
+struct BitsF8E4M3 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) { return f8_e4m3_bits(data[k]); }
+};
+struct BitsF8E5M2 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) { return f8_e5m2_bits(data[k]); }
+};
+HF2Q_CHECKSUMS(hf2q_checksums_f8_e4m3, BitsF8E4M3)
+HF2Q_CHECKSUMS(hf2q_checksums_f8_e5m2, BitsF8E5M2)
+
+// ggml MXFP4 read-back (csrc/kernels/mxfp4.cpp): the doubled E2M1 value of
+// the code times half the block's E8M0 power of two, one exact product.
+__device__ __forceinline__ u32 mxfp4_half_bits(u32 e) { return e < 2u ? (0x00200000u << e) : ((e - 1u) << 23); }
+struct BitsMXFP4 {
+  static __device__ __forceinline__ u32 at(const u8* data, u64 k, u32) {
+    const u8* blk = data + (k >> 5) * 17u;
+    const u32 j = (u32)(k & 31u);
+    const u32 code = j < 16u ? (blk[1 + j] & 0x0Fu) : (blk[1 + j - 16u] >> 4);
+    const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    return __float_as_uint((float)kv[code] * __uint_as_float(mxfp4_half_bits(blk[0])));
+  }
+};
+HF2Q_CHECKSUMS(hf2q_checksums_mxfp4, BitsMXFP4)
+
+// ------------------------------------------------------------- scaled FP8 (docs/FP8.md)
+
+// A scaled FP8 tensor already on the GPU: `w` lead * rows * cols FP8 bytes,
+// `scale` its grid as float32 (lead * srows * scols, one value per br x bc
+// block, edge blocks partial), decoded into `dst` (which already points at
+// the destination's first element). The product is one float32 multiply
+// (compiled with --fmad=false), as csrc/kernels/fp8.cpp computes it.
+// status[0]: smallest flat index of a NaN/Inf product (atomically
+// minimised); status[1]: Q8_0 blocks whose binary16 scale overflowed.
+struct ScaledGeo {
+  u64 rows, cols, br, bc, srows, scols;
+};
+
+template <int kFmt>  // 0: f8_e4m3, 1: f8_e5m2
+__device__ __forceinline__ float scaled_value(const u8* __restrict__ w, const float* __restrict__ scale,
+                                              const ScaledGeo& g, u64 i) {
+  const u64 row_all = i / g.cols, c = i - row_all * g.cols;
+  const u64 lead = row_all / g.rows, r = row_all - lead * g.rows;
+  const float s = scale[(lead * g.srows + r / g.br) * g.scols + c / g.bc];
+  const float x = __uint_as_float(kFmt == 0 ? f8_e4m3_bits(w[i]) : f8_e5m2_bits(w[i]));
+  return __fmul_rn(x, s);
+}
+
+// float32 -> bfloat16, round to nearest even; NaN quiet with its sign and top payload (fp8.cpp's f32_to_bf16_rne).
+__device__ __forceinline__ u16 f32_to_bf16_rne(float f) {
+  const u32 u = __float_as_uint(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((u >> 16) | 0x0040u);
+  return (u16)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// float32 -> binary16 as the CPU's f32_to_f16_rne_inline (NaN: 0x7E00 | top payload, sign kept).
+__device__ __forceinline__ u16 f32_to_f16_cpu(float f) {
+  const u32 u = __float_as_uint(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u16)(((u >> 16) & 0x8000u) | 0x7E00u | ((u >> 13) & 0x3FFu));
+  return f32_to_f16_rn(f);
+}
+
+template <int kFmt, int kOut>  // kOut 0: f32, 1: bf16, 2: f16
+__device__ __forceinline__ void scaled_fp8_elems(const u8* __restrict__ w, const float* __restrict__ scale,
+                                                 void* __restrict__ dst, u64 n, ScaledGeo g, u64* status) {
+  for (u64 i = global_thread(); i < n; i += grid_threads()) {
+    const float y = scaled_value<kFmt>(w, scale, g, i);
+    if (nonfinite_bits(__float_as_uint(y))) atomicMin(&status[0], i);
+    if (kOut == 0) ((float*)dst)[i] = y;
+    if (kOut == 1) ((u16*)dst)[i] = f32_to_bf16_rne(y);
+    if (kOut == 2) ((u16*)dst)[i] = f32_to_f16_cpu(y);
+  }
+}
+
+// Q8_0: one thread per 32-element block (cols a multiple of 32), the block's
+// products computed once into registers, then ggml's quantize_row_q8_0_ref
+// steps as quantize_q8_0 above.
+template <int kFmt>
+__device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const float* __restrict__ scale,
+                                                u8* __restrict__ dst, u64 nblocks, ScaledGeo g, u64* status) {
+  for (u64 b = global_thread(); b < nblocks; b += grid_threads()) {
+    float x[32];
+    float amax = 0.0f;
+    bool bad = false;
+    for (int k = 0; k < 32; ++k) {
+      const u64 i = b * 32u + (u64)k;
+      x[k] = scaled_value<kFmt>(w, scale, g, i);
+      if (!bad && nonfinite_bits(__float_as_uint(x[k]))) {
+        atomicMin(&status[0], i);
+        bad = true;
+      }
+      amax = fmaxf(amax, fabsf(x[k]));
+    }
+    if (bad) continue;  // the load fails; the block's bytes do not matter
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const bool zero_qs = (__float_as_uint(id) & 0x7FFFFFFFu) == 0x7F800000u;
+    u8* out = dst + b * 34u;
+    const u16 d16 = f32_to_f16_rn(d);
+    out[0] = (u8)(d16 & 0xFFu);
+    out[1] = (u8)(d16 >> 8);
+    if (d16 == 0x7C00u) atomicAdd(&status[1], 1ull);
+    for (int k = 0; k < 32; ++k) out[2 + k] = (u8)(i8)(zero_qs ? 0 : (int)round_half_away(x[k] * id));
+  }
+}
+
+#define HF2Q_SCALED_FP8(fmt_name, kFmt)                                                                            \
+  extern "C" __global__ void hf2q_scaled_##fmt_name##_f32(const u8* w, const float* s, void* dst, u64 n,         \
+                                                          ScaledGeo g, u64* status) {                            \
+    scaled_fp8_elems<kFmt, 0>(w, s, dst, n, g, status);                                                         \
+  }                                                                                                              \
+  extern "C" __global__ void hf2q_scaled_##fmt_name##_bf16(const u8* w, const float* s, void* dst, u64 n,        \
+                                                           ScaledGeo g, u64* status) {                           \
+    scaled_fp8_elems<kFmt, 1>(w, s, dst, n, g, status);                                                         \
+  }                                                                                                              \
+  extern "C" __global__ void hf2q_scaled_##fmt_name##_f16(const u8* w, const float* s, void* dst, u64 n,         \
+                                                          ScaledGeo g, u64* status) {                            \
+    scaled_fp8_elems<kFmt, 2>(w, s, dst, n, g, status);                                                         \
+  }                                                                                                              \
+  extern "C" __global__ void hf2q_scaled_##fmt_name##_q8_0(const u8* w, const float* s, void* dst, u64 nblocks,  \
+                                                           ScaledGeo g, u64* status) {                           \
+    scaled_fp8_q8_0<kFmt>(w, s, (u8*)dst, nblocks, g, status);                                                  \
+  }
+HF2Q_SCALED_FP8(f8_e4m3, 0)
+HF2Q_SCALED_FP8(f8_e5m2, 1)

@@ -17,7 +17,7 @@ def test_table_comes_from_native_core() -> None:
     rows = _core.format_table()
     assert [r[0] for r in rows] == list(formats.FORMATS)
     assert formats.DEVICE_FORMATS == ("f32", "f16", "bf16", "u8", "i32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k",
-                                      "q5_0", "q5_1")
+                                      "q5_0", "q5_1", "f8_e4m3", "f8_e5m2", "mxfp4")
     assert formats.DEVICE_FORMATS == hf2q.device.DTYPES
     for i, name in enumerate(formats.DEVICE_FORMATS):
         assert formats.get(name).id == i
@@ -143,13 +143,13 @@ def test_can_convert_is_the_native_table() -> None:
 
 def test_conversions_are_the_rows_sources() -> None:
     # The rows of csrc/kernels/formats.h say which sources convert into them.
-    assert formats.sources_of("f32") == ("f16", "bf16")
+    assert formats.sources_of("f32") == ("f16", "bf16", "f8_e4m3", "f8_e5m2")
     assert formats.sources_of("q8_0") == ("f32", "f16", "bf16")
-    for name in ("f16", "bf16", "u8", "i32"):
+    for name in ("f16", "bf16", "u8", "i32", "f8_e4m3", "f8_e5m2", "mxfp4"):
         assert formats.sources_of(name) == ()
     dev = hf2q.Device("host")
     buf = dev.alloc((32,), "q8_0")
-    with pytest.raises(ValueError, match=r"cannot convert i32 to q8_0 \(supported: same dtype, f16/bf16 -> f32, "
+    with pytest.raises(ValueError, match=r"cannot convert i32 to q8_0 \(supported: same dtype, f16/bf16/f8_e4m3/f8_e5m2 -> f32, "
                                          r"f32/f16/bf16 -> q8_0"):
         dev.write(buf, np.zeros(32, np.int32))
     with pytest.raises(TypeError, match=r"raw src needs src_dtype \('f32', 'f16' or 'bf16'\) to be quantized"):
@@ -166,6 +166,8 @@ def test_kernels_refuse_a_source_their_row_does_not_list() -> None:
         with pytest.raises(ValueError, match="unknown source type"):
             _core.quantize_q8_0(np.zeros(128, np.uint8), src, out)
     with pytest.raises(ValueError, match="unknown dtype"):
+        _core.quantize_q8_0(np.zeros(128, np.uint8), "f8_e8m0", out)
+    with pytest.raises(ValueError, match="unknown source type"):  # a device format, not a q8_0 source
         _core.quantize_q8_0(np.zeros(128, np.uint8), "f8_e4m3", out)
 
 
@@ -176,7 +178,7 @@ def test_every_device_format_has_a_readback_oracle() -> None:
 
     assert set(reference.READBACK) == set(formats.DEVICE_FORMATS)
     with pytest.raises(ValueError, match="no numpy read-back oracle"):
-        reference.readback_bits("f8_e4m3", np.zeros(4, np.uint8))
+        reference.readback_bits("f8_e8m0", np.zeros(4, np.uint8))
     dev = hf2q.Device("host")
     x = np.linspace(-3, 3, 512, dtype=np.float32).reshape(2, 256)
     for dtype in formats.DEVICE_FORMATS:
@@ -186,6 +188,9 @@ def test_every_device_format_has_a_readback_oracle() -> None:
             dev.write(buf, src.astype(np.int32) if dtype == "i32" else src.view(np.uint8))
         elif dtype == "f32" or formats.can_convert("f32", dtype):
             dev.write(buf, x)
+        elif dtype == "mxfp4":  # written only as repacked bytes (docs/FP8.md)
+            raw = np.random.default_rng(0).integers(0, 256, formats.nbytes(src.shape, dtype), dtype=np.uint8)
+            dev.write(buf, raw, src_dtype="mxfp4")
         else:
             dev.write(buf, x.astype(formats.get(dtype).numpy_dtype))
         assert dev.verify(buf).ok, dtype

@@ -267,6 +267,21 @@ void bind_device(nb::module_& m) {
             return result_pair(r);
           },
           "dst"_a, "src"_a)
+      .def(
+          "scaled_fp8",
+          [](Device& d, BufferImpl& dst, std::size_t elem_offset, BufferImpl& w, BufferImpl& scale,
+             std::tuple<std::size_t, std::size_t, std::size_t> shape, std::tuple<std::size_t, std::size_t> block) {
+            hf2q::device::UploadResult r;
+            {
+              hf2q::bindings::ReleaseGil nogil;
+              r = d.scaled_fp8(dst, elem_offset, w, scale, std::get<0>(shape), std::get<1>(shape),
+                               std::get<2>(shape), std::get<0>(block), std::get<1>(block));
+            }
+            return result_pair(r);
+          },
+          "dst"_a, "elem_offset"_a, "w"_a, "scale"_a, "shape"_a, "block"_a,
+          "A scaled FP8 tensor on this device (w: f8 buffer, scale: f32 grid buffer) decoded into dst from "
+          "elem_offset on; returns (first non-finite index or -1, Q8_0 blocks with an Inf scale).")
       .def("checksums", [](Device& d, BufferImpl& b) {
         std::vector<std::uint32_t> sums;
         {

@@ -15,6 +15,7 @@
 #include "../device/reader.h"
 #include "../kernels/formats.h"
 #include "../kernels/kernels.h"
+#include "../kernels/mxfp4.h"
 #include "../kernels/thread_pool.h"
 #include "release_gil.h"
 
@@ -101,6 +102,56 @@ NB_MODULE(_core, m) {
         hf2q::ops::to_f32(t, src.data(), src.size(), out.data(), out.size());
       },
       "src"_a.noconvert(), "format"_a, "out"_a.noconvert());
+  m.def(
+      "scaled_fp8",
+      [](RoBytes w, const std::string& w_dtype, RoBytes scale, const std::string& scale_dtype,
+         std::tuple<std::size_t, std::size_t, std::size_t> shape, std::tuple<std::size_t, std::size_t> block,
+         const std::string& out_dtype, RwBytes out) {
+        hf2q::kernels::ScaledFp8 s;
+        s.weight = hf2q::device::dtype_from_name(w_dtype);
+        s.scale = hf2q::device::dtype_from_name(scale_dtype);
+        s.lead = std::get<0>(shape);
+        s.rows = std::get<1>(shape);
+        s.cols = std::get<2>(shape);
+        s.block_rows = std::get<0>(block);
+        s.block_cols = std::get<1>(block);
+        if (s.block_rows == 0 || s.block_cols == 0) throw std::invalid_argument("an FP8 scale block has no zero dimension");
+        s.scale_rows = s.rows / s.block_rows + (s.rows % s.block_rows != 0);
+        s.scale_cols = s.cols / s.block_cols + (s.cols % s.block_cols != 0);
+        const hf2q::DType o = hf2q::device::dtype_from_name(out_dtype);
+        hf2q::kernels::EncodeResult r;
+        {
+          hf2q::bindings::ReleaseGil nogil;
+          r = hf2q::ops::scaled_fp8(s, w.data(), w.size(), scale.data(), scale.size(), o, out.data(), out.size());
+        }
+        const long long first = r.first_nonfinite == hf2q::kernels::kNoIndex
+                                    ? -1
+                                    : static_cast<long long>(r.first_nonfinite);
+        return std::make_pair(first, static_cast<unsigned long long>(r.inf_scales));
+      },
+      "w"_a.noconvert(), "w_dtype"_a, "scale"_a.noconvert(), "scale_dtype"_a, "shape"_a, "block"_a, "out_dtype"_a,
+      "out"_a.noconvert(),
+      "A scaled FP8 tensor [lead, rows, cols] (its scale grid: one value per block of `block`, edge blocks "
+      "partial) decoded into out_dtype (f32, bf16, f16, q8_0); returns (first non-finite flat index or -1, "
+      "Q8_0 blocks with an Inf scale).");
+  m.def(
+      "mxfp4_repack",
+      [](RoBytes packed, RoBytes scales, RwBytes out) {
+        const std::size_t n = scales.size();
+        if (packed.size() / 16 != n || packed.size() % 16 != 0) {
+          throw std::invalid_argument("packed holds " + std::to_string(packed.size()) + " bytes, expected 16 per scale (" +
+                                      std::to_string(n) + " scales)");
+        }
+        if (out.size() / 17 != n || out.size() % 17 != 0) {
+          throw std::invalid_argument("out holds " + std::to_string(out.size()) + " bytes, expected 17 per block (" +
+                                      std::to_string(n) + " blocks)");
+        }
+        hf2q::bindings::ReleaseGil nogil;
+        hf2q::kernels::mxfp4_repack(packed.data(), scales.data(), out.data(), n);
+      },
+      "packed"_a.noconvert(), "scales"_a.noconvert(), "out"_a.noconvert(),
+      "MXFP4 as gpt-oss stores it (16 bytes per block, element 2i in the low nibble of byte i; one E8M0 byte per "
+      "block) into ggml block_mxfp4 (17 bytes per block).");
   m.def(
       "f32_to_f16_rne",
       [](RoU32 src, RwU16 out) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/fp8.h"
 #include "dtype.h"
 
 namespace hf2q::device {
@@ -211,6 +212,14 @@ class Backend {
   // kernels over the CPU pointer.
   virtual void checksums(DType dtype, void* handle, const void* ptr, std::size_t numel,
                          std::uint32_t* out, std::size_t ngroups);
+
+  // A scaled FP8 tensor already in this device's memory (`w`: its bytes;
+  // `scale`: its scale grid as float32, geometry `s` with s.scale == F32;
+  // CPU pointers or device addresses) decoded into `out` (f32, bf16, f16,
+  // q8_0) at byte `dst_off` of `dst` (docs/FP8.md). Checked by the caller
+  // (Device::scaled_fp8). Default: the CPU kernels through the pointers.
+  virtual UploadResult scaled_fp8(const UploadTarget& dst, std::size_t dst_off, const void* w, const void* scale,
+                                  const kernels::ScaledFp8& s, DType out);
 };
 
 // Reads exactly `len` bytes at `off` of `fd` into CPU memory; retries EINTR

@@ -729,6 +729,70 @@ UploadResult Device::convert(BufferImpl& dst, BufferImpl& src) {
   return backend_->convert(UploadTarget{dst.handle(), dst.data()}, p, src.handle(), src.data());
 }
 
+UploadResult Device::scaled_fp8(BufferImpl& dst, std::size_t elem_offset, BufferImpl& w, BufferImpl& scale,
+                                std::size_t lead, std::size_t rows, std::size_t cols, std::size_t block_rows,
+                                std::size_t block_cols) {
+  for (BufferImpl* b : {&dst, &w, &scale}) {
+    if (b->device().get() != this) throw DeviceError("scaled_fp8: every buffer must belong to this " + info().kind + " device");
+  }
+  if (&dst == &w || &dst == &scale) throw std::invalid_argument("scaled_fp8: the destination is a source");
+  kernels::ScaledFp8 s;
+  s.weight = w.dtype();
+  s.scale = scale.dtype();
+  s.lead = lead;
+  s.rows = rows;
+  s.cols = cols;
+  s.block_rows = block_rows;
+  s.block_cols = block_cols;
+  if (block_rows == 0 || block_cols == 0) throw std::invalid_argument("scaled_fp8: a block has no zero dimension");
+  s.scale_rows = rows / block_rows + (rows % block_rows != 0);
+  s.scale_cols = cols / block_cols + (cols % block_cols != 0);
+  if (s.scale != DType::F32) throw std::invalid_argument("scaled_fp8: the scale buffer must be f32");
+  s.check();  // formats, grid, overflow
+  const std::size_t n = s.numel();
+  std::size_t grid = 0;
+  if (!ops::checked_mul(lead, s.scale_rows, &grid) || !ops::checked_mul(grid, s.scale_cols, &grid)) {
+    throw std::invalid_argument("scaled_fp8: scale size overflows");
+  }
+  if (w.numel() != n) throw std::invalid_argument("scaled_fp8: the weight buffer holds " + std::to_string(w.numel()) +
+                                                  " elements, the geometry " + std::to_string(n));
+  if (scale.numel() != grid) throw std::invalid_argument("scaled_fp8: the scale buffer holds " +
+                                                         std::to_string(scale.numel()) + " values, the grid " +
+                                                         std::to_string(grid));
+  const DType out = dst.dtype();
+  if (out != DType::F32 && out != DType::BF16 && out != DType::F16 && out != DType::Q8_0) {
+    throw std::invalid_argument("scaled_fp8: decodes into f32, bf16, f16 or q8_0");
+  }
+  std::size_t end = 0;
+  if (!ops::checked_add(elem_offset, n, &end) || end > dst.numel()) {
+    throw std::invalid_argument("scaled_fp8: " + std::to_string(n) + " elements at " + std::to_string(elem_offset) +
+                                " overrun the destination's " + std::to_string(dst.numel()));
+  }
+  const FormatRow& d = format_of(out);
+  if (elem_offset % d.block_elems != 0 || cols % d.block_elems != 0) {
+    throw std::invalid_argument(std::string("scaled_fp8: ") + d.name + " rows are whole blocks of " +
+                                std::to_string(d.block_elems));
+  }
+  const std::size_t dst_off = elem_offset / d.block_elems * d.block_bytes;
+  backend_->synchronize();  // the weight and scale uploads are complete
+  return backend_->scaled_fp8(UploadTarget{dst.handle(), dst.data()}, dst_off, w.data(), scale.data(), s, out);
+}
+
+UploadResult Backend::scaled_fp8(const UploadTarget& dst, std::size_t dst_off, const void* w, const void* scale,
+                                 const kernels::ScaledFp8& s, DType out) {
+  if (!info().cpu_visible) {
+    throw DeviceError("the " + info().kind + " backend has no scaled FP8 decode for its memory, which the CPU "
+                      "cannot address");
+  }
+  const kernels::EncodeResult r = kernels::scaled_fp8_decode(
+      s, static_cast<const std::uint8_t*>(w), static_cast<const std::uint8_t*>(scale), out,
+      static_cast<std::uint8_t*>(dst.base) + dst_off);
+  UploadResult res;
+  res.first_nonfinite = r.first_nonfinite;
+  res.inf_scales = r.inf_scales;
+  return res;
+}
+
 void Device::copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_t len) {
   std::size_t end = 0;
   if (!ops::checked_add(offset, len, &end) || end > buf.byte_len()) {

@@ -144,6 +144,15 @@ class Device : public std::enable_shared_from_this<Device> {
   // conversions and element counts as write().
   UploadResult convert(BufferImpl& dst, BufferImpl& src);
 
+  // A scaled FP8 tensor on this device: `w` (an f8_e4m3 / f8_e5m2 buffer of
+  // lead * rows * cols elements) times `scale` (an f32 buffer holding the
+  // grid, one value per block_rows x block_cols block, edge blocks partial),
+  // decoded into `dst` (f32, bf16, f16, q8_0) from element `elem_offset` on
+  // (docs/FP8.md): GPU kernels on CUDA, the CPU kernels elsewhere.
+  UploadResult scaled_fp8(BufferImpl& dst, std::size_t elem_offset, BufferImpl& w, BufferImpl& scale,
+                          std::size_t lead, std::size_t rows, std::size_t cols, std::size_t block_rows,
+                          std::size_t block_cols);
+
   // Copy `len` bytes at byte `offset` of the buffer's storage into CPU
   // memory (a device copy where the memory is not CPU-visible).
   void copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_t len);

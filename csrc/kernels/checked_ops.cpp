@@ -157,4 +157,29 @@ kernels::EncodeResult encode(DType dst_type, DType src_type, const void* src, st
   return kernels::encode(dst_type, src_type, src, static_cast<std::uint8_t*>(dst), n / d.block_elems);
 }
 
+kernels::EncodeResult scaled_fp8(const kernels::ScaledFp8& s, const void* w, std::size_t w_bytes, const void* scale,
+                                 std::size_t scale_bytes, DType out_type, void* dst, std::size_t dst_bytes) {
+  s.check();
+  const std::size_t n = s.numel();
+  if (w_bytes != n) fail("weight holds " + std::to_string(w_bytes) + " bytes, expected " + std::to_string(n));
+  std::size_t grid = 0, sbytes = 0;
+  if (!checked_mul(s.lead, s.scale_rows, &grid) || !checked_mul(grid, s.scale_cols, &grid) ||
+      !checked_mul(grid, device_row(s.scale).block_bytes, &sbytes)) {
+    fail("scale size overflows");
+  }
+  if (scale_bytes != sbytes) {
+    fail("scale holds " + std::to_string(scale_bytes) + " bytes, expected " + std::to_string(sbytes));
+  }
+  const FormatRow& d = device_row(out_type);
+  if (n % d.block_elems != 0) fail(std::string(d.name) + " needs whole blocks");
+  std::size_t need = 0;
+  if (!checked_mul(n / d.block_elems, d.block_bytes, &need)) fail("output size overflows");
+  if (dst_bytes != need) fail("out holds " + std::to_string(dst_bytes) + " bytes, expected " + std::to_string(need));
+  require_aligned(dst, out_type == DType::Q8_0 ? 1 : d.block_bytes, "out");
+  require_disjoint(w, w_bytes, dst, dst_bytes);
+  require_disjoint(scale, scale_bytes, dst, dst_bytes);
+  return kernels::scaled_fp8_decode(s, static_cast<const std::uint8_t*>(w), static_cast<const std::uint8_t*>(scale),
+                                    out_type, static_cast<std::uint8_t*>(dst));
+}
+
 }  // namespace hf2q::ops

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fp8.h"
 #include "kernels.h"
 
 namespace hf2q::ops {
@@ -24,6 +25,12 @@ void dequantize_q8_0(const void* src, std::size_t src_bytes, void* dst, std::siz
 void to_f32(DType src_type, const void* src, std::size_t src_bytes, void* dst, std::size_t dst_bytes);
 kernels::EncodeResult encode(DType dst_type, DType src_type, const void* src, std::size_t src_bytes, void* dst,
                              std::size_t dst_bytes);
+
+// A scaled FP8 tensor (kernels/fp8.h) decoded into `out_type` (f32, bf16,
+// f16, q8_0): the weight's, the scale grid's and the output's byte lengths
+// are checked to match the geometry exactly.
+kernels::EncodeResult scaled_fp8(const kernels::ScaledFp8& s, const void* w, std::size_t w_bytes, const void* scale,
+                                 std::size_t scale_bytes, DType out_type, void* dst, std::size_t dst_bytes);
 
 // Overflow-checked helpers shared with the device layer.
 bool checked_mul(std::size_t a, std::size_t b, std::size_t* out);

@@ -22,9 +22,9 @@ namespace hf2q {
 // kernels take these too (a quantizer's source type is a DType).
 enum class DType : int {
   F32 = 0, F16 = 1, BF16 = 2, U8 = 3, I32 = 4, Q8_0 = 5, Q4_0 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9,
-  Q5_0 = 10, Q5_1 = 11
+  Q5_0 = 10, Q5_1 = 11, F8_E4M3 = 12, F8_E5M2 = 13, MXFP4 = 14
 };
-inline constexpr int kNumDTypes = 12;
+inline constexpr int kNumDTypes = 15;
 
 // Bit of `t` in a set of dtypes (FormatRow::sources).
 constexpr std::uint32_t dtype_bit(DType t) { return 1u << static_cast<int>(t); }
@@ -37,6 +37,10 @@ struct FormatKernels;
 extern const FormatKernels kF32Kernels, kF16Kernels, kBF16Kernels, kU8Kernels, kI32Kernels, kQ8_0Kernels;
 // kquants.cpp
 extern const FormatKernels kQ4_0Kernels, kQ4_KKernels, kQ5_KKernels, kQ6_KKernels, kQ5_0Kernels, kQ5_1Kernels;
+// fp8.cpp
+extern const FormatKernels kF8E4M3Kernels, kF8E5M2Kernels;
+// mxfp4.cpp
+extern const FormatKernels kMXFP4Kernels;
 }  // namespace kernels
 
 struct FormatRow {
@@ -60,10 +64,14 @@ struct FormatRow {
 };
 
 inline constexpr std::uint32_t kHalfSources = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
+// FP8 elements decode exactly to f32 (other conversions stage through it). (A
+// scaled FP8 tensor is not one of these conversions: its weight and scale
+// meet in the scaled decoder, kernels/fp8.h.)
+inline constexpr std::uint32_t kF8Sources = dtype_bit(DType::F8_E4M3) | dtype_bit(DType::F8_E5M2);
 
 // Device formats first, in DType order (kFormats[id] is the row of id).
 inline constexpr FormatRow kFormats[] = {
-    {"f32", 0, 1, 4, "float32", "F32", 0, 0x7F800000u, kHalfSources, &kernels::kF32Kernels},
+    {"f32", 0, 1, 4, "float32", "F32", 0, 0x7F800000u, kHalfSources | kF8Sources, &kernels::kF32Kernels},
     {"f16", 1, 1, 2, "float16", "F16", 1, 0x7C00u, 0, &kernels::kF16Kernels},
     {"bf16", 2, 1, 2, "bfloat16", "BF16", 30, 0x7F80u, 0, &kernels::kBF16Kernels},
     {"u8", 3, 1, 1, "uint8", "U8", -1, 0, 0, &kernels::kU8Kernels},
@@ -77,6 +85,13 @@ inline constexpr FormatRow kFormats[] = {
     // llama-quantize's fallbacks for Q4_K / Q5_K rows of whole 32-blocks only.
     {"q5_0", 10, 32, 22, "", "", 6, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ5_0Kernels},
     {"q5_1", 11, 32, 24, "", "", 7, 0, dtype_bit(DType::F32) | kHalfSources, &kernels::kQ5_1Kernels},
+    // FP8 elements (OCP E4M3FN: NaN is s.1111.111, no Inf; E5M2: IEEE-like,
+    // exponent 11111 is Inf/NaN). GGUF has no FP8 type. docs/FP8.md.
+    {"f8_e4m3", 12, 1, 1, "float8_e4m3fn", "F8_E4M3", -1, 0x7Fu, 0, &kernels::kF8E4M3Kernels},
+    {"f8_e5m2", 13, 1, 1, "float8_e5m2", "F8_E5M2", -1, 0x7Cu, 0, &kernels::kF8E5M2Kernels},
+    // ggml MXFP4: E8M0 exponent + 32 E2M1 codes in 16 bytes (docs/FP8.md). Written
+    // as repacked from a checkpoint's MXFP4 (kernels/mxfp4.h); nothing encodes into it.
+    {"mxfp4", 14, 32, 17, "", "", 39, 0, 0, &kernels::kMXFP4Kernels},
     // Checkpoint-only dtypes (read and validated, never a device buffer).
     {"bool", -1, 1, 1, "bool", "BOOL", -1},
     {"i8", -1, 1, 1, "int8", "I8", 24},
@@ -87,8 +102,6 @@ inline constexpr FormatRow kFormats[] = {
     {"u64", -1, 1, 8, "uint64", "U64", -1},
     {"f64", -1, 1, 8, "float64", "F64", 28},
     {"c64", -1, 1, 8, "complex64", "C64", -1},
-    {"f8_e4m3", -1, 1, 1, "float8_e4m3fn", "F8_E4M3", -1},
-    {"f8_e5m2", -1, 1, 1, "float8_e5m2", "F8_E5M2", -1},
     {"f8_e8m0", -1, 1, 1, "float8_e8m0fnu", "F8_E8M0", -1},
     {"f8_e4m3fnuz", -1, 1, 1, "float8_e4m3fnuz", "F8_E4M3FNUZ", -1},
     {"f8_e5m2fnuz", -1, 1, 1, "float8_e5m2fnuz", "F8_E5M2FNUZ", -1},

@@ -131,6 +131,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         report["revision"] = args.revision or "main"
     device_dtypes = plan.pop("device_dtypes", None)
     gguf_names = plan.pop("gguf_names", None)  # families that plan GGUF tensors (Qwen3.5 MoE, Gemma 4)
+    scales = plan.pop("scale_layouts", None)  # FP8 checkpoints: each weight's scale layout (docs/FP8.md)
     if "gpu_resident_bytes" in plan:  # the model API's name; the report says what it is
         plan["resident_bytes"] = plan.pop("gpu_resident_bytes")
     report.update(plan)
@@ -139,6 +140,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             r["device_dtype"] = device_dtypes.get(r["name"])  # None: not loaded (skipped)
         if gguf_names is not None:
             r["gguf_names"] = gguf_names.get(r["name"], [])
+        if scales is not None:
+            r["scale"] = scales.get(r["name"])
     report["tensor_list"] = rows
     if args.json:
         emit_json(report)
@@ -147,13 +150,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"{name}: {arch}, {len(rows)} tensors in {len(files)} file(s), {total:,} data bytes ({format_bytes(total)})")
     if "resident_bytes" in report:
         print(f"resident bytes: {report['resident_bytes']:,} ({format_bytes(report['resident_bytes'])})")
+    if "quantization" in report:
+        print(f"quantization: {report['quantization']}")
     width = max((len(r["name"]) for r in rows), default=4)
+    dwidth = max((len(r["dtype"]) for r in rows), default=5)  # F8_E4M3 is wider than BF16
+    dwidth = max(dwidth, 5)
     for r in rows:
-        line = f"  {r['name']:<{width}}  {r['dtype']:<5} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}"
+        line = f"  {r['name']:<{width}}  {r['dtype']:<{dwidth}} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}"
         if "device_dtype" in r:  # the device dtype column, then the GGUF tensor(s) it goes into
             line += f"  -> {r['device_dtype'] or 'skipped':<7}"
             if r.get("gguf_names"):
                 line += " " + ", ".join(r["gguf_names"])
+        if r.get("scale"):
+            line += f"  [{r['scale']}]"
         print(line.rstrip())
     return 0
 

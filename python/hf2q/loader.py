@@ -5,7 +5,9 @@ one load summary.
 Streamed entries go from the file straight into their device buffer (native
 ``pread`` + decode / quantize, expert slices and fused halves at their element
 offsets); ``elementwise`` entries pass through a bounded staging buffer a
-chunk of whole rows at a time; ``transform`` entries are read whole,
+chunk of whole rows at a time; scaled FP8 sources (a weight and its scale)
+are read a tensor (an expert) at a time and decoded natively into the
+destination format; ``transform`` entries are read whole,
 transformed in numpy and uploaded. On any failure, KeyboardInterrupt
 included, every buffer allocated so far is freed before the error leaves."""
 
@@ -399,7 +401,9 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
     try:
         streamed = []
         for piece in entry.sources:
-            if entry.elementwise is not None or not formats.can_convert(piece.dtype, entry.dtype):
+            if piece.scale is not None:
+                _write_scaled(device, ckpt, entry, piece, buf, check_finite)
+            elif entry.elementwise is not None or not formats.can_convert(piece.dtype, entry.dtype):
                 _stage(device, ckpt, entry, piece, buf, check_finite)
             else:
                 streamed.append(piece)
@@ -514,5 +518,141 @@ def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ..
 
 def _read_array(ckpt: Checkpoint, piece: Piece) -> np.ndarray:
     """The whole source tensor: a transform selects its own part (``rows``
-    and ``dest_offset`` place streamed pieces only)."""
+    and ``dest_offset`` place streamed pieces only). A scaled FP8 source is
+    its float32 values (weight times scale), as llama.cpp's converter hands
+    them to its transforms."""
+    if piece.scale is not None:
+        return _scaled_array(ckpt, piece, "f32")[0]
     return ckpt.read_array(piece.tensor)
+
+
+def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False,
+                  out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """A scaled FP8 piece's whole tensor decoded into ``to`` (f32 / bf16 /
+    f16 / q8_0) in one native pass (hf2q.ops.dequantize_fp8); ``out``: where
+    (a view of the destination buffer's memory on a CPU-visible device)."""
+    from .ops import dequantize_fp8
+
+    sc = piece.scale
+    assert sc is not None
+    if sc.scheme == "mxfp4":
+        return _mxfp4_array(ckpt, piece, to, check_finite)
+    w = ckpt.read_array(piece.tensor)
+    s = ckpt.read_array(sc.tensor).reshape(-1)
+    grid_n = formats.numel(sc.grid)
+    # A per-tensor scale of a stacked weight: one value for every matrix.
+    s = np.broadcast_to(s, (grid_n,)).reshape(sc.grid) if s.size == 1 else s.reshape(sc.grid)
+    ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+    return dequantize_fp8(w, np.ascontiguousarray(s), sc.block, to=to, name=piece.tensor, check_finite=check_finite,
+                          out=out)
+
+
+def _mxfp4_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False) -> tuple[np.ndarray, int]:
+    """gpt-oss MXFP4 codes and exponents repacked into ggml's MXFP4 blocks
+    (``to="mxfp4"``), or decoded from them to float32 (docs/FP8.md)."""
+    from .errors import NonFiniteError
+    from .ops import dequantize, repack_mxfp4
+
+    sc = piece.scale
+    assert sc is not None
+    blocks = ckpt.read_array(piece.tensor)
+    exps = ckpt.read_array(sc.tensor)
+    ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+    packed = repack_mxfp4(blocks, exps.view(np.uint8))
+    if to == "mxfp4":
+        return packed, -1
+    if to != "f32":
+        raise ValueError(f"MXFP4 decodes to f32 here, not {to}")
+    with np.errstate(over="ignore"):
+        y = dequantize(packed, "mxfp4")
+    bad = np.flatnonzero(~np.isfinite(y.reshape(-1)))
+    first = int(bad[0]) if bad.size else -1
+    if first >= 0 and check_finite:
+        raise NonFiniteError(f"non-finite weight in '{piece.tensor}' at flat index {first}: an E8M0 exponent of 255 "
+                             "overflows float32", index=first, tensor=piece.tensor, value_class="inf",
+                             step="mxfp4 scale")
+    return y, first
+
+
+#: Tests: decode scaled FP8 with the device's own kernels (Device.scaled_fp8)
+#: also where the CPU addresses the memory (a GPU always does).
+_SCALED_ON_DEVICE = False
+
+
+def _scaled_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer,
+                      check_finite: bool) -> None:
+    """A scaled FP8 piece decoded by the device (CUDA kernels on a GPU): the
+    weight's bytes and its scale grid (as float32, exact) are uploaded, then
+    decoded into ``buf`` at the piece's offset (docs/FP8.md)."""
+    from .errors import NonFiniteError
+
+    sc = piece.scale
+    assert sc is not None
+    w = ckpt.read_array(piece.tensor)
+    s = ckpt.read_array(sc.tensor).reshape(-1)
+    grid_n = formats.numel(sc.grid)
+    s = np.broadcast_to(s, (grid_n,)) if s.size == 1 else s
+    s32 = np.ascontiguousarray(s.astype(np.float32))  # bf16 / f16 / f32 -> f32: exact
+    ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+    shape = tuple(piece.shape)
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
+    lead = formats.numel(shape[:-2])
+    wbuf = device.upload(np.ascontiguousarray(w))
+    sbuf = device.upload(s32)
+    first, inf_scales = device._native.scaled_fp8(buf._native, piece.dest_offset, wbuf._native, sbuf._native,
+                                                  (lead, rows, cols), sc.block)
+    del wbuf, sbuf
+    if first >= 0 and (check_finite or entry.dtype == "q8_0"):
+        multi = tuple(int(i) for i in np.unravel_index(first, shape)) if len(shape) > 1 else None
+        raise NonFiniteError(f"non-finite weight in '{piece.tensor}' at flat index {first}: the FP8 value times its "
+                             "scale is not finite (NaN encoding, non-finite scale, or overflow)", index=first,
+                             multi_index=multi, value_class="nan", tensor=piece.tensor, step="fp8 scale")
+    if inf_scales:
+        import warnings
+
+        from .errors import ScaleOverflowWarning
+
+        warnings.warn(f"'{entry.name}': {inf_scales} Q8_0 block scale(s) overflow float16 and are stored as +Inf "
+                      "(as ggml's reference quantizer does)", ScaleOverflowWarning, stacklevel=3)
+
+
+def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer,
+                  check_finite: bool = False) -> None:
+    """A scaled FP8 piece into ``buf``: decoded straight into the buffer's
+    format where the decoder writes it (f32 / bf16 / f16 / q8_0) and the
+    piece is whole; else to float32 first (row slices, shard ranges, the
+    other block formats), which the device converts as any f32 source."""
+    from .ops import FP8_OUTPUTS
+
+    assert piece.scale is not None
+    mx = piece.scale.scheme == "mxfp4"
+    if mx and (piece.rows is not None or piece.select is not None):
+        raise ValueError(f"{entry.name}: MXFP4 tensors load whole (no row slices or shard ranges)")
+    whole = piece.rows is None and piece.select is None
+    direct = whole and (entry.dtype in ("mxfp4", "f32") if mx else entry.dtype in FP8_OUTPUTS)
+    if direct and not mx and (_SCALED_ON_DEVICE or not device._native.cpu_visible):
+        _scaled_on_device(device, ckpt, entry, piece, buf, check_finite)
+        return
+    if direct and not mx and device._native.cpu_visible:
+        # Memory the CPU addresses (host, Metal): decoded straight into the buffer, no second copy.
+        fmt = formats.get(entry.dtype)
+        begin = fmt.storage_bytes(piece.dest_offset)
+        view = buf._native.numpy_view().reshape(-1).view(np.uint8)[begin:begin + fmt.storage_bytes(piece.numel)]
+        _scaled_array(ckpt, piece, entry.dtype, check_finite, out=view.view(fmt.storage_dtype))
+        return
+    arr, _ = _scaled_array(ckpt, piece, entry.dtype if direct else "f32", check_finite)
+    if direct:
+        flat = arr.reshape(-1)
+        raw = entry.dtype in ("q8_0", "mxfp4")
+        device.write(buf, flat, offset=piece.dest_offset, src_dtype=entry.dtype if raw else None, name=entry.name)
+        return
+    cast = _caster(entry.dtype)
+    if piece.select is not None:
+        flat = arr.reshape(-1)
+        for d0, s0, n in piece.select.tolist():
+            device.write(buf, np.ascontiguousarray(cast(flat[s0:s0 + n])), offset=d0, name=entry.name)
+        return
+    if piece.rows is not None:
+        start, stop = piece.rows
+        arr = arr.reshape(piece.shape[0], piece.shape[1], -1)[:, start:stop]
+    device.write(buf, np.ascontiguousarray(cast(arr.reshape(-1))), offset=piece.dest_offset, name=entry.name)

@@ -1,5 +1,6 @@
-"""Native conversion kernels: BF16/F16 -> F32 decode and ggml's block formats
-(Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and Q5_0 / Q5_1: llama-quantize's row fallbacks).
+"""Native conversion kernels: BF16/F16 -> F32 decode, ggml's block formats
+(Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, and Q5_0 / Q5_1: llama-quantize's row
+fallbacks) and scaled FP8 (docs/FP8.md).
 
 Every function is multi-threaded (:func:`hf2q.set_num_threads`) and releases
 the GIL; the decoders and Q8_0 use AVX2/F16C or NEON where the CPU has them
@@ -34,6 +35,9 @@ __all__ = [
     "f16_to_f32",
     "quantize_q8_0",
     "dequantize_q8_0",
+    "dequantize_fp8",
+    "FP8_OUTPUTS",
+    "repack_mxfp4",
     "quantize",
     "dequantize",
     "BLOCK_FORMATS",
@@ -162,11 +166,11 @@ def quantize(src: np.ndarray, fmt: str, out: np.ndarray | None = None, *, name: 
 
 
 def dequantize(blocks: Any, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
-    """ggml block-format bytes to float32, bit-identical to ggml's
-    ``dequantize_row_<fmt>``. ``blocks``: uint8 array whose last dimension is
+    """ggml block-format bytes (also ``"mxfp4"``, 17-byte blocks) to float32,
+    bit-identical to ggml's ``dequantize_row_<fmt>``. ``blocks``: uint8 array whose last dimension is
     a multiple of the block's byte size, or a bytes-like object. Returns shape
     ``blocks.shape[:-1] + (last // block_bytes * block_elems,)``, or ``out``."""
-    fmt = _block_format(fmt)
+    fmt = "mxfp4" if formats.get(fmt).name == "mxfp4" else _block_format(fmt)  # mxfp4: decode only
     if fmt == "q8_0":
         return dequantize_q8_0(blocks, out)
     raw, shape = q8_source(blocks, fmt=fmt)
@@ -185,6 +189,115 @@ def dequantize_q8_0(blocks: Any, out: np.ndarray | None = None) -> np.ndarray:
     result = np.empty(shape, dtype=F32) if out is None else check_out(out, F32, count)
     _core.dequantize_q8_0(raw, result.reshape(-1).view(U8))
     return result
+
+
+#: The formats :func:`dequantize_fp8` writes in one pass.
+FP8_OUTPUTS: tuple[str, ...] = ("f32", "bf16", "f16", "q8_0")
+_FP8_SCALES = ("f32", "bf16", "f16")
+
+
+def _fp8_weight(weight: Any, fmt: str | None) -> tuple[np.ndarray, str]:
+    arr = np.asarray(weight)
+    if not arr.flags.c_contiguous:
+        raise ValueError("weight must be C-contiguous")
+    known = formats.from_numpy(arr.dtype)
+    if known is not None and known.name in ("f8_e4m3", "f8_e5m2"):
+        if fmt is not None and formats.get(fmt).name != known.name:
+            raise TypeError(f"weight has dtype {arr.dtype} but fmt={fmt!r} was given")
+        return arr.view(U8), known.name
+    if arr.dtype != U8:
+        raise TypeError(f"weight must be float8_e4m3fn / float8_e5m2, or uint8 bytes with fmt, got {arr.dtype}")
+    name = formats.get(fmt or "f8_e4m3").name
+    if name not in ("f8_e4m3", "f8_e5m2"):
+        raise ValueError(f"fmt must be 'f8_e4m3' or 'f8_e5m2', got {fmt!r}")
+    return arr, name
+
+
+def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str | None = None, to: str = "f32",
+                   name: str | None = None, check_finite: bool = False,
+                   out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """A scaled FP8 tensor decoded into ``to`` (one of :data:`FP8_OUTPUTS`) in
+    one pass: element ``w[..., r, c]`` times ``scale[..., r // br, c // bc]``
+    for ``block = (br, bc)`` (edge blocks partial), one float32 multiply
+    each, as llama.cpp's converter computes ``weight.float() * scale.float()``.
+
+    ``weight``: C-contiguous ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2``
+    array (or uint8 bytes with ``fmt``) of shape ``[..., R, C]`` (1-D: one
+    row); ``scale``: float32 / bfloat16 / float16 array of shape
+    ``[..., ceil(R / br), ceil(C / bc)]`` (the same leading dimensions; a
+    per-channel scale is ``block = (1, C)``, a per-tensor one
+    ``block = (R, C)``). Returns ``(array, first)``: the array of
+    ``weight``'s shape in ``to`` (q8_0: uint8 in gguf-py's layout, ``C`` a
+    multiple of 32) and the flat index of the first NaN/Inf product, or -1.
+    A NaN/Inf raises :class:`hf2q.NonFiniteError` for q8_0 always (the
+    quantizer refuses it), for the others when ``check_finite``. ``out``: a
+    caller's C-contiguous array of the result's dtype and size, written
+    instead of a new one."""
+    w, wfmt = _fp8_weight(weight, fmt)
+    if to not in FP8_OUTPUTS:
+        raise ValueError(f"to must be one of {', '.join(FP8_OUTPUTS)}, got {to!r}")
+    s = np.asarray(scale)
+    sfmt = formats.from_numpy(s.dtype)
+    if sfmt is None or sfmt.name not in _FP8_SCALES:
+        raise TypeError(f"scale must be float32, bfloat16 or float16, got {s.dtype}")
+    shape = tuple(int(d) for d in np.shape(weight))
+    if len(shape) == 0:
+        raise ValueError("weight must have at least one dimension")
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
+    lead = formats.numel(shape[:-2])
+    br, bc = (int(block[0]), int(block[1]))
+    if br < 1 or bc < 1:
+        raise ValueError(f"block must be two positive sizes, got {tuple(block)}")
+    grid = (-(-rows // br), -(-cols // bc))
+    want = (*shape[:-2], *grid) if len(shape) >= 2 else grid
+    if tuple(s.shape) != want and not (len(shape) == 1 and tuple(s.shape) == grid[1:]):
+        raise ValueError(f"scale has shape {list(s.shape)}; block {br}x{bc} of a {list(shape)} weight needs "
+                         f"{list(want)}")
+    out_fmt = formats.get(to)
+    if out_fmt.is_block:
+        if cols % out_fmt.block_elems:
+            raise ValueError(f"q8_0 rows are whole blocks of 32: the weight's rows hold {cols}")
+        want_dt, want_shape = U8, formats.storage_shape(shape, out_fmt)
+    else:
+        want_dt, want_shape = out_fmt.numpy_dtype, shape
+    if out is None:
+        result = np.empty(want_shape, dtype=want_dt)
+    else:
+        result = check_out(out, want_dt, formats.numel(want_shape))
+    sraw = np.ascontiguousarray(s).reshape(-1).view(U8)
+    first, _ = _core.scaled_fp8(w.reshape(-1), wfmt, sraw, sfmt.name, (lead, rows, cols), (br, bc), to,
+                                result.reshape(-1).view(U8))
+    if first >= 0 and (check_finite or out_fmt.is_block):
+        from .errors import NonFiniteError
+
+        multi = tuple(int(i) for i in np.unravel_index(first, shape)) if len(shape) > 1 else None
+        where = f" in '{name}'" if name else ""
+        raise NonFiniteError(f"non-finite weight{where} at flat index {first}: the FP8 value times its scale "
+                             f"is not finite (NaN encoding, non-finite scale, or overflow)", index=first,
+                             multi_index=multi, value_class="nan", tensor=name, step="fp8 scale")
+    return result, int(first)
+
+
+def repack_mxfp4(blocks: Any, scales: Any) -> np.ndarray:
+    """MXFP4 as gpt-oss (and compressed-tensors' ``mxfp4-pack-quantized``)
+    store it into ggml's ``block_mxfp4`` bytes, moving bits only (docs/FP8.md).
+
+    ``blocks``: uint8 ``[..., nb, 16]`` (element 2i of a block in the low
+    nibble of byte i, 2i + 1 in the high one); ``scales``: uint8 (or
+    ``float8_e8m0fnu``) ``[..., nb]``, one E8M0 exponent per 32 elements.
+    Returns uint8 ``[..., nb * 17]``: the rows of a ``[..., nb * 32]`` tensor
+    in gguf-py's layout."""
+    b = np.ascontiguousarray(blocks)
+    s = np.ascontiguousarray(scales)
+    if b.dtype != U8 or s.dtype.itemsize != 1 or s.dtype.kind not in "uV":
+        raise TypeError(f"blocks must be uint8 and scales uint8 / float8_e8m0fnu, got {b.dtype} and {s.dtype}")
+    if b.ndim < 1 or b.shape[-1] != 16 or tuple(s.shape) != tuple(b.shape[:-1]):
+        raise ValueError(f"MXFP4 blocks {list(b.shape)} need a last dimension of 16 and scales of shape "
+                         f"{list(b.shape[:-1])}, got {list(s.shape)}")
+    nb = b.shape[-2] if b.ndim >= 2 else 1
+    out = np.empty((*b.shape[:-2], nb * 17), dtype=U8)
+    _core.mxfp4_repack(b.reshape(-1), s.reshape(-1).view(U8), out.reshape(-1))
+    return out
 
 
 def simd_isa() -> str:

@@ -12,6 +12,9 @@ naming its destination (name, logical shape, device format) and its sources
   their element offset);
 - an ``elementwise`` conversion (e.g. f32 -> bf16): the source passes through
   a bounded staging buffer, a chunk of whole rows at a time;
+- a scaled source (an FP8 weight and its ``scale``, docs/FP8.md): weight and
+  scale are read whole (one tensor, or one expert, at a time) and decoded
+  natively into the destination format in one pass;
 - a ``transform`` (the tensor needs all of its sources at once: +1 norms,
   V-head reorders, ``-exp(A_log)``): the sources are read, transformed in
   numpy and uploaded. Only small tensors take this path.
@@ -28,12 +31,37 @@ import numpy as np
 
 from . import formats
 
-__all__ = ["Piece", "TensorPlan", "LoadPlan", "CONVERT_DTYPES"]
+__all__ = ["Piece", "Scale", "TensorPlan", "LoadPlan", "CONVERT_DTYPES"]
 
 #: The device formats a family offers for the tensors it converts (its
 #: ``dense_dtype`` / ``expert_dtype`` / ``dtype`` options): every family and
 #: the command line read this one tuple.
 CONVERT_DTYPES: tuple[str, ...] = ("f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The scale of a scaled FP8 source (docs/FP8.md): checkpoint tensor
+    ``tensor`` of format ``dtype`` (f32 / bf16 / f16) and file ``shape``,
+    one value per ``block`` = (rows, cols) of the weight's last two
+    dimensions (edge blocks partial). ``scheme`` says where it came from:
+    ``"block"`` (``weight_block_size``: DeepSeek / Qwen ``-FP8``,
+    ``weight_scale_inv``), ``"channel"`` (one per output row), ``"tensor"``
+    (one for the whole matrix). ``grid`` is the shape the file's values take
+    as the decoder reads them: the weight's leading dimensions, then
+    ``ceil(rows / block rows)``, ``ceil(cols / block cols)``."""
+
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+    block: tuple[int, int]
+    grid: tuple[int, ...]
+    scheme: str = "block"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes read from the file for this scale."""
+        return formats.nbytes(self.shape, self.dtype)
 
 
 @dataclass(frozen=True)
@@ -52,7 +80,10 @@ class Piece:
     ``select`` (a shard's slice, :mod:`hf2q.shard`): explicit element
     ranges, an int64 array of ``(destination offset, source offset,
     elements)`` rows; when given it replaces ``dest_offset`` and ``rows``
-    (the ranges already say where every element comes from and lands)."""
+    (the ranges already say where every element comes from and lands).
+
+    ``scale``: the piece is a scaled FP8 weight (:class:`Scale`); the loader
+    decodes weight and scale together, never the weight's bytes alone."""
 
     tensor: str
     dtype: str
@@ -60,6 +91,7 @@ class Piece:
     dest_offset: int = 0
     rows: tuple[int, int] | None = None
     select: np.ndarray | None = field(default=None, compare=False, repr=False)
+    scale: Scale | None = None
 
     @property
     def numel(self) -> int:
@@ -102,8 +134,8 @@ class TensorPlan:
 
     @functools.cached_property
     def source_nbytes(self) -> int:
-        """Bytes read from the checkpoint."""
-        return sum(p.nbytes for p in self.sources)
+        """Bytes read from the checkpoint (scales included)."""
+        return sum(p.nbytes + (p.scale.nbytes if p.scale is not None else 0) for p in self.sources)
 
     @property
     def streamed(self) -> bool:
@@ -112,6 +144,7 @@ class TensorPlan:
         # hundreds of pieces share one): the same answer, and the same error
         # for an unknown format, as asking piece by piece.
         return (self.transform is None and self.elementwise is None
+                and all(p.scale is None for p in self.sources)
                 and all(formats.can_convert(d, self.dtype) for d in dict.fromkeys(p.dtype for p in self.sources)))
 
 

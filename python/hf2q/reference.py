@@ -127,6 +127,40 @@ def dequantize_q8_0(blocks: Any, out: np.ndarray | None = None) -> np.ndarray:
 
 #: The read-back value of each element of a device format, from its stored
 #: bytes (uint8, whole blocks): the float32 bits of its decoded value, or for
+def f8_to_f32_bits(raw: np.ndarray, fmt: str) -> np.ndarray:
+    """FP8 bytes (OCP ``f8_e4m3`` = E4M3FN, ``f8_e5m2``) to float32 bits,
+    field by field (docs/FP8.md). E4M3FN NaN (s.1111.111) is the quiet NaN
+    0x7FC00000 with its sign, as ml_dtypes gives it; E5M2 is the top byte of
+    a binary16."""
+    b = np.asarray(raw, dtype=np.uint8).astype(np.uint32)
+    if fmt == "f8_e5m2":
+        return f16_bits_to_f32_bits(b << 8)
+    if fmt != "f8_e4m3":
+        raise ValueError(f"not an FP8 format: {fmt!r}")
+    sign = (b & 0x80) << 24
+    exp = (b >> 3) & 0xF
+    mant = b & 0x7
+    normal = sign | ((exp + 120) << 23) | (mant << 20)
+    sub = sign | (mant.astype(np.float32) * np.float32(2.0**-9)).view(np.uint32)  # exact
+    out = np.where(exp == 0, sub, normal)
+    return np.where((b & 0x7F) == 0x7F, sign | 0x7FC00000, out).astype(np.uint32)
+
+
+_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
+
+
+def dequantize_mxfp4(raw: np.ndarray) -> np.ndarray:
+    """ggml MXFP4 blocks (17 bytes: E8M0 exponent, 16 bytes of codes, byte j
+    holding element j low and j + 16 high) to float32: the doubled E2M1 value
+    times ``2^(e - 128)`` (e = 0, 1: the float32 subnormals; 255: 2^127), as
+    ggml's ``dequantize_row_mxfp4``."""
+    b = np.asarray(raw, dtype=np.uint8).reshape(-1, 17)
+    e = b[:, 0].astype(np.uint32)
+    half = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << 23).astype(np.uint32).view(np.float32)
+    codes = np.concatenate([b[:, 1:] & 0x0F, b[:, 1:] >> 4], axis=1)
+    return (_MXFP4_VALUES[codes] * half[:, None]).reshape(-1)
+
+
 #: integers their own 32 bits (i32) / value (u8); the definition of
 #: csrc/device/verify.h, which the native decoders of every backend must
 #: match. One entry per device format of :mod:`hf2q.formats`.
@@ -143,6 +177,9 @@ READBACK: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "q6_k": lambda raw: dequantize(raw, "q6_k").view(np.uint32),
     "q5_0": lambda raw: dequantize(raw, "q5_0").view(np.uint32),
     "q5_1": lambda raw: dequantize(raw, "q5_1").view(np.uint32),
+    "f8_e4m3": lambda raw: f8_to_f32_bits(raw, "f8_e4m3"),
+    "f8_e5m2": lambda raw: f8_to_f32_bits(raw, "f8_e5m2"),
+    "mxfp4": lambda raw: dequantize_mxfp4(raw).view(np.uint32),
 }
 
 

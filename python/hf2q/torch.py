@@ -8,7 +8,9 @@ a reference to its buffer, so the memory stays valid as long as any tensor
 (or any view of one) does, whatever happens to the model object.
 
 Formats map to torch dtypes one to one (``f32`` float32, ``f16`` float16,
-``bf16`` bfloat16, ``i32`` int32, ``u8`` uint8), except ``q8_0``, which torch
+``bf16`` bfloat16, ``i32`` int32, ``u8`` uint8, ``f8_e4m3`` float8_e4m3fn,
+``f8_e5m2`` float8_e5m2: DLPack carries their bytes, viewed as the float8
+dtype without a copy), except ``q8_0``, which torch
 has no dtype for: its bytes are a ``uint8`` tensor of shape
 ``(rows, row_bytes)`` (each row ``row_bytes // 34`` blocks of 34 bytes, see
 docs/Q8_0.md); :func:`dequantize` decodes them, on any torch device, to the
@@ -29,16 +31,21 @@ _Q8 = formats.get("q8_0")
 #: hf2q format -> torch dtype of the DLPack view (q8_0 travels as its bytes).
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32, "u8": torch.uint8,
-    "q8_0": torch.uint8,
+    "q8_0": torch.uint8, "f8_e4m3": torch.float8_e4m3fn, "f8_e5m2": torch.float8_e5m2,
 }
+# Formats whose DLPack view is their bytes (DLPack 0.8 has no float8 code), viewed as their torch dtype.
+_BYTE_VIEWS = {"f8_e4m3": torch.float8_e4m3fn, "f8_e5m2": torch.float8_e5m2}
 
 
 def tensor(buf: Buffer) -> torch.Tensor:
     """The buffer as a torch tensor sharing its memory (``torch.from_dlpack``;
-    the capsule holds a reference to the buffer). ``q8_0`` buffers come as
+    the capsule holds a reference to the buffer). FP8 buffers come as
+    ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``. ``q8_0`` buffers come as
     ``uint8`` of shape ``(rows, row_bytes)``: rows are the logical shape's
     leading dimensions flattened, ``row_bytes = last // 32 * 34``."""
     t = torch.from_dlpack(buf)
+    if buf.dtype in _BYTE_VIEWS and t.dtype == torch.uint8:
+        t = t.view(_BYTE_VIEWS[buf.dtype])  # same storage, the float8 dtype (state_dict keeps FP8 as FP8)
     if buf.dtype == "q8_0":
         row_bytes = _Q8.storage_bytes(buf.shape[-1]) if buf.shape else _Q8.block_bytes
         t = t.reshape(-1, row_bytes)  # a view: the DLPack storage is contiguous

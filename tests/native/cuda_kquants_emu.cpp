@@ -48,6 +48,8 @@ inline float __uint_as_float(unsigned u) {
   return f;
 }
 inline int __clz(unsigned v) { return v ? __builtin_clz(v) : 32; }
+// One IEEE float32 multiply, round to nearest (the FP8 scaled decode; -ffp-contract=off here).
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline void __syncwarp(unsigned = 0xFFFFFFFFu) { g_barrier->arrive_and_wait(); }
 inline void __syncthreads() { g_barrier->arrive_and_wait(); }
 template <class T>

@@ -465,7 +465,54 @@ class CudaBackend final : public Backend {
         }
       }
     }
+    // The scaled FP8 decoders (shaders/cuda_kernels.cu, hf2q_scaled_<weight>_<out>).
+    const char* weights[2] = {"f8_e4m3", "f8_e5m2"};
+    const char* outs[4] = {"f32", "bf16", "f16", "q8_0"};
+    for (int wi = 0; wi < 2; ++wi) {
+      for (int oi = 0; oi < 4; ++oi) {
+        if (!bind(std::string("hf2q_scaled_") + weights[wi] + "_" + outs[oi], &fn_scaled_fp8_[wi][oi])) return false;
+      }
+    }
     return true;
+  }
+
+  // A scaled FP8 tensor on this GPU decoded by its kernel (one thread per
+  // element; Q8_0 one per block), NaN/Inf and overflowed scales reported
+  // through a status cell as the Q8_0 uploads report them.
+  UploadResult scaled_fp8(const UploadTarget& dst, std::size_t dst_off, const void* w, const void* scale,
+                          const kernels::ScaledFp8& g, DType out) override {
+    UploadResult res;
+    const std::size_t n = g.numel();
+    if (n == 0) return res;
+    const int wi = g.weight == DType::F8_E4M3 ? 0 : g.weight == DType::F8_E5M2 ? 1 : -1;
+    const int oi = out == DType::F32 ? 0 : out == DType::BF16 ? 1 : out == DType::F16 ? 2 : out == DType::Q8_0 ? 3 : -1;
+    if (wi < 0 || oi < 0 || g.scale != DType::F32) throw DeviceError("GPU scaled FP8: unsupported formats");
+    const CUfunction fn = fn_scaled_fp8_[wi][oi];
+    if (fn == nullptr) throw DeviceError("GPU scaled FP8: kernel not loaded");
+    struct Geo {
+      unsigned long long rows, cols, br, bc, srows, scols;
+    } geo{g.rows, g.cols, g.block_rows, g.block_cols, g.scale_rows, g.scale_cols};
+    Ctx c(*this);
+    const std::vector<int> cells = take_status_cells(1);
+    try {
+      CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cells[0]) * 16;
+      check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
+      check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
+      CUdeviceptr wp = dptr(w), sp = dptr(scale), to = dptr(dst.base) + dst_off;
+      unsigned long long items = oi == 3 ? n / 32 : n;
+      void* args[] = {&wp, &sp, &to, &items, &geo, &status};
+      launch(fn, grid_for(items, kBlock), misc_, args);
+      std::uint64_t* h = status_host_ + cells[0] * 2;
+      check(d_->cuMemcpyDtoHAsync(h, status, 16, misc_), "cuMemcpyDtoHAsync");
+      check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+      res.first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
+      res.inf_scales = static_cast<std::size_t>(h[1]);
+    } catch (...) {
+      put_status_cells(cells);
+      throw;
+    }
+    put_status_cells(cells);
+    return res;
   }
 
   // ---------------------------------------------------------- staging ring
@@ -939,6 +986,7 @@ class CudaBackend final : public Backend {
   CUfunction fn_to_f32_[kNumDTypes] = {};             // by source dtype
   CUfunction fn_encode_[kNumDTypes][kNumDTypes] = {};  // by destination, source
   CUfunction fn_verify_[kNumDTypes] = {};             // by buffer dtype
+  CUfunction fn_scaled_fp8_[2][4] = {};               // [e4m3, e5m2][f32, bf16, f16, q8_0] (docs/FP8.md)
 
   // Uploads left in flight (raw, widening) and how many of them a
   // wait_uploads() has seen finish: equal when nothing is in flight.

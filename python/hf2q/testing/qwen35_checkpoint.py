@@ -35,6 +35,7 @@ A config may also be a dict of text-config fields (``text_config`` style).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import zlib
@@ -187,6 +188,30 @@ class _T:
     dist: str
     # fused experts: the per-expert keys, concatenated along axis 1 for each expert
     expert_keys: tuple[tuple[str, ...], ...] | None = None
+    # FP8 (fp8_block): the block of the weight's scale grid; scale: this is the
+    # weight's <name>_scale_inv (BF16), computed from the same values
+    fp8: tuple[int, int] | None = None
+    scale: bool = False
+    src_shape: tuple[int, ...] | None = None  # a scale's weight shape (its values' shape)
+
+
+def _as_fp8(items: list[_T], block: tuple[int, int]) -> list[_T]:
+    """The layout as Qwen's -FP8 repos store it (docs/FP8.md): each matrix the
+    quantizers convert becomes F8_E4M3 with a BF16 ``_scale_inv``; the rest
+    (embeddings, lm_head, norms, routers, conv1d, in_proj_a/b, ...) stays."""
+    from .fp8_checkpoint import keeps_bf16
+
+    out: list[_T] = []
+    for t in items:
+        if t.expert_keys is not None or t.dtype != "BF16" or keeps_bf16(t.name, t.shape):
+            out.append(t)
+            continue
+        rows, cols = t.shape
+        grid = (-(-rows // block[0]), -(-cols // block[1]))
+        out.append(dataclasses.replace(t, dtype="F8_E4M3", fp8=block))
+        out.append(dataclasses.replace(t, name=t.name + "_scale_inv", shape=grid, fp8=block, scale=True,
+                                       src_shape=t.shape))
+    return out
 
 
 def _layout(text: Mapping[str, Any], *, fused_gate_up: bool, multimodal: bool, mtp: bool) -> list[_T]:
@@ -308,6 +333,12 @@ def _cast(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def _chunks(t: _T, seed: int) -> Iterator[np.ndarray]:
     """The tensor's bytes in C order, as a sequence of arrays (one expert at a time)."""
+    if t.fp8 is not None:
+        from .fp8_checkpoint import quantize_fp8
+
+        w, sc = quantize_fp8(_values(seed, t.key, t.src_shape or t.shape, t.dist), block=t.fp8, scale_dtype="bf16")
+        yield sc if t.scale else w
+        return
     if t.expert_keys is None:
         yield _cast(_values(seed, t.key, t.shape, t.dist), t.dtype)
         return
@@ -363,6 +394,7 @@ def make_qwen35_moe_checkpoint(
     *,
     mtp: bool = True,
     num_shards: int = 3,
+    fp8_block: tuple[int, int] | None = None,
 ) -> Path:
     """Write a synthetic Qwen3.5/3.6 MoE checkpoint into ``dir`` (created if
     needed) and return its path.
@@ -374,11 +406,21 @@ def make_qwen35_moe_checkpoint(
     ``multimodal``: ``text_config`` wrapper, ``model.language_model.*`` names and
     a few ``model.visual.*`` tensors. ``mtp=False`` leaves out the ``mtp.*``
     tensors (the config still declares them, as in a transformers re-save).
+    ``fp8_block`` (e.g. ``(128, 128)``): the checkpoint as Qwen's ``-FP8``
+    repos store it (per-expert experts only): matrices in F8_E4M3 with BF16
+    ``_scale_inv`` blocks, quantized as :mod:`hf2q.testing.fp8_checkpoint`
+    does, and their ``quantization_config``.
     """
     out = Path(dir)
     text = _text_config(config)
     cfg = qwen35_config_dict(text, multimodal=multimodal)
     items = _layout(text, fused_gate_up=fused_gate_up, multimodal=multimodal, mtp=mtp)
+    if fp8_block is not None:
+        if fused_gate_up:
+            raise ValueError("fp8_block: the FP8 form has per-expert experts (fused_gate_up=False)")
+        items = _as_fp8(items, tuple(fp8_block))  # type: ignore[arg-type]
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": list(fp8_block)}
     out.mkdir(parents=True, exist_ok=True)  # a bad config failed above: no empty folder left
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..._configfile import json_type_name
 from ...errors import ConfigError
+from .._quant import QuantScheme, quant_scheme
 
 __all__ = ["Gemma4Config", "Gemma4Layer", "FULL_ATTENTION", "SLIDING_ATTENTION", "MODEL_TYPES", "ARCHITECTURES",
            "MAX_LAYERS"]
@@ -154,6 +155,8 @@ class Gemma4Config:
     forced_full_last: bool = False
     per_layer_config_form: bool = False
     source: str | None = field(default=None, compare=False)
+    #: ``quantization_config`` (root or ``text_config``; docs/FP8.md), None when absent.
+    quantization: QuantScheme | None = field(default=None, compare=False)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -328,4 +331,5 @@ class Gemma4Config:
             moe_intermediate_size=Im, hidden_size_per_layer_input=P, vocab_size_per_layer_input=V_ple,
             num_kv_shared_layers=S, use_double_wide_mlp=double_wide, tie_word_embeddings=tie, wrapper=wrapper,
             forced_full_last=forced, per_layer_config_form=plc is not None, source=source,
+            quantization=quant_scheme(d),
         )

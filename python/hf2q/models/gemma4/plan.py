@@ -37,6 +37,7 @@ from ...errors import (
     ShapeMismatchError,
 )
 from ...plan import CONVERT_DTYPES, LoadPlan, Piece, TensorPlan
+from .._quant import scaled_tensors
 from .._names import GLOBAL_NAMES, LAYER_NAMES, multimodal_filter, with_additions
 from .config import Gemma4Config, Gemma4Layer
 
@@ -246,7 +247,12 @@ def plan_gemma4(ckpt: Any, cfg: Gemma4Config, *, dense_dtype: str = "f32", exper
     problems: list[ManifestProblem] = []
     found: dict[str, tuple[str, str, tuple[int, ...]]] = {}  # gguf -> (raw name, hf2q format, shape)
     skipped: list[str] = []
+    # FP8 checkpoints (docs/FP8.md): each FP8 weight decodes with its scale;
+    # the scales and activation scales are no tensors of the model.
+    scaled = scaled_tensors(ckpt, cfg.quantization)
     for raw in names:
+        if raw in scaled.consumed or raw in scaled.dropped:
+            continue
         if is_multimodal_tensor(raw):
             skipped.append(raw)
             continue
@@ -309,23 +315,25 @@ def plan_gemma4(ckpt: Any, cfg: Gemma4Config, *, dense_dtype: str = "f32", exper
                 problems.append(ManifestProblem("missing", w.hf, f"{list(w.shape)}", "absent"))
             continue
         raw, fmt, shape = found[w.gguf]
-        if fmt not in SOURCE_FORMATS:
+        scale = scaled.scales.get(raw)
+        if fmt not in SOURCE_FORMATS and scale is None:
             problems.append(ManifestProblem("dtype", raw, "BF16, F16 or F32", str(ckpt[raw].dtype)))
             continue
         if shape != w.shape:
             problems.append(ManifestProblem("shape", raw, f"{list(w.shape)}", f"{list(shape)}"))
             continue
         out_shape = shape
-        piece = Piece(raw, fmt, shape)
+        piece = Piece(raw, fmt, shape, scale=scale)
         transform = None
         if w.gguf == "token_embd.weight" and rows is not None and rows < shape[0]:
             out_shape = (rows, shape[1])
-            piece = Piece(raw, fmt, (1, *shape), rows=(0, rows))  # the first `rows` rows, streamed
+            piece = Piece(raw, fmt, (1, *shape), rows=(0, rows), scale=scale)  # the first `rows` rows, streamed
         dtype = device_dtype(w.gguf, out_shape, dense_dtype, expert_dtype)
-        if piece.rows is not None and not formats.can_convert(fmt, dtype):
-            # a trimmed embedding that must be staged (f32 -> bf16): its first
+        if piece.rows is not None and (scale is not None or not formats.can_convert(fmt, dtype)):
+            # a trimmed embedding that must be staged (f32 -> bf16, or scaled FP8): its first
             # rows as one element range, converted a chunk at a time
-            piece = Piece(raw, fmt, shape, select=np.array([[0, 0, formats.numel(out_shape)]], dtype=np.int64))
+            piece = Piece(raw, fmt, shape, select=np.array([[0, 0, formats.numel(out_shape)]], dtype=np.int64),
+                          scale=scale)
         kind = ("expert" if w.gguf.endswith(_EXPERT_GGUF) else "f32" if dtype == "f32" else "dense")
         entries.append(TensorPlan(w.gguf, out_shape, dtype, (piece,), transform=transform, group=layer, kind=kind))
     _raise(problems, where)
@@ -333,6 +341,8 @@ def plan_gemma4(ckpt: Any, cfg: Gemma4Config, *, dense_dtype: str = "f32", exper
              "dense_dtype": dense_dtype, "expert_dtype": expert_dtype, "tied_output": not untied,
              "embedding_rows": next(e.shape[0] for e in entries if e.name == "token_embd.weight"),
              "embedding_rows_from": rows_why, "skipped_tensors": len(skipped)}
+    if scaled.scheme is not None:
+        extra["quantization"] = scaled.scheme.describe()
     if cfg.forced_full_last:
         extra["forced_full_last_layer"] = True
     return LoadPlan("gemma4", entries, cfg, skipped=tuple(skipped), extra=extra)

@@ -71,17 +71,38 @@ class GenericFamily(ModelFamily):
         """Device dtypes and bytes under ``dtype``; tensors no device format can
         hold are listed in ``unloadable`` (a load would refuse them, a plan too)."""
         from ... import formats
+        from .._quant import mxfp4_logical, scale_layouts
+        from .plan import fp8_sources
 
         if self.with_defaults(options)["recipe"] is not None:
             return super().inspect_checkpoint(ckpt, config=config, **options)
         dtype = self.with_defaults(options)["dtype"]
+        cfg = self.parse_config(ckpt, config)
+        scaled = fp8_sources(ckpt, cfg, dtype)  # typed errors for bad FP8 checkpoints, as a load
         out: dict[str, str | None] = {}
+        not_loaded: set[str] = set()
+        mxfp4 = scaled.scheme is not None and scaled.scheme.method == "mxfp4"
         for name in ckpt.keys():
             info = ckpt[name]
-            out[name] = device_dtype(name, formats.from_safetensors(info.dtype).name, tuple(info.shape), dtype)
-        nbytes = sum(formats.nbytes(ckpt[n].shape, d) for n, d in out.items() if d is not None)
-        return {"gpu_resident_bytes": nbytes, "device_dtypes": out, "dtype": dtype,
-                "unloadable": [n for n, d in out.items() if d is None]}
+            if (mxfp4 and name in scaled.consumed) or (dtype != "keep" and (name in scaled.consumed
+                                                                            or name in scaled.dropped)):
+                out[name] = None  # a scale, applied to its weight
+                not_loaded.add(name)
+                continue
+            if mxfp4 and name in scaled.scales:
+                lname, lshape = mxfp4_logical(name, tuple(info.shape))
+                out[name] = "mxfp4" if dtype == "keep" else device_dtype(lname + ".weight", "f32", lshape, dtype)
+                continue
+            src = "f32" if dtype != "keep" and name in scaled.scales else formats.from_safetensors(info.dtype).name
+            out[name] = device_dtype(name, src, tuple(info.shape), dtype)
+        nbytes = sum(formats.nbytes(mxfp4_logical(n, tuple(ckpt[n].shape))[1] if mxfp4 and n in scaled.scales
+                                    else ckpt[n].shape, d) for n, d in out.items() if d is not None)
+        report = {"gpu_resident_bytes": nbytes, "device_dtypes": out, "dtype": dtype,
+                  "unloadable": [n for n, d in out.items() if d is None and n not in not_loaded]}
+        if scaled.scheme is not None:
+            report["quantization"] = scaled.scheme.describe()
+            report["scale_layouts"] = scale_layouts(scaled)
+        return report
 
 
 FAMILY = GenericFamily()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...plan import CONVERT_DTYPES
+from .._quant import QuantScheme, quant_scheme
 
 __all__ = ["GenericConfig", "DTYPE_POLICIES"]
 
@@ -32,13 +33,17 @@ class GenericConfig:
     architectures: tuple[str, ...] = ()
     model_type: str | None = None
     has_config: bool = False
+    #: ``quantization_config`` (docs/FP8.md); None: the checkpoint states none.
+    quantization: QuantScheme | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> GenericConfig:
+        """Raises :class:`~hf2q.ConfigError` for a ``quantization_config``
+        hf2q does not support (docs/FP8.md)."""
         if d is None:
             return cls()
         mt = d.get("model_type")
-        return cls(_strings(d.get("architectures")), mt if isinstance(mt, str) else None, True)
+        return cls(_strings(d.get("architectures")), mt if isinstance(mt, str) else None, True, quant_scheme(d))
 
     @property
     def label(self) -> str:

@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import formats
-from ...errors import DtypeMismatchError, ManifestProblem
+from ...errors import ConfigError, DtypeMismatchError, ManifestProblem
 from ...plan import LoadPlan, Piece, TensorPlan
 from ...safetensors import Checkpoint
+from .._quant import ScaledTensors, mxfp4_logical, scaled_tensors, unconfigured_scales
 from .config import DTYPE_POLICIES, GenericConfig
 
 __all__ = ["plan_generic", "device_dtype", "FLOAT_FORMATS"]
@@ -79,12 +80,38 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
     if dtype not in DTYPE_POLICIES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_POLICIES)}, got {dtype!r}")
     cfg = config if isinstance(config, GenericConfig) else GenericConfig.from_dict(config)
+    scaled = fp8_sources(ckpt, cfg, dtype)
     entries: list[TensorPlan] = []
     problems: list[ManifestProblem] = []
+    skipped: list[str] = []
     for name in ckpt.keys():
         info = ckpt[name]
         src = formats.from_safetensors(info.dtype).name
         shape = tuple(int(d) for d in info.shape)
+        mxscale = scaled.scheme is not None and scaled.scheme.method == "mxfp4" and name in scaled.consumed
+        if mxscale or (dtype != "keep" and (name in scaled.consumed or name in scaled.dropped)):
+            skipped.append(name)  # a scale: applied to its weight, not a tensor of its own
+            continue
+        mx = scaled.scales.get(name)
+        if mx is not None and mx.scheme == "mxfp4":
+            # gpt-oss MXFP4: <w>_blocks + <w>_scales are one tensor <w>, kept as ggml's
+            # MXFP4 (keep) or decoded and converted as a matrix weight.
+            lname, lshape = mxfp4_logical(name, shape)
+            dst = "mxfp4" if dtype == "keep" else device_dtype(lname + ".weight", "f32", lshape, dtype)
+            assert dst is not None
+            entries.append(TensorPlan(lname, lshape, dst, (Piece(name, src, shape, scale=mx),),
+                                      group=_block_id(name), kind="mxfp4"))
+            continue
+        if mx is not None and name in scaled.consumed:
+            continue
+        scale = scaled.scales.get(name) if dtype != "keep" else None
+        if scale is not None:
+            # A scaled FP8 weight converts as any float weight, decoded with its scale.
+            dst = device_dtype(name, "f32", shape, dtype)
+            assert dst is not None
+            entries.append(TensorPlan(name, shape, dst, (Piece(name, src, shape, scale=scale),),
+                                      group=_block_id(name), kind="fp8"))
+            continue
         dst = device_dtype(name, src, shape, dtype)
         if dst is None:
             problems.append(ManifestProblem(
@@ -98,4 +125,24 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
         raise DtypeMismatchError(
             f"{ckpt.directory}: {len(problems)} tensor(s) cannot be loaded with --dtype {dtype}:\n{lines}", problems
         )
-    return LoadPlan("generic", entries, cfg, extra={"architecture": cfg.label, "dtype": dtype})
+    extra: dict[str, Any] = {"architecture": cfg.label, "dtype": dtype}
+    if scaled.scheme is not None:
+        extra["quantization"] = scaled.scheme.describe()
+    return LoadPlan("generic", entries, cfg, skipped=tuple(skipped), extra=extra)
+
+
+def fp8_sources(ckpt: Checkpoint, cfg: GenericConfig, dtype: str) -> ScaledTensors:
+    """The checkpoint's FP8 weights paired with their scales (docs/FP8.md);
+    typed errors for a scale missing, of the wrong dtype or shape. A
+    converting policy on FP8 weights that have scale tensors but no
+    ``quantization_config`` is a ConfigError: decoding them without their
+    scales would be wrong, and how to apply them is not stated."""
+    if cfg.quantization is None and dtype != "keep":
+        unconf = unconfigured_scales(ckpt)
+        if unconf:
+            shown = ", ".join(repr(n) for n in unconf[:5]) + (f" and {len(unconf) - 5} more" if len(unconf) > 5 else "")
+            raise ConfigError(
+                f"{ckpt.directory}: FP8 weight(s) {shown} come with scale tensors but config.json has no "
+                f"quantization_config: how the scales apply is not stated, so --dtype {dtype} cannot decode them "
+                "(--dtype keep loads the bytes as they are)", key="quantization_config")
+    return scaled_tensors(ckpt, cfg.quantization)

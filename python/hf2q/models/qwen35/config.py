@@ -34,6 +34,7 @@ from typing import Any, Literal
 from ..._configfile import parse_config_json, read_config_text
 from ...errors import ConfigError
 from .._limits import check_bound
+from .._quant import QuantScheme, quant_scheme
 
 __all__ = [
     "Qwen35Config",
@@ -206,6 +207,8 @@ class Qwen35Config:
     #: counts the ``mtp.layers.{i}`` tensors, as llama.cpp's converter does.
     mtp_num_hidden_layers_stated: bool = field(default=True, compare=False, repr=False)
     rope_parameters: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: ``quantization_config`` (root or ``text_config``; docs/FP8.md), None when absent.
+    quantization: QuantScheme | None = field(default=None, compare=False, repr=False)
 
     # -- construction -----------------------------------------------------------
     @classmethod
@@ -325,6 +328,7 @@ class Qwen35Config:
             rope_type=rope_type, attn_output_gate=gate, mtp_num_hidden_layers=mtp_n,
             tie_word_embeddings=tie, model_type=model_type, architectures=tuple(archs),
             multimodal=r.text is not None, mtp_num_hidden_layers_stated=mtp_stated, rope_parameters=dict(r.rope),
+            quantization=quant_scheme(d),
         )
 
     # -- derived ------------------------------------------------------------------

@@ -199,7 +199,18 @@ class Qwen35Family(ModelFamily):
             "gguf_names": destinations_by_source(plan),
             "gguf_tensors": [{"name": pt.gguf_name, "shape": list(pt.shape), "dtype": pt.dtype, "kind": pt.kind}
                              for pt in plan],
+            **_fp8_report(plan, ckpt),
         }
+
+
+def _fp8_report(plan: Qwen35Plan, ckpt: Checkpoint) -> dict[str, Any]:
+    """``quantization`` and ``scale_layouts`` of an FP8 checkpoint (docs/FP8.md), else nothing."""
+    scheme = plan.config.quantization
+    if scheme is None:
+        return {}
+    from .._quant import scale_layouts, scaled_tensors
+
+    return {"quantization": scheme.describe(), "scale_layouts": scale_layouts(scaled_tensors(ckpt, scheme))}
 
 
 FAMILY = Qwen35Family()

@@ -35,6 +35,7 @@ from ...errors import (
     MissingTensorError,
     ShapeMismatchError,
 )
+from .._quant import scaled_tensors
 from .config import Qwen35Config
 from .transforms import transform_tensor
 from .names import (  # noqa: F401  (the public names are re-exported in __all__)
@@ -293,6 +294,26 @@ def select_device_dtype(kind: TensorKind, dense_dtype: str = "f32", expert_dtype
 _DTYPE_ALIASES = {"BFLOAT16": "BF16", "FLOAT16": "F16", "HALF": "F16", "FLOAT32": "F32", "FLOAT": "F32"}
 
 
+class _Headers:
+    """(name, dtype code, shape) triples as the scale pairing reads a
+    checkpoint: ``keys()`` and ``[name].dtype`` / ``.shape``."""
+
+    class _Info:
+        __slots__ = ("dtype", "shape")
+
+        def __init__(self, dtype: str, shape: tuple[int, ...]) -> None:
+            self.dtype, self.shape = dtype, shape
+
+    def __init__(self, entries: list[tuple[str, str, tuple[int, ...]]]) -> None:
+        self._d = {n: self._Info(dt, sh) for n, dt, sh in entries}
+
+    def keys(self) -> list[str]:
+        return list(self._d)
+
+    def __getitem__(self, name: str) -> _Headers._Info:
+        return self._d[name]
+
+
 def _dtype_str(d: Any) -> str:
     if isinstance(d, str):
         s = d
@@ -402,6 +423,12 @@ def plan_qwen35_moe(
     cfg = config
     L = cfg.num_hidden_layers
     entries = _entries(tensors)
+    # FP8 checkpoints (docs/FP8.md): each FP8 weight decodes with its scale,
+    # as the converter's dequant step does before any transform; the scale
+    # and activation-scale tensors are not tensors of the model.
+    scaled = scaled_tensors(_Headers(entries), cfg.quantization)
+    if scaled.scheme is not None:
+        entries = [e for e in entries if e[0] not in scaled.consumed and e[0] not in scaled.dropped]
 
     # The multimodal filter and the language_model. strip, once per tensor.
     skipped: list[str] = []
@@ -511,7 +538,7 @@ def plan_qwen35_moe(
     planned: list[PlannedTensor] = []
 
     def check_piece(raw: str, dtype: str, shape: tuple[int, ...], want: tuple[int, ...]) -> None:
-        if dtype not in SOURCE_DTYPES:
+        if dtype not in SOURCE_DTYPES and raw not in scaled.scales:
             bad_dtype.append(f"{raw}: {dtype}")
         if shape != want:
             bad_shape.append(f"{raw}: shape {list(shape)}, expected {list(want)}")
@@ -531,7 +558,7 @@ def plan_qwen35_moe(
         check_piece(raw, dtype, shape, want_src)
         planned.append(PlannedTensor(
             g, spec.shape(cfg), select_device_dtype(spec.kind, dense_dtype, expert_dtype, spec.shape(cfg), g),
-            (SourcePiece(raw, dtype, shape),), group=layer, kind=spec.kind,
+            (SourcePiece(raw, dtype, shape, scale=scaled.scales.get(raw)),), group=layer, kind=spec.kind,
             hf_name=canonical, transforms=_transforms(spec, cfg), source_dtype=dtype,
         ))
 
@@ -544,11 +571,12 @@ def plan_qwen35_moe(
             raw, dtype, shape = fused[(b, proj)][0]
             if proj == "down":
                 want = logical
-                pieces = (SourcePiece(raw, dtype, shape),)
+                pieces = (SourcePiece(raw, dtype, shape, scale=scaled.scales.get(raw)),)
                 tags: tuple[str, ...] = ()
             else:
                 want = (E, 2 * cfg.moe_intermediate_size, cfg.hidden_size)
-                pieces = (_half(raw, dtype, shape, proj),)  # type: ignore[arg-type]
+                pieces = (dataclasses.replace(_half(raw, dtype, shape, proj),  # type: ignore[arg-type]
+                                              scale=scaled.scales.get(raw)),)
                 tags = (Transform.FUSED_SPLIT,)
             # gate and up share one fused tensor: report its problems once
             if proj != "up":
@@ -580,7 +608,7 @@ def plan_qwen35_moe(
                 numel = numel_of.get(sh)
                 if numel is None:
                     numel = numel_of[sh] = formats.numel(sh)
-                pieces_l.append(SourcePiece(n, d, sh, e * numel, expert=e))
+                pieces_l.append(SourcePiece(n, d, sh, e * numel, expert=e, scale=scaled.scales.get(n)))
             pieces = tuple(pieces_l)
             for p in pieces:
                 check_piece(p.name, p.dtype, p.shape, want)
@@ -636,7 +664,9 @@ def plan_qwen35_moe(
     convertible: dict[tuple[str, str], bool] = {}
     for i, pt in enumerate(planned):
         streamed = set(pt.transforms) <= _STREAMABLE
-        if streamed:
+        if streamed and any(p.scale is not None for p in pt.sources):
+            pass  # scaled FP8 pieces: the loader decodes each into place (any destination format)
+        elif streamed:
             for code in {p.dtype for p in pt.sources}:
                 ok = convertible.get((code, pt.dtype))
                 if ok is None:
@@ -649,7 +679,8 @@ def plan_qwen35_moe(
     return Qwen35Plan(
         "qwen35moe", planned, cfg, tuple(skipped),
         extra={"blocks": n_blocks, "experts": cfg.num_experts, "expert_dtype": expert_dtype,
-               "dense_dtype": dense_dtype, "skipped_tensors": len(skipped)},
+               "dense_dtype": dense_dtype, "skipped_tensors": len(skipped),
+               **({"quantization": scaled.scheme.describe()} if scaled.scheme is not None else {})},
         dropped=tuple(dropped), mtp_layers=n_mtp, dense_dtype=dense_dtype, expert_dtype=expert_dtype,
         tied_output="output.weight" not in simple,
     )

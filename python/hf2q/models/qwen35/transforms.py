@@ -292,7 +292,8 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
         raise ValueError(f"{pt.gguf_name}: {len(pt.sources)} sources, got {len(arrays)} arrays")
     srcs = []
     for piece, a in zip(pt.sources, arrays):
-        a = as_source_array(a, piece.dtype)
+        # A scaled FP8 source arrives decoded (weight times scale, float32: docs/FP8.md).
+        a = as_source_array(a, "F32" if getattr(piece, "scale", None) is not None else piece.dtype)
         if tuple(a.shape) != tuple(piece.shape):
             raise ValueError(f"{pt.gguf_name}: source {piece.name} has shape {a.shape}, planned {piece.shape}")
         srcs.append(a)

@@ -1,0 +1,448 @@
+"""FP8: the element decoders on all 256 byte patterns (against ml_dtypes and
+torch), the scaled decoder's arithmetic (one float32 multiply per element,
+partial edge blocks), the NaN policy, and the typed refusals of bad FP8
+checkpoints (docs/FP8.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hf2q
+from hf2q import _core, formats, ops, reference
+from hf2q.errors import (
+    ConfigError,
+    DtypeMismatchError,
+    MissingTensorError,
+    NonFiniteError,
+    ShapeMismatchError,
+)
+from hf2q.testing.fp8_checkpoint import fp8_checkpoint, quantize_fp8, write_safetensors
+
+ALL = np.arange(256, dtype=np.uint8)
+ML = {"f8_e4m3": ml_dtypes.float8_e4m3fn, "f8_e5m2": ml_dtypes.float8_e5m2}
+
+
+def _decode(fmt: str, raw: np.ndarray) -> np.ndarray:
+    out = np.empty(raw.size, np.float32)
+    _core.dequantize_blocks(raw, fmt, out.view(np.uint8))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
+def test_every_byte_decodes_as_ml_dtypes_and_torch(fmt) -> None:
+    ours = _decode(fmt, ALL)
+    ref = ALL.view(ML[fmt]).astype(np.float32)
+    nan = np.isnan(ref)
+    assert np.array_equal(np.isnan(ours), nan)
+    assert np.array_equal(ours.view(np.uint32)[~nan], ref.view(np.uint32)[~nan])  # bit for bit, signed zeros too
+    # NaN: ml_dtypes' quiet NaN with the sign kept; the numpy oracle agrees bit for bit everywhere.
+    assert np.array_equal(ours.view(np.uint32), reference.f8_to_f32_bits(ALL, fmt))
+    assert np.array_equal(np.signbit(ours[nan]), np.signbit(ref[nan]))
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(ALL.copy()).view(torch.float8_e4m3fn if fmt == "f8_e4m3" else torch.float8_e5m2)
+    tv = t.float().numpy()
+    assert np.array_equal(np.isnan(tv), nan)
+    assert np.array_equal(ours.view(np.uint32)[~nan], tv.view(np.uint32)[~nan])
+    if fmt == "f8_e4m3":
+        assert int(nan.sum()) == 2 and float(np.nanmax(ours)) == 448.0  # 0x7F / 0xFF; no Inf
+    else:
+        assert int(np.isinf(ours).sum()) == 2 and int(nan.sum()) == 6
+
+
+@pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
+def test_device_formats_hold_fp8_and_read_it_back(fmt) -> None:
+    f = formats.get(fmt)
+    assert f.is_device and f.itemsize == 1 and f.gguf_type == -1
+    assert formats.can_convert(fmt, "f32") and not formats.can_convert(fmt, "q8_0")
+    dev = hf2q.Device._isolated("host")
+    buf = dev.upload(ALL.view(ML[fmt]))
+    assert buf.dtype == fmt and buf.numpy().view(np.uint8).tobytes() == ALL.tobytes()
+    assert dev.verify(buf).ok
+    f32 = dev.alloc((256,), "f32")
+    dev.write(f32, ALL, src_dtype=fmt)  # unscaled elements decode exactly
+    assert np.array_equal(f32.numpy().view(np.uint32), reference.f8_to_f32_bits(ALL, fmt))
+    with pytest.raises(NonFiniteError):  # the row's NaN mask (0x7F e4m3fn, 0x7C e5m2) finds NaN bytes
+        dev.write(f32, ALL, src_dtype=fmt, name="x") if False else _checked_keep(fmt)
+
+
+def _checked_keep(fmt: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        write_safetensors(d / "model.safetensors", {"x.weight": ALL.view(ML[fmt]).reshape(8, 32)})
+        hf2q.load(d, dtype="keep", progress=False, check_finite=True)
+
+
+def _blocks(s: np.ndarray, block: tuple[int, int], shape: tuple[int, ...]) -> np.ndarray:
+    """The converter's dequant_simple scale: repeated over each block, cropped at the edges."""
+    full = np.repeat(np.repeat(s.astype(np.float32), block[0], -2), block[1], -1)
+    return full[..., : shape[-2], : shape[-1]]
+
+
+@pytest.mark.parametrize("scale_dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("block", [(128, 128), (7, 5), (1, 64), (50, 64)])
+def test_scaled_decode_is_one_multiply_per_element(scale_dtype, block) -> None:
+    rng = np.random.default_rng(block[0] * 7 + block[1])
+    shape = (2, 50, 64)
+    w = rng.integers(0, 256, shape, dtype=np.uint8)
+    w[(w & 0x7F) == 0x7F] = 1
+    wf = w.view(ml_dtypes.float8_e4m3fn)
+    grid = (2, -(-50 // block[0]), -(-64 // block[1]))
+    # Scales whose products round: random float32 mantissas.
+    s = (rng.random(grid, dtype=np.float32) * np.float32(3e-3) + np.float32(1e-4)).astype(scale_dtype)
+    want = wf.astype(np.float32) * _blocks(s, block, shape)  # numpy: one IEEE multiply each
+    for to, cast in (("f32", np.float32), ("bf16", ml_dtypes.bfloat16), ("f16", np.float16)):
+        got, first = ops.dequantize_fp8(wf, s, block, to=to)
+        assert first == -1 and got.dtype == np.dtype(cast)
+        assert got.view(np.uint8).tobytes() == want.astype(cast).view(np.uint8).tobytes(), to
+    got, _ = ops.dequantize_fp8(wf, s, block, to="q8_0")
+    assert got.tobytes() == ops.quantize_q8_0(want).tobytes()
+    # The SIMD and scalar paths give the same bytes.
+    ops.set_simd_enabled(False)
+    try:
+        scalar, _ = ops.dequantize_fp8(wf, s, block, to="q8_0")
+    finally:
+        ops.set_simd_enabled(True)
+    assert scalar.tobytes() == got.tobytes()
+
+
+def test_scaled_decode_nan_policy() -> None:
+    w = np.full((2, 32), 0x38, np.uint8)  # 1.0 in e4m3
+    w[1, 5] = 0x7F  # NaN
+    s = np.ones((1, 1), np.float32)
+    y, first = ops.dequantize_fp8(w, s, (2, 32), fmt="f8_e4m3")
+    assert first == 37 and np.isnan(y[1, 5])  # decoded as the converter would: NaN kept, reported
+    with pytest.raises(NonFiniteError) as e:
+        ops.dequantize_fp8(w, s, (2, 32), fmt="f8_e4m3", check_finite=True, name="w")
+    assert e.value.index == 37 and e.value.multi_index == (1, 5) and e.value.tensor == "w"
+    with pytest.raises(NonFiniteError):  # Q8_0 never quantizes a NaN
+        ops.dequantize_fp8(w, s, (2, 32), fmt="f8_e4m3", to="q8_0")
+    # An overflowing product (finite weight, huge scale) is non-finite too.
+    w2 = np.full((1, 32), 0x7E, np.uint8)  # 448
+    with pytest.raises(NonFiniteError):
+        ops.dequantize_fp8(w2, np.full((1, 1), 1e37, np.float32), (1, 32), fmt="f8_e4m3", to="q8_0")
+
+
+def test_scaled_decode_checks_sizes() -> None:
+    w = np.zeros((4, 32), np.uint8).view(ml_dtypes.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"scale has shape \[1, 1\]; block 2x32"):
+        ops.dequantize_fp8(w, np.ones((1, 1), np.float32), (2, 32))
+    with pytest.raises(ValueError, match="positive"):
+        ops.dequantize_fp8(w, np.ones((1, 1), np.float32), (0, 32))
+    with pytest.raises(TypeError, match="scale must be"):
+        ops.dequantize_fp8(w, np.ones((1, 1), np.float64), (4, 32))
+    with pytest.raises(TypeError, match="float8"):
+        ops.dequantize_fp8(np.zeros((4, 32), np.float32), np.ones((1, 1), np.float32), (4, 32))
+    with pytest.raises(ValueError, match="whole blocks of 32"):
+        ops.dequantize_fp8(np.zeros((4, 30), np.uint8), np.ones((1, 1), np.float32), (4, 30), to="q8_0")
+    # The native layer checks every length itself.
+    with pytest.raises(ValueError, match="weight holds"):
+        _core.scaled_fp8(np.zeros(10, np.uint8), "f8_e4m3", np.zeros(4, np.uint8), "f32", (1, 4, 4), (4, 4),
+                         "f32", np.zeros(64, np.uint8))
+    with pytest.raises(ValueError, match="overflows"):
+        _core.scaled_fp8(np.zeros(16, np.uint8), "f8_e4m3", np.zeros(4, np.uint8), "f32",
+                         (1 << 62, 1 << 62, 4), (1, 1), "f32", np.zeros(64, np.uint8))
+
+
+def test_quantizer_is_amax_over_448() -> None:
+    x = np.linspace(-3, 5, 40 * 70, dtype=np.float32).reshape(40, 70)
+    w, s = quantize_fp8(x, block=(32, 64), scale_dtype="f32")
+    assert s.shape == (2, 2) and s.dtype == np.float32
+    assert s[0, 0] == np.float32(np.abs(x[:32, :64]).max()) / np.float32(448)
+    assert float(np.abs(w.astype(np.float32)).max()) == 448.0
+    y, _ = ops.dequantize_fp8(w, s, (32, 64))
+    assert np.max(np.abs(y - x)) < 0.35  # e4m3: 3 mantissa bits
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def _ckpt(tmp: Path, name: str, tensors: dict[str, np.ndarray], qc: dict | None) -> Path:
+    d = tmp / name
+    d.mkdir()
+    write_safetensors(d / "model.safetensors", tensors)
+    cfg: dict = {"architectures": ["TinyForCausalLM"], "model_type": "tiny"}
+    if qc is not None:
+        cfg["quantization_config"] = qc
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+FP8_QC = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [32, 32]}
+
+
+def _w(shape=(64, 64)) -> np.ndarray:
+    return (np.arange(np.prod(shape)) % 100).astype(np.uint8).reshape(shape).view(ml_dtypes.float8_e4m3fn)
+
+
+def test_generic_without_scales_applied_was_wrong_and_now_refuses(tmp_path) -> None:
+    # The old silent answer: F8 elements converted without their scales. With
+    # scale tensors and no quantization_config the conversion is now refused.
+    d = _ckpt(tmp_path, "noqc", {"a.weight": _w(), "a.weight_scale_inv": np.full((2, 2), 0.5, np.float32)}, None)
+    with pytest.raises(ConfigError, match="quantization_config") as e:
+        hf2q.load(d, dtype="f32", progress=False)
+    assert e.value.key == "quantization_config"
+    m = hf2q.load(d, dtype="keep", progress=False)  # the bytes as they are
+    assert m["a.weight"].dtype == "f8_e4m3" and m["a.weight_scale_inv"].dtype == "f32"
+
+
+def test_missing_scale_is_named(tmp_path) -> None:
+    d = _ckpt(tmp_path, "miss", {"a.weight": _w(), "b.weight": _w(),
+                                 "a.weight_scale_inv": np.ones((2, 2), np.float32)}, FP8_QC)
+    for dtype in ("keep", "q8_0"):
+        with pytest.raises(MissingTensorError, match=r"b\.weight_scale_inv.*the scale of FP8 weight 'b\.weight'"):
+            hf2q.load(d, dtype=dtype, progress=False)
+
+
+def test_scale_of_wrong_shape_is_the_block_rule(tmp_path) -> None:
+    d = _ckpt(tmp_path, "shape", {"a.weight": _w((70, 64)), "a.weight_scale_inv": np.ones((2, 2), np.float32)},
+              FP8_QC)
+    with pytest.raises(ShapeMismatchError, match=r"a\.weight_scale_inv.*\[3, 2\]: ceil\(70 / 32\) x ceil\(64 / 32\)"):
+        hf2q.load(d, dtype="f32", progress=False)
+
+
+def test_scale_of_wrong_dtype_and_unscaled_weight_with_scale(tmp_path) -> None:
+    d = _ckpt(tmp_path, "dt", {"a.weight": _w(), "a.weight_scale_inv": np.ones((2, 2), np.int32)}, FP8_QC)
+    with pytest.raises(DtypeMismatchError, match=r"a\.weight_scale_inv.*F32, BF16 or F16"):
+        hf2q.load(d, dtype="f32", progress=False)
+    d = _ckpt(tmp_path, "dt2", {"a.weight": np.ones((64, 64), np.float32),
+                                "a.weight_scale_inv": np.ones((2, 2), np.float32)}, FP8_QC)
+    with pytest.raises(DtypeMismatchError, match=r"'a\.weight'.*F8_E4M3"):
+        hf2q.load(d, dtype="f32", progress=False)
+
+
+@pytest.mark.parametrize("qc, key", [
+    ({"quant_method": "gptq", "bits": 4}, "quantization_config.quant_method"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, "quantization_config.weight_block_size"),
+    ({"quant_method": "fp8", "weight_block_size": [0, 128]}, "quantization_config.weight_block_size"),
+    ({"quant_method": "fp8", "fmt": "e3m4"}, "quantization_config.fmt"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}},
+     "quantization_config.format"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8, "strategy": "group", "group_size": 128}}}},
+     "quantization_config.config_groups.g.weights.group_size"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized",
+      "config_groups": {"g": {"weights": {"type": "int", "num_bits": 8, "strategy": "channel"}}}},
+     "quantization_config.config_groups.g.weights"),
+    ("fp8", "quantization_config"),
+])
+def test_unknown_quantization_config_is_refused(tmp_path, qc, key) -> None:
+    d = _ckpt(tmp_path, "qc", {"a.weight": _w(), "a.weight_scale_inv": np.ones((2, 2), np.float32)}, qc)
+    with pytest.raises(ConfigError) as e:
+        hf2q.load(d, dtype="keep", progress=False)
+    assert e.value.key == key
+    assert "docs/FP8.md" in str(e.value) or "block sizes" in str(e.value) or key == "quantization_config"
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor", "block"])
+def test_compressed_tensors_strategies(tmp_path, strategy) -> None:
+    rng = np.random.default_rng(1)
+    src = _ckpt(tmp_path, "src", {"m.l.weight": rng.standard_normal((48, 64)).astype(ml_dtypes.bfloat16),
+                                  "m.norm.weight": np.ones(64, ml_dtypes.bfloat16)}, None)
+    d = fp8_checkpoint(src, tmp_path / strategy, method="compressed-tensors", strategy=strategy, block=(32, 32),
+                       scale_dtype="f32")
+    m = hf2q.load(d, dtype="f32", progress=False)
+    assert sorted(m.names()) == ["m.l.weight", "m.norm.weight"]
+    from hf2q.safetensors import open_checkpoint
+
+    with open_checkpoint(d) as c:
+        w, s = c.read_array("m.l.weight"), c.read_array("m.l.weight_scale")
+    block = {"channel": (1, 64), "tensor": (48, 64), "block": (32, 32)}[strategy]
+    want = w.astype(np.float32) * _blocks(s.reshape(-1, s.shape[-1]) if strategy != "tensor" else s.reshape(1, 1),
+                                          block, (48, 64))
+    assert m["m.l.weight"].numpy().tobytes() == want.tobytes()
+
+
+def test_sharded_fp8_load_is_the_full_loads_slice() -> None:
+    from hf2q.shard import Shard
+
+    d = Path(__file__).parent / "data" / "fp8" / "qwen3_fp8_deepseek" / "hf"
+    dev = hf2q.Device._isolated("host")
+    full = hf2q.load(d, device=dev, dtype="bf16", progress=False)
+    for r in range(2):
+        part = hf2q.load(d, device=dev, dtype="bf16", progress=False, shard=Shard(r, 2))
+        for n in part.names():
+            a, b = part[n], full[n]
+            if a.shape == b.shape:
+                assert a.numpy().tobytes() == b.numpy().tobytes(), n
+            else:
+                ax = next(i for i in range(len(a.shape)) if a.shape[i] != b.shape[i])
+                k = a.shape[ax]
+                want = np.take(hf2q.ops.dequantize(b.numpy(), "q8_0") if b.dtype == "q8_0" else b.numpy(),
+                               range(r * k, (r + 1) * k), axis=ax)
+                got = hf2q.ops.dequantize(a.numpy(), "q8_0") if a.dtype == "q8_0" else a.numpy()
+                assert np.array_equal(got, want), n
+
+
+def test_inspect_shows_source_format_scale_layout_and_device_format() -> None:
+    import subprocess
+    import sys
+
+    d = Path(__file__).parent / "data" / "fp8"
+    for variant, args, weight, device in (
+            ("qwen3_fp8_deepseek", ["--dtype", "q8_0"], "model.layers.0.mlp.up_proj.weight", "q8_0"),
+            ("qwen3_fp8_ct_channel", [], "model.layers.0.mlp.up_proj.weight", "f8_e4m3"),
+            ("qwen35moe_fp8_block128", ["--dense-dtype", "bf16"], "model.layers.0.linear_attn.in_proj_qkv.weight",
+             "bf16")):
+        r = subprocess.run([sys.executable, "-m", "hf2q", "inspect", str(d / variant / "hf"), "--json", *args],
+                           capture_output=True, text=True, check=True)
+        rep = json.loads(r.stdout)
+        rows = {t["name"]: t for t in rep["tensor_list"]}
+        w = rows[weight]
+        assert w["dtype"] == "F8_E4M3" and w["device_dtype"] == device
+        assert w["scale"].startswith("fp8 ") and "scale '" in w["scale"]
+        sname = w["scale"].split("scale '")[1].rstrip("'")
+        assert rows[sname]["scale"] == f"scale of '{weight}'"
+        # a converting policy applies the scale to its weight; keep loads it as its own buffer
+        assert rows[sname]["device_dtype"] == (rows[sname]["dtype"].lower() if device == "f8_e4m3" else None)
+        assert rep["quantization"]
+
+
+def test_torch_state_dict_keeps_fp8_as_float8() -> None:
+    torch = pytest.importorskip("torch")
+    from hf2q import torch as ht
+
+    d = Path(__file__).parent / "data" / "fp8" / "qwen3_fp8_deepseek" / "hf"
+    model = hf2q.load(d, device=hf2q.Device._isolated("host"), dtype="keep", progress=False)
+    sd = ht.state_dict(model.named_buffers())
+    name = "model.layers.0.mlp.up_proj.weight"
+    t, s = sd[name], sd[name + "_scale_inv"]
+    assert t.dtype == torch.float8_e4m3fn and tuple(t.shape) == (160, 64) and s.dtype == torch.float32
+    assert t.data_ptr() == model[name].address  # a view, no copy
+    # The hand-off's FP8 with its scale: the converter's product, bit for bit.
+    want = hf2q.load(d, device=hf2q.Device._isolated("host"), dtype="f32", progress=False)[name].numpy()
+    deq = t.float() * s.repeat_interleave(32, 0).repeat_interleave(48, 1)[:160, :64]
+    assert np.array_equal(deq.numpy(), want)
+
+
+def test_bench_fp8_smoke() -> None:
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fp8.py"
+    p = subprocess.run([sys.executable, str(bench), "--rows", "300", "--cols", "256", "--json"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert {x["case"] for x in r["results"]} == {f"fp8 e4m3 -> {t}" for t in ("q8_0", "bf16", "f16", "f32")}
+
+
+@pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
+def test_simd_and_scalar_decode_agree_on_every_byte(fmt) -> None:
+    # Every byte pattern at every position of an 8-wide vector, times scales
+    # whose products round, overflow and underflow: the same bits both ways.
+    w = np.concatenate([np.roll(ALL, k) for k in range(8)]).reshape(64, 32)
+    s = np.array([[3.0e-3], [1.7e36], [1e-40], [-0.75]] * 16, np.float32)
+    for to in ("f32", "bf16", "f16"):
+        simd, _ = ops.dequantize_fp8(w, s, (1, 32), fmt=fmt, to=to)
+        ops.set_simd_enabled(False)
+        try:
+            scalar, _ = ops.dequantize_fp8(w, s, (1, 32), fmt=fmt, to=to)
+        finally:
+            ops.set_simd_enabled(True)
+        assert simd.view(np.uint8).tobytes() == scalar.view(np.uint8).tobytes(), to
+
+
+def test_cuda_kernels_compile_with_nvcc(tmp_path) -> None:
+    """shaders/cuda_kernels.cu (FP8 decode, FP8 and MXFP4 read-back) compiles
+    with the NVRTC options the CUDA backend uses, where nvcc is installed
+    (the GPU tests, -m cuda, run the kernels)."""
+    import shutil
+    import subprocess
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    src = Path(__file__).resolve().parents[1] / "shaders" / "cuda_kernels.cu"
+    out = tmp_path / "k.ptx"
+    r = subprocess.run([nvcc, "--ptx", "-arch=sm_80", "--fmad=false", "--ftz=false", "--prec-div=true",
+                        "--prec-sqrt=true", "-std=c++17", "-x", "cu", str(src), "-o", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    ptx = out.read_text()
+    from hf2q import formats
+
+    for name in ("f8_e4m3", "f8_e5m2", "mxfp4"):
+        assert f".entry hf2q_checksums_{name}(" in ptx
+    for name in ("f8_e4m3", "f8_e5m2"):
+        assert f".entry hf2q_{name}_to_f32(" in ptx
+    assert formats.get("mxfp4").gguf_type == 39 and formats.get("mxfp4").block_bytes == 17
+
+
+def test_qwen_generator_writes_the_fp8_form(tmp_path) -> None:
+    """hf2q.testing's Qwen3.5 generator with fp8_block (the benchmarks' FP8
+    checkpoints): matrices F8_E4M3 with BF16 scale_inv, the BF16 tensors of
+    the real repos kept; loads, each expert decoded with its own scale."""
+    from hf2q import qwen35
+    from hf2q.safetensors import open_checkpoint
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = make_qwen35_moe_checkpoint(tmp_path / "q", "tiny", seed=3, fp8_block=(16, 16))
+    with open_checkpoint(d) as c:
+        dt = {n: c[n].dtype for n in c.keys()}
+        w = c.read_array("model.layers.0.mlp.experts.1.down_proj.weight")
+        s = c.read_array("model.layers.0.mlp.experts.1.down_proj.weight_scale_inv")
+    assert dt["model.embed_tokens.weight"] == "BF16" and dt["model.layers.0.mlp.gate.weight"] == "BF16"
+    assert dt["model.layers.0.mlp.experts.0.up_proj.weight"] == "F8_E4M3"
+    m = qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="f32", progress=False)
+    want = w.astype(np.float32) * _blocks(s, (16, 16), w.shape)
+    assert m["blk.0.ffn_down_exps.weight"].numpy()[1].tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("qc", [
+    {"quant_method": ["fp8"]}, {"quant_method": "fp8", "fmt": ["e4m3"]}, {"quant_method": "fp8", "fmt": None},
+    {"quant_method": "fp8", "weight_block_size": [True, 1]}, {"quant_method": "fp8", "weight_block_size": "128"},
+    {"quant_method": "compressed-tensors", "format": ["float-quantized"]},
+    {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": []},
+    {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": 1}},
+    {"quant_method": "compressed-tensors", "format": "float-quantized",
+     "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8, "strategy": ["channel"]}}}},
+    {"quant_method": "compressed-tensors", "format": "float-quantized",
+     "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8, "strategy": "block",
+                                         "block_structure": None}}}},
+    {"quant_method": None}, [], 7,
+])
+def test_malformed_quantization_config_is_a_config_error(qc) -> None:
+    from hf2q.models._quant import quant_scheme
+
+    with pytest.raises(ConfigError):
+        quant_scheme({"quantization_config": qc})
+
+
+def test_device_scaled_fp8_op_equals_the_cpu_decoder(monkeypatch) -> None:
+    """Device.scaled_fp8 (the path a GPU takes: weight and f32 scale grid
+    uploaded, decoded by the device's kernels) on the host backend: the same
+    bytes as the CPU decoder, and the golden loads through it unchanged."""
+    from hf2q import loader
+
+    dev = hf2q.Device._isolated("host")
+    rng = np.random.default_rng(5)
+    w = rng.integers(0, 256, (2, 40, 64), dtype=np.uint8)
+    w[(w & 0x7F) == 0x7F] = 3
+    wf = w.view(ml_dtypes.float8_e4m3fn)
+    s = (rng.random((2, 2, 3), dtype=np.float32) * 1e-2).astype(np.float32)
+    for to in ("f32", "bf16", "f16", "q8_0"):
+        want, _ = ops.dequantize_fp8(wf, s, (32, 24), to=to)
+        buf = dev.alloc((3, 40, 64), to)
+        first, _ = dev._native.scaled_fp8(buf._native, 40 * 64, dev.upload(wf)._native, dev.upload(s)._native,
+                                          (2, 40, 64), (32, 24))
+        assert first == -1
+        got = buf.numpy().reshape(-1).view(np.uint8)
+        nb = formats.nbytes((2, 40, 64), to)
+        off = formats.nbytes((40, 64), to)
+        assert got[off:off + nb].tobytes() == want.view(np.uint8).tobytes(), to
+    buf = dev.alloc((2, 40, 64), "f32")
+    with pytest.raises(ValueError, match="scale buffer holds"):
+        dev._native.scaled_fp8(buf._native, 0, dev.upload(wf)._native, dev.upload(s[:1])._native, (2, 40, 64),
+                               (32, 24))
+    with pytest.raises(ValueError, match="overrun"):
+        dev._native.scaled_fp8(buf._native, 32, dev.upload(wf)._native, dev.upload(s)._native, (2, 40, 64), (32, 24))
+    monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    test_qwen_fp8_via_device = __import__("test_fp8_golden")
+    for outtype in ("q8_0", "bf16"):
+        test_qwen_fp8_via_device.test_qwen_fp8_equals_converter(dev, "qwen35moe_fp8_block128", outtype)
+        test_qwen_fp8_via_device.test_generic_fp8_equals_converter(dev, "qwen3_fp8_deepseek", outtype)

@@ -1,0 +1,218 @@
+"""FP8 checkpoints against llama.cpp's converter: tiny checkpoints quantized
+the way the Hub's quantizers do it, and what ``convert_hf_to_gguf.py`` makes
+of them with ``--outtype`` q8_0 / f32 / bf16, committed under tests/data/fp8/
+by scripts/make_golden_fp8.py (docs/FP8.md). Every converter tensor is
+compared byte for byte with ours (``ssm_a`` within 1 ulp, as in
+test_golden_converter.py)."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hf2q
+from hf2q import qwen35
+
+DATA = Path(__file__).parent / "data" / "fp8"
+OUTTYPES = ("q8_0", "f32", "bf16")
+GGUF_TYPE = {"F32": "f32", "BF16": "bf16", "Q8_0": "q8_0", "F16": "f16"}
+QWEN = ("qwen35moe_fp8_block128", "qwen35moe_fp8_fused")
+GENERIC = ("qwen3_fp8_deepseek", "qwen3_fp8_ct_channel", "qwen3_fp8_e5m2_tensor")
+GEMMA = ("gemma4_moe_fp8_ct_channel",)
+
+
+@lru_cache(maxsize=None)
+def golden(variant: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    meta = json.loads((DATA / variant / "converted.json").read_text())
+    with np.load(DATA / variant / "converted.npz") as z:
+        blobs = {k: z[k].tobytes() for k in z.files}
+    return meta, blobs
+
+
+@pytest.fixture
+def dev() -> hf2q.Device:
+    return hf2q.Device._isolated("host")
+
+
+def test_fp8_golden_data_present_and_small() -> None:
+    for v in QWEN + GENERIC + GEMMA + ("gptoss_mxfp4",):
+        meta, blobs = golden(v)
+        assert set(meta["outtypes"]) == set(OUTTYPES)
+    assert sorted(p.name for p in DATA.iterdir() if p.is_dir()) == sorted(QWEN + GENERIC + GEMMA + ("gptoss_mxfp4",))
+    total = sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file())
+    assert total < 5 << 20
+
+
+def _same(name: str, ours: bytes, theirs: bytes, outtype: str) -> None:
+    if name.endswith(".ssm_a"):
+        a = np.frombuffer(ours, dtype="<i4").astype(np.int64)
+        b = np.frombuffer(theirs, dtype="<i4").astype(np.int64)
+        assert a.shape == b.shape and int(np.max(np.abs(a - b))) <= 1, name
+    else:
+        assert ours == theirs, f"{name} ({outtype}): bytes differ from the converter's"
+
+
+@pytest.mark.parametrize("outtype", OUTTYPES)
+@pytest.mark.parametrize("variant", QWEN)
+def test_qwen_fp8_equals_converter(dev, variant, outtype) -> None:
+    meta, blobs = golden(variant)
+    cfg = json.loads((DATA / variant / "hf" / "config.json").read_text())
+    assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+    model = qwen35.load(DATA / variant / "hf", device=dev, dense_dtype=outtype, expert_dtype=outtype, progress=False)
+    want = {t["name"]: t for t in meta["outtypes"][outtype]["tensors"]}
+    assert sorted(model.names()) == sorted(want)
+    for name, t in want.items():
+        buf = model[name]
+        assert buf.dtype == GGUF_TYPE[t["type"]], name
+        assert list(buf.shape) == t["shape"], name
+        _same(name, buf.numpy().view(np.uint8).tobytes(), blobs[t["blob"]], outtype)
+    assert "fp8 block 128x128" in model.summary.extra["quantization"]
+
+
+@pytest.mark.parametrize("outtype", OUTTYPES)
+@pytest.mark.parametrize("variant", GEMMA)
+def test_gemma4_fp8_equals_converter(dev, variant, outtype) -> None:
+    from hf2q import gemma4
+
+    meta, blobs = golden(variant)
+    cfg = json.loads((DATA / variant / "hf" / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "compressed-tensors"
+    model = gemma4.load(DATA / variant / "hf", device=dev, dense_dtype=outtype, expert_dtype=outtype, progress=False)
+    want = {t["name"]: t for t in meta["outtypes"][outtype]["tensors"]}
+    assert sorted(model.names()) == sorted(want)
+    for name, t in want.items():
+        buf = model[name]
+        assert buf.dtype == GGUF_TYPE[t["type"]] and list(buf.shape) == t["shape"], name
+        _same(name, buf.numpy().view(np.uint8).tobytes(), blobs[t["blob"]], outtype)
+    assert "compressed-tensors channel" in model.summary.extra["quantization"]
+
+
+@pytest.mark.parametrize("outtype", OUTTYPES)
+@pytest.mark.parametrize("variant", GENERIC)
+def test_generic_fp8_equals_converter(dev, variant, outtype) -> None:
+    meta, blobs = golden(variant)
+    model = hf2q.load(DATA / variant / "hf", device=dev, dtype=outtype, progress=False)
+    assert model.family == "generic"
+    tensors = meta["outtypes"][outtype]["tensors"]
+    assert all("hf_name" in t for t in tensors)
+    # The same tensors: every weight, no scale tensor.
+    assert sorted(model.names()) == sorted(t["hf_name"] for t in tensors)
+    for t in tensors:
+        buf = model[t["hf_name"]]
+        assert buf.dtype == GGUF_TYPE[t["type"]], t["hf_name"]
+        assert list(buf.shape) == t["shape"], t["hf_name"]
+        _same(t["hf_name"], buf.numpy().view(np.uint8).tobytes(), blobs[t["blob"]], outtype)
+
+
+@pytest.mark.parametrize("variant", GENERIC)
+def test_generic_keep_holds_fp8_and_its_scale(dev, variant) -> None:
+    """--dtype keep: FP8 stays FP8 on the device, its scale a buffer of its own."""
+    from hf2q.safetensors import open_checkpoint
+
+    model = hf2q.load(DATA / variant / "hf", device=dev, dtype="keep", progress=False)
+    with open_checkpoint(DATA / variant / "hf") as ckpt:
+        assert sorted(model.names()) == sorted(ckpt.keys())
+        for name in ckpt.keys():
+            a = ckpt.read_array(name)
+            assert model[name].numpy().view(np.uint8).tobytes() == a.view(np.uint8).tobytes(), name
+    fp8 = [n for n in model.names() if model[n].dtype in ("f8_e4m3", "f8_e5m2")]
+    assert fp8 and all((n + "_scale_inv") in model or (n + "_scale") in model for n in fp8)
+
+
+# ----------------------------------------------------------------------------- MXFP4 (gpt-oss)
+MX = "gptoss_mxfp4"
+
+
+def _converter_tensor(outtype: str, name: str) -> tuple[dict[str, Any], bytes]:
+    meta, blobs = golden(MX)
+    t = next(t for t in meta["outtypes"][outtype]["tensors"] if t["name"] == name)
+    return t, blobs[t["blob"]]
+
+
+def test_mxfp4_kept_is_the_converters_repack(dev) -> None:
+    model = hf2q.load(DATA / MX / "hf", device=dev, dtype="keep", progress=False)
+    assert model.family == "generic"
+    for b in range(2):
+        gu = model[f"model.layers.{b}.mlp.experts.gate_up_proj"]
+        down = model[f"model.layers.{b}.mlp.experts.down_proj"]
+        assert gu.dtype == "mxfp4" and gu.shape == (4, 128, 64) and down.shape == (4, 64, 64)
+        raw = gu.numpy().reshape(4, 128, 2 * 17)
+        # The converter splits gpt-oss's interleaved gate/up rows: gate = rows 0::2, up = 1::2.
+        for half, rows in (("gate", raw[:, 0::2]), ("up", raw[:, 1::2])):
+            t, theirs = _converter_tensor("q8_0", f"blk.{b}.ffn_{half}_exps.weight")
+            assert t["type"] == "MXFP4" and np.ascontiguousarray(rows).tobytes() == theirs
+        t, theirs = _converter_tensor("f32", f"blk.{b}.ffn_down_exps.weight")
+        assert down.numpy().tobytes() == theirs
+    assert not any(n.endswith(("_blocks", "_scales")) for n in model.names())
+    assert dev.verify(model["model.layers.0.mlp.experts.down_proj"]).ok
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "q8_0"])
+def test_mxfp4_decoded_equals_ggml_dequantize(dev, dtype) -> None:
+    import gguf
+    from gguf.quants import dequantize
+
+    from hf2q import ops
+
+    model = hf2q.load(DATA / MX / "hf", device=dev, dtype=dtype, progress=False)
+    gu = model["model.layers.1.mlp.experts.gate_up_proj"]
+    assert gu.dtype == dtype and gu.shape == (4, 128, 64)
+    _, theirs = _converter_tensor("bf16", "blk.1.ffn_up_exps.weight")
+    ref = dequantize(np.frombuffer(theirs, np.uint8).reshape(4, 64, 34), gguf.GGMLQuantizationType.MXFP4)
+    ref = ref.astype(np.float32)
+    ours = gu.numpy()
+    if dtype == "q8_0":
+        assert ours.reshape(4, 128, 68)[:, 1::2].tobytes() == ops.quantize_q8_0(ref).tobytes()
+    elif dtype == "bf16":
+        import ml_dtypes
+
+        assert ours[:, 1::2].tobytes() == ref.astype(ml_dtypes.bfloat16).tobytes()
+    else:
+        assert ours[:, 1::2].tobytes() == ref.tobytes()
+
+
+def test_mxfp4_bad_checkpoints_are_refused(tmp_path) -> None:
+    from hf2q.errors import MissingTensorError, ShapeMismatchError
+    from hf2q.testing.fp8_checkpoint import write_safetensors
+
+    cfg = json.dumps({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                      "quantization_config": {"quant_method": "mxfp4"}})
+    d = tmp_path / "miss"
+    d.mkdir()
+    write_safetensors(d / "model.safetensors", {"e.w_blocks": np.zeros((2, 4, 2, 16), np.uint8)})
+    (d / "config.json").write_text(cfg)
+    with pytest.raises(MissingTensorError, match=r"e\.w_scales"):
+        hf2q.load(d, progress=False)
+    d = tmp_path / "shape"
+    d.mkdir()
+    write_safetensors(d / "model.safetensors", {"e.w_blocks": np.zeros((2, 4, 2, 16), np.uint8),
+                                                "e.w_scales": np.zeros((2, 4, 3), np.uint8)})
+    (d / "config.json").write_text(cfg)
+    with pytest.raises(ShapeMismatchError, match=r"e\.w_scales"):
+        hf2q.load(d, dtype="f32", progress=False)
+
+
+def test_convert_writes_the_converters_tensors_for_fp8(tmp_path) -> None:
+    """hf2q convert runs the same plan: an FP8 checkpoint's GGUF holds the
+    converter's tensors byte for byte (ssm_a within 1 ulp)."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    out = tmp_path / "o.gguf"
+    hf = DATA / "qwen35moe_fp8_block128" / "hf"
+    r = subprocess.run([sys.executable, "-m", "hf2q", "convert", str(hf), str(out), "--outtype", "q8_0",
+                        "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    ours = {t.name: bytes(np.asarray(t.data).view(np.uint8).reshape(-1)) for t in gguf.GGUFReader(out).tensors}
+    meta, blobs = golden("qwen35moe_fp8_block128")
+    want = meta["outtypes"]["q8_0"]["tensors"]
+    assert sorted(ours) == sorted(t["name"] for t in want)
+    for t in want:
+        _same(t["name"], ours[t["name"]], blobs[t["blob"]], "q8_0")
