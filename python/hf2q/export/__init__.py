@@ -376,12 +376,16 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
 def _tokenizer(kv: md.KVList, family: str, directory: Path, cfg: Any) -> str:
     """Write the tokenizer keys where hf2q reads the family's tokenizer;
     say what was written (the summary's ``tokenizer``)."""
-    if family != "qwen35moe":
-        return f"not written: hf2q does not read {family} tokenizers yet (docs/CONVERT.md)"
     if not (directory / "tokenizer.json").is_file():
         return "not written: no tokenizer.json beside the checkpoint"
-    from .vocab import gpt2_vocab
+    from .vocab import gemma4_vocab, gpt2_vocab
 
+    if family == "gemma4":
+        if not (directory / "tokenizer_config.json").is_file():
+            # (the converter stops there: its Gemma vocabulary is read through transformers)
+            return "not written: no tokenizer_config.json beside the checkpoint"
+        gemma4_vocab(kv, directory)
+        return "gemma4"
     checked = gpt2_vocab(kv, directory, cfg.vocab_size)
     pre = next(k.value for k in kv.items() if k.key == "tokenizer.ggml.pre")
     return f"gpt2 (pre-tokenizer {pre}; fingerprint {checked})"
