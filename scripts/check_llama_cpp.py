@@ -17,11 +17,12 @@ takes about as long as the whole CI suite's margin on its 2-core runners
    tests/data/gguf/qwen35_tokenizer), Gemma 4
    (tests/data/gemma4/gemma4_moe_causal_lm/hf and
    tests/data/gguf/gemma4_tokenizer), the generic family's llama-like
-   checkpoints where tests/data/gguf/generic/ has them;
+   checkpoints of tests/data/gguf/generic/ that have a tokenizer (Llama 3
+   style, Qwen3, Qwen3-MoE);
 3. for every ``--outtypes``, writes its GGUF with ``hf2q.convert`` and with
    the converter (a subprocess: torch and transformers needed; the converter
-   cannot name the tiny Qwen vocabulary's pre-tokenizer from its hash, so it
-   is told ``qwen35``, the name hf2q reads from the tokenizer's regex);
+   cannot name the tiny vocabularies' pre-tokenizers from its hash, so it is
+   told the name hf2q reads from each tokenizer's regex);
 4. runs ``llama-simple -n N PROMPT`` on both files and compares the
    generated text (stdout) and the number of tokens decoded, which must be
    non-zero.
@@ -50,19 +51,27 @@ import make_golden as mg  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 
-#: family -> list of (name, checkpoint folder, tokenizer folder, converter's extra arguments)
-def cases() -> dict[str, list[tuple[str, Path, Path | None, list[str]]]]:
-    out: dict[str, list[tuple[str, Path, Path | None, list[str]]]] = {
+Case = tuple[str, Path, "Path | None", list[str], str]
+
+
+def cases() -> dict[str, list[Case]]:
+    """family -> (name, checkpoint folder, tokenizer folder, the converter's
+    extra arguments, the pre-tokenizer name the converter is told: the tiny
+    vocabularies are not in its hash table)"""
+    out: dict[str, list[Case]] = {
         "qwen35moe": [("qwen35moe", DATA / "golden" / "qwen35moe_causal_lm" / "hf", DATA / "gguf" / "qwen35_tokenizer",
-                       ["--no-mtp"])],
-        "gemma4": [("gemma4", DATA / "gemma4" / "gemma4_moe_causal_lm" / "hf", DATA / "gguf" / "gemma4_tokenizer", [])],
+                       ["--no-mtp"], "qwen35")],
+        "gemma4": [("gemma4", DATA / "gemma4" / "gemma4_moe_causal_lm" / "hf", DATA / "gguf" / "gemma4_tokenizer", [],
+                    "")],
         "generic": [],
     }
     gen = DATA / "gguf" / "generic"
+    pre = {"llama3": "llama-bpe", "qwen3": "qwen2", "qwen3_moe": "qwen2"}
     if gen.is_dir():
         for d in sorted(gen.iterdir()):
-            if (d / "config.json").is_file():
-                out["generic"].append((d.name, d, None, []))
+            # llama.cpp needs a vocabulary: the checkpoints without a tokenizer (mistral) are left out
+            if (d / "config.json").is_file() and (d / "tokenizer.json").is_file():
+                out["generic"].append((d.name, d, None, [], pre.get(d.name, "")))
     return out
 
 
@@ -165,13 +174,13 @@ def main() -> int:
         for fam in args.families:
             if fam not in table:
                 sys.exit(f"unknown family {fam!r} (have {', '.join(table)})")
-            for name, ckpt, tokenizer, extra in table[fam]:
+            for name, ckpt, tokenizer, extra, pre in table[fam]:
                 ck = checkpoint_folder(tmp, name, ckpt, tokenizer)
                 for ot in args.outtypes:
                     ours, theirs = tmp / f"{name}-{ot}-hf2q.gguf", tmp / f"{name}-{ot}-converter.gguf"
                     try:
                         hf2q.convert(ck, ours, ot, force=True)
-                        converter_file(args.cache, ck, ot, theirs, extra, "qwen35" if fam == "qwen35moe" else "")
+                        converter_file(args.cache, ck, ot, theirs, extra, pre)
                         a, na = generate(exe, ours, args.prompt, args.n)
                         b, nb = generate(exe, theirs, args.prompt, args.n)
                     except Exception as e:  # noqa: BLE001 (reported in the table)

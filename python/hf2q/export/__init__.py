@@ -249,8 +249,9 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     ``mtp`` for Qwen3.5 MoE) refine it. ``force``: replace an existing
     ``out``. ``name``: ``general.name`` (default: the checkpoint folder's
     name, as the converter does). Supported: Qwen3.5/3.6 MoE
-    (``qwen35moe``) and Gemma 4 (``gemma4``); other checkpoints raise
-    :class:`UnsupportedModelError`."""
+    (``qwen35moe``), Gemma 4 (``gemma4``) and, of the generic family,
+    Llama, Mistral, Qwen3 and Qwen3-MoE (``llama``, ``qwen3``,
+    ``qwen3moe``); other checkpoints raise :class:`UnsupportedModelError`."""
     from ..device import Device
     from ..hub import resolve
     from ..loader import execute
@@ -271,11 +272,21 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     src_path = resolve(src, revision, download=download, command="convert")
     _, config = read_config(src_path)
     fam = detect(config) if family is None else family_row(family)
-    if fam.name not in _FAMILIES:
+    if fam.name == "generic":
+        from . import generic
+
+        try:
+            arch = generic.gguf_architecture(config)
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"{src_path}: {e}", path=out_path) from None
+        planner, kv_writer, takes = generic.plan_generic_gguf, generic.write_kv, ()
+    elif fam.name not in _FAMILIES:
         raise UnsupportedModelError(
-            f"{src_path}: hf2q convert writes GGUF files for {', '.join(_FAMILIES)} checkpoints; this one is "
+            f"{src_path}: hf2q convert writes GGUF files for {', '.join(_FAMILIES)} checkpoints and the generic "
+            f"family's {', '.join(_generic_archs())}; this one is "
             f"{fam.name!r} (config.json architectures: {(config or {}).get('architectures')})", path=out_path)
-    arch, planner, kv_writer, takes = _FAMILIES[fam.name]
+    else:
+        arch, planner, kv_writer, takes = _FAMILIES[fam.name]
     unknown = sorted(set(options) - set(takes))
     if unknown:
         raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; it takes {', '.join(takes)}")
@@ -373,6 +384,12 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                           extra={"kv_count": len(kv.items()), "tokenizer": tokenizer})
 
 
+def _generic_archs() -> list[str]:
+    from .generic import ARCHITECTURES
+
+    return list(ARCHITECTURES)
+
+
 def _tokenizer(kv: md.KVList, family: str, directory: Path, cfg: Any) -> str:
     """Write the tokenizer keys where hf2q reads the family's tokenizer;
     say what was written (the summary's ``tokenizer``)."""
@@ -380,6 +397,10 @@ def _tokenizer(kv: md.KVList, family: str, directory: Path, cfg: Any) -> str:
         return "not written: no tokenizer.json beside the checkpoint"
     from .vocab import gemma4_vocab, gpt2_vocab
 
+    if family == "generic":
+        from .generic import write_tokenizer
+
+        return write_tokenizer(kv, directory, cfg)
     if family == "gemma4":
         if not (directory / "tokenizer_config.json").is_file():
             # (the converter stops there: its Gemma vocabulary is read through transformers)

@@ -35,6 +35,8 @@ PRE_TOKENIZERS = {
         "qwen2",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+": "qwen35",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)"
+    r"|\s+": "llama-bpe",
 }
 
 #: The text llama.cpp's converter tokenizes to fingerprint a pre-tokenizer:
@@ -52,12 +54,14 @@ FINGERPRINT_TEXT = (
 
 #: Fingerprints of published vocabularies, for the names hf2q identifies
 #: (from the converter's table of llama-cpp-python 0.3.36): Qwen1.5-7B and
-#: Qwen3-Embedding-0.6B (qwen2), Qwen3.5-9B-Instruct and MiniCPM-V-4_6 (qwen35).
+#: Qwen3-Embedding-0.6B (qwen2), Qwen3.5-9B-Instruct and MiniCPM-V-4_6 (qwen35), Meta-Llama-3-8B
+#: (llama-bpe).
 KNOWN_FINGERPRINTS = {
     "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",
     "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",
     "d30d75d9059f1aa2c19359de71047b3ae408c70875e8a3ccf8c5fba56c9d8af4": "qwen35",
     "1444df51289cfa8063b96f0e62b1125440111bc79a52003ea14b6eac7016fd5f": "qwen35",
+    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Meta-Llama-3-8B
 }
 
 
