@@ -45,6 +45,9 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 MEMORY_BUDGET = 192 << 20
 #: Output bytes per batch (a larger tensor is a batch of its own).
 BATCH_BYTES = 64 << 20
+#: Start the disk's writeback of every this many bytes written (see _Writer._start_writeback).
+WRITEBACK_BYTES = 64 << 20
+WRITEBACK_EARLY = os.environ.get("HF2Q_CONVERT_WRITEBACK", "1") != "0"
 #: Elements rounded from F32 to F16 at a time (``--outtype f16``).
 HALF_CHUNK = 1 << 22
 
@@ -159,6 +162,7 @@ class _Writer(threading.Thread):
         self.inflight = 0
         self.error: BaseException | None = None
         self.written = 0
+        self.flushed = 0
 
     def run(self) -> None:
         zeros = bytes(self.alignment)
@@ -175,6 +179,7 @@ class _Writer(threading.Thread):
                         if pad:
                             self._write_all([memoryview(zeros)[:pad]])
                         self.bar.update(n)
+                    self._start_writeback()
             except BaseException as e:  # handed to the main thread
                 self.error = e
             finally:
@@ -183,6 +188,22 @@ class _Writer(threading.Thread):
                 with self.cond:
                     self.inflight -= nbytes
                     self.cond.notify_all()
+
+    def _start_writeback(self) -> None:
+        """Hand the bytes written so far to the disk now, asynchronously
+        (``POSIX_FADV_DONTNEED`` starts writeback of a range's dirty pages
+        and drops the clean ones): the final fsync has little left to do,
+        and the file does not fill the page cache. Best effort."""
+        if not WRITEBACK_EARLY or not hasattr(os, "posix_fadvise"):
+            return
+        start, end = self.flushed, self.written
+        if end - start < WRITEBACK_BYTES:
+            return
+        try:
+            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        self.flushed = end
 
     def _write_tensor(self, b: Any, half: bool) -> int:
         """A buffer's bytes; ``half``: an F32 buffer rounded to F16 a
