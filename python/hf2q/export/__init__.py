@@ -173,8 +173,8 @@ class _Writer(threading.Thread):
             bufs, nbytes = job
             try:
                 if self.error is None:
-                    for b, half in bufs:
-                        n = self._write_tensor(b, half)
+                    while bufs:  # each buffer dropped once written (no loop variable keeps the last alive)
+                        n = self._write_tensor(*bufs.pop(0))
                         pad = padded(n, self.alignment) - n
                         if pad:
                             self._write_all([memoryview(zeros)[:pad]])

@@ -157,6 +157,7 @@ def gpt2_vocab(kv: KVList, directory: Path, vocab_size: int) -> str:
     if not isinstance(model, Mapping) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), Mapping):
         raise TokenizerError(f"{tj}: not a BPE tokenizer", key="model")
     pre = identify_pre(tok, str(tj))
+    _check_normalizer(tok.get("normalizer"), tj)
     checked = cross_check(tj, pre)
     added = [a for a in tok.get("added_tokens") or [] if isinstance(a, Mapping)]
     by_id: dict[int, str] = {}
