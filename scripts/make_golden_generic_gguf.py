@@ -198,6 +198,15 @@ def convert(conv: Path, d: Path, outtype: str, outfile: Path, with_vocab: bool, 
                 c.set_vocab = lambda self: None
         base.TextModel.set_vocab = lambda self: None
     base.TextModel.get_vocab_base_pre = pre
+    spm = base.TextModel.__dict__.get("_hf2q_spm", base.TextModel._create_vocab_sentencepiece)
+    base.TextModel._hf2q_spm = spm
+
+    def create_spm(self: Any) -> Any:  # fail on the missing file, as with the sentencepiece package installed
+        if not (self.dir_model / "tokenizer.model").is_file():
+            raise FileNotFoundError(self.dir_model / "tokenizer.model")
+        return spm(self)
+
+    base.TextModel._create_vocab_sentencepiece = create_spm
     log = logging.getLogger("hf-to-gguf")
     grab = Grab(level=logging.DEBUG)
     old = log.level
