@@ -210,3 +210,46 @@ def test_fingerprint_is_the_converters_and_only_cross_checks(monkeypatch) -> Non
     monkeypatch.setitem(vocab.KNOWN_FINGERPRINTS, h, "qwen2")
     with pytest.raises(vocab.TokenizerError, match="fingerprint"):
         vocab.cross_check(tj, "qwen35")
+
+
+def test_template_processing_flags() -> None:
+    """The converter's reading of a TemplateProcessing post-processor: BOS
+    before $A, EOS after it, a separator between $A and $B; a trailing
+    special token that is not the EOS token is refused, not guessed."""
+    from hf2q.export.vocab import TokenizerError, _template
+
+    def tp(single: list[str], pair: list[str]) -> dict:
+        def steps(xs: list[str]) -> list[dict]:
+            return [{"Sequence": {"id": x}} if x in ("A", "B") else {"SpecialToken": {"id": x}} for x in xs]
+        return {"type": "TemplateProcessing", "single": steps(single), "pair": steps(pair)}
+
+    add: dict = {}
+    cfg = {"bos_token": "<s>", "eos_token": "</s>"}
+    _template(add, tp(["<s>", "A"], ["<s>", "A", "<s>", "B"]), cfg, Path("t"))
+    assert add == {"bos": True, "sep": False}
+    add = {}
+    cfg = {"cls_token": "[CLS]", "sep_token": "[SEP]", "eos_token": "[SEP]"}
+    _template(add, tp(["[CLS]", "A", "[SEP]"], ["[CLS]", "A", "[SEP]", "B", "[SEP]"]), cfg, Path("t"))
+    assert add == {"bos": True, "eos": True, "sep": False}
+    add = {}
+    cfg = {"bos_token": "<s>", "eos_token": "</s>"}
+    _template(add, tp(["<s>", "A"], ["<s>", "A", "</s>", "B"]), cfg, Path("t"))
+    assert add == {"bos": True, "sep": True} and cfg["sep_token"] == "</s>"  # the converter names it too
+    with pytest.raises(TokenizerError, match="not the EOS token"):
+        _template({}, tp(["<s>", "A", "<eot>"], []), {"bos_token": "<s>", "eos_token": "</s>"}, Path("t"))
+
+
+def test_gemma_special_tokens_rules(tmp_path) -> None:
+    """transformers' GemmaTokenizer special tokens: Gemma's defaults where the
+    config is silent, none where it says null, other *_token strings, the
+    extra list, and a legacy special_tokens_map.json over them."""
+    from hf2q.export.vocab import gemma_special_tokens
+
+    got = gemma_special_tokens(tmp_path, {"pad_token": None, "image_token": "<img>",
+                                          "extra_special_tokens": ["<x>"], "add_bos_token": True})
+    assert got == ["<bos>", "<eos>", "<unk>", "<mask>", "<img>", "<x>"]
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"eos_token": {"content": "<end>"},
+                                                                  "extra_special_tokens": ["<y>"]}))
+    got = gemma_special_tokens(tmp_path, {"extra_special_tokens": ["<x>"]})
+    assert got == ["<bos>", "<end>", "<unk>", "<pad>", "<mask>", "<x>", "<y>"]
+    assert gemma_special_tokens(tmp_path, {"added_tokens_decoder": {}})[1] == "<eos>"  # the map is legacy only
