@@ -75,8 +75,23 @@ def cases() -> dict[str, list[Case]]:
     return out
 
 
+def fetch_sdist(cache: Path) -> None:
+    """The pinned llama-cpp-python sdist into ``cache`` (make_golden's
+    fetch_converter then only extracts it). pip prepares an sdist's
+    metadata while downloading it: in its own isolated build environment
+    here, so that scikit-build-core need not be installed (make_golden's
+    download, with --no-build-isolation, needs it)."""
+    sdist = cache / f"llama_cpp_python-{mg.LLAMA_CPP_PYTHON}.tar.gz"
+    if sdist.is_file() or (cache / f"llama_cpp_python-{mg.LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+                           / "convert_hf_to_gguf.py").is_file():
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={mg.LLAMA_CPP_PYTHON}", "-d", str(cache)], check=True)
+
+
 def llama_source(cache: Path) -> Path:
-    mg.fetch_converter(cache)  # downloads the sdist if needed
+    mg.fetch_converter(cache)  # extracts the converter from the sdist
     root = cache / f"llama_cpp_python-{mg.LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
     if not (root / "CMakeLists.txt").is_file():
         with tarfile.open(cache / f"llama_cpp_python-{mg.LLAMA_CPP_PYTHON}.tar.gz") as tf:
@@ -170,6 +185,7 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=16)
     ap.add_argument("--prompt", default="the thing in the ring")
     args = ap.parse_args()
+    fetch_sdist(args.cache)
     if args.llama_bin is not None:
         exe = args.llama_bin / "llama-simple"
         if not exe.is_file():
