@@ -141,6 +141,62 @@ def make_qwen_tokenizer(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
 
 
+GEMMA4_TOKENIZER_DIR = OUT / "gemma4_tokenizer"
+GEMMA4_TOKENIZER_BASE = "gemma4_moe_causal_lm"  # its checkpoint (vocab_size 96) with this tokenizer
+
+
+def make_gemma4_tokenizer(out: Path) -> None:
+    """A Gemma 4 tokenizer as the family ships it, small enough for a 96-row
+    model, written by transformers' own GemmaTokenizer (BPE with byte
+    fallback, spaces as "▁", the ``TemplateProcessing`` that adds ``<bos>``):
+    Gemma's special tokens first (pad 0, eos 1, bos 2, unk 3, mask 4, then
+    turn / channel / tool / image / audio markers, as in Gemma 4's list),
+    ten byte tokens, letters, merges; the multimodal markers named in
+    tokenizer_config.json (``image_token``, ``boi_token``, ...), one listed
+    extra special token, a special added token that transformers does not
+    count as special (typed NORMAL by the converter), and two added tokens
+    past the base vocabulary (one special, one not); chat template in
+    ``chat_template.jinja``."""
+    import shutil
+
+    from tokenizers import AddedToken
+    from transformers import GemmaTokenizer
+
+    marks = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[multimodal]", "<|turn>", "<turn|>", "<|channel>",
+             "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>',
+             "<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<|audio|>"]
+    vocab = {t: i for i, t in enumerate(marks)}
+    for b in (0x09, 0x0A, 0x0D, 0x20, 0x21, 0x2C, 0x2E, 0x3F, 0xC3, 0xE2):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for c in "\u2581abcdefghijklmnopqrstuvwxyz":
+        vocab[c] = len(vocab)
+    merges = [("t", "h"), ("th", "e"), ("\u2581", "the"), ("i", "n"), ("in", "g"), ("e", "r"), ("a", "n"),
+              ("\u2581", "a"), ("r", "e"), ("o", "u"), ("o", "n"), ("\u2581", "t"), ("\u2581", "i"), ("e", "n"),
+              ("a", "t"), ("e", "s"), ("o", "r"), ("i", "s"), ("i", "t"), ("\u2581", "s"), ("\u2581", "w"),
+              ("\u2581", "o"), ("\u2581", "r"), ("\u2581", "ring"), ("r", "ing"), ("\u2581", "th"),
+              ("\u2581", "in"), ("\u2581", "an"), ("h", "e"), ("\u2581", "he"), ("l", "l"), ("a", "l"),
+              ("o", "w"), ("\u2581", "b"), ("\u2581", "c"), ("\u2581", "f")]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    assert len(vocab) == 94, len(vocab)
+    tok = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True,
+                         extra_special_tokens={"image_token": "<|image|>", "boi_token": "<|image>",
+                                               "eoi_token": "<image|>", "audio_token": "<|audio|>",
+                                               "boa_token": "<|audio>", "eoa_token": "<audio|>"})
+    # Gemma 4's turn / channel / tool markers are special added tokens
+    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in marks[5:15]])
+    tok.add_special_tokens({"additional_special_tokens": ["<turn|>"]}, replace_extra_special_tokens=False)
+    tok.add_tokens([AddedToken("<start_of_turn>", special=True, normalized=False), AddedToken("hf2q")])
+    assert len(tok) == 96, len(tok)
+    if out.exists():
+        shutil.rmtree(out)
+    tok.save_pretrained(out)
+    (out / "chat_template.jinja").write_text(
+        "{{ bos_token }}{%- for message in messages %}{{ '<|turn>' + message.role + '\\n' + message.content + "
+        "'<turn|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{ '<|turn>model\\n' }}{%- endif %}",
+        encoding="utf-8")
+
+
 def tokenizer_variant(conv: Path, versions: dict[str, str]) -> None:
     """The converter's whole file for TOKENIZER_BASE's checkpoint with the
     tiny tokenizer, its real vocabulary step on. Its pre-tokenizer check
@@ -210,6 +266,59 @@ def tokenizer_variant(conv: Path, versions: dict[str, str]) -> None:
     print("qwen35_tokenizer: done", file=sys.stderr)
 
 
+_ORIGINAL: dict[str, Any] = {}
+
+
+def remember_vocab_steps(conv: Path) -> None:
+    """Keep the converter's real vocabulary steps before the whole-file
+    variants stub them (make_golden*.convert replace set_vocab)."""
+    for p_ in (str(conv / "gguf-py"), str(conv)):
+        if p_ not in sys.path:
+            sys.path.insert(0, p_)
+    import conversion.gemma as gemma  # noqa: PLC0415 (the extracted converter)
+
+    _ORIGINAL.setdefault("gemma4_set_vocab", gemma.Gemma4Model.set_vocab)
+
+
+def gemma4_tokenizer_variant(conv: Path, versions: dict[str, str], outtypes: list[str]) -> None:
+    """The converter's whole file for GEMMA4_TOKENIZER_BASE's checkpoint with
+    the tiny Gemma 4 tokenizer, its real vocabulary step on (transformers
+    reads the tokenizer)."""
+    import conversion.gemma as gemma  # noqa: PLC0415
+
+    make_gemma4_tokenizer(GEMMA4_TOKENIZER_DIR)
+    hf = REPO / "tests" / "data" / "gemma4" / GEMMA4_TOKENIZER_BASE / "hf"
+    rec: dict[str, Any] = {"variant": "gemma4_tokenizer", "family": "gemma4",
+                           "checkpoint": str(hf.relative_to(REPO)),
+                           "tokenizer": str(GEMMA4_TOKENIZER_DIR.relative_to(REPO)),
+                           "converter": f"llama.cpp convert_hf_to_gguf.py from llama-cpp-python {mg.LLAMA_CPP_PYTHON}",
+                           "versions": versions, "outtypes": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / "gemma4_tokenizer"
+        d.mkdir()
+        for f in list(hf.iterdir()) + list(GEMMA4_TOKENIZER_DIR.iterdir()):
+            if not (d / f.name).exists():  # the tiny tokenizer's files win over the stub tokenizer.json
+                (d / f.name).symlink_to(f)
+            elif f.parent == GEMMA4_TOKENIZER_DIR:
+                (d / f.name).unlink()
+                (d / f.name).symlink_to(f)
+        for ot in outtypes[:1]:
+            g = Path(tmp) / f"{ot}.gguf"
+            mg4.convert(conv, d, ot, Path(tmp) / "warm.gguf")  # imports the converter
+            gemma.Gemma4Model.set_vocab = _ORIGINAL["gemma4_set_vocab"]
+            argv = sys.argv
+            sys.argv = ["convert_hf_to_gguf.py", str(d), "--outtype", ot, "--outfile", str(g)]
+            try:
+                import convert_hf_to_gguf  # noqa: PLC0415
+
+                convert_hf_to_gguf.main()
+            finally:
+                sys.argv = argv
+            rec["outtypes"][ot] = describe(g)
+    (OUT / "gemma4_tokenizer.json").write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
+    print("gemma4_tokenizer: done", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "hf2q-golden")
@@ -220,6 +329,7 @@ def main() -> None:
     args = ap.parse_args()
     versions = mg.check_versions(args.any_version)
     conv = mg.fetch_converter(args.cache)
+    remember_vocab_steps(conv)
     OUT.mkdir(parents=True, exist_ok=True)
     for name, (fam, hf) in variants().items():
         if args.only and name not in args.only:
@@ -242,6 +352,8 @@ def main() -> None:
         print(f"{name}: {sum(len(o['tensors']) for o in rec['outtypes'].values())} tensors", file=sys.stderr)
     if not args.only or "qwen35_tokenizer" in args.only:
         tokenizer_variant(conv, versions)
+    if not args.only or "gemma4_tokenizer" in args.only:
+        gemma4_tokenizer_variant(conv, versions, ["q8_0"])
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ gguf = pytest.importorskip("gguf")
 
 DATA = Path(__file__).parent / "data"
 GGUF_GOLDEN = DATA / "gguf"
-TOKENIZER_VARIANT = "qwen35_tokenizer"  # a checkpoint with a tokenizer: its own test below
-VARIANTS = sorted(p.stem for p in GGUF_GOLDEN.glob("*.json") if p.stem != TOKENIZER_VARIANT)
+TOKENIZER_VARIANT = "qwen35_tokenizer"  # checkpoints with a tokenizer: their own tests below
+GEMMA4_TOKENIZER_VARIANT = "gemma4_tokenizer"
+VARIANTS = sorted(p.stem for p in GGUF_GOLDEN.glob("*.json")
+                  if p.stem not in (TOKENIZER_VARIANT, GEMMA4_TOKENIZER_VARIANT))
 #: Keys whose values the converter derives from the folder name or a model
 #: card, not from the model (docs/CONVERT.md): present in both, values free.
 NAMING_KEYS = {"general.name"}
@@ -100,7 +102,33 @@ def test_tokenizer_equals_converter(tmp_path) -> None:
     assert ours["tokenizer.ggml.pre"]["value"] == "qwen35"
 
 
-def _check(tmp_path: Path, ck: Path, variant: str, outtype: str, skip_values: set[str] = set()) -> dict[str, Any]:
+def test_gemma4_tokenizer_equals_converter(tmp_path) -> None:
+    """A Gemma 4 checkpoint with a (tiny) tokenizer as the family ships it
+    (transformers' GemmaTokenizer: BPE with byte fallback, a TemplateProcessing
+    adding <bos>, multimodal markers named in tokenizer_config.json, special
+    added tokens transformers does and does not count as special, added
+    tokens past the base vocabulary, chat_template.jinja): tokens, scores,
+    types, merges, special ids, add-bos/sep flags, space prefix and chat
+    template as the converter wrote them (its vocabulary read through
+    transformers; ours without it)."""
+    g = golden(GEMMA4_TOKENIZER_VARIANT)
+    d = tmp_path / "ck"
+    d.mkdir()
+    tok_dir = DATA / g["tokenizer"].removeprefix("tests/data/")
+    for f in [*(DATA / g["checkpoint"].removeprefix("tests/data/")).iterdir(), *tok_dir.iterdir()]:
+        if not (d / f.name).exists():
+            (d / f.name).symlink_to(f.resolve())
+    for f in tok_dir.iterdir():  # the tokenizer's files win over the checkpoint's stub tokenizer.json
+        (d / f.name).unlink()
+        (d / f.name).symlink_to(f.resolve())
+    theirs = {kv["key"]: kv["value"] for kv in g["outtypes"]["q8_0"]["kv"]}
+    assert theirs["tokenizer.ggml.model"] == "gemma4" and len(theirs["tokenizer.ggml.tokens"]) == 96
+    assert {1, 3, 4, 6} <= set(theirs["tokenizer.ggml.token_type"])  # normal, control, user-defined, byte
+    _check(tmp_path, d, GEMMA4_TOKENIZER_VARIANT, "q8_0", blobs_variant="gemma4_moe_causal_lm")
+
+
+def _check(tmp_path: Path, ck: Path, variant: str, outtype: str, skip_values: set[str] = set(),
+           blobs_variant: str | None = None) -> dict[str, Any]:
     want = golden(variant)["outtypes"][outtype]
     out = tmp_path / "out.gguf"
     summary = hf2q.convert(ck, out, outtype)
@@ -111,7 +139,7 @@ def _check(tmp_path: Path, ck: Path, variant: str, outtype: str, skip_values: se
     assert int(r.alignment) == want["alignment"]
     assert [t.name for t in r.tensors] == [t["name"] for t in want["tensors"]]
     # (no npz for f16; its F32 tensors, ssm_a among them, are the f32 file's)
-    blobs = _blobs(variant, "f32" if outtype == "f16" else outtype)
+    blobs = _blobs(blobs_variant or variant, "f32" if outtype == "f16" else outtype)
     for t, w in zip(r.tensors, want["tensors"]):
         assert t.tensor_type.name == w["type"], t.name
         assert [int(x) for x in reversed(t.shape.tolist())] == w["shape"], t.name
@@ -182,3 +210,46 @@ def test_fingerprint_is_the_converters_and_only_cross_checks(monkeypatch) -> Non
     monkeypatch.setitem(vocab.KNOWN_FINGERPRINTS, h, "qwen2")
     with pytest.raises(vocab.TokenizerError, match="fingerprint"):
         vocab.cross_check(tj, "qwen35")
+
+
+def test_template_processing_flags() -> None:
+    """The converter's reading of a TemplateProcessing post-processor: BOS
+    before $A, EOS after it, a separator between $A and $B; a trailing
+    special token that is not the EOS token is refused, not guessed."""
+    from hf2q.export.vocab import TokenizerError, _template
+
+    def tp(single: list[str], pair: list[str]) -> dict:
+        def steps(xs: list[str]) -> list[dict]:
+            return [{"Sequence": {"id": x}} if x in ("A", "B") else {"SpecialToken": {"id": x}} for x in xs]
+        return {"type": "TemplateProcessing", "single": steps(single), "pair": steps(pair)}
+
+    add: dict = {}
+    cfg = {"bos_token": "<s>", "eos_token": "</s>"}
+    _template(add, tp(["<s>", "A"], ["<s>", "A", "<s>", "B"]), cfg, Path("t"))
+    assert add == {"bos": True, "sep": False}
+    add = {}
+    cfg = {"cls_token": "[CLS]", "sep_token": "[SEP]", "eos_token": "[SEP]"}
+    _template(add, tp(["[CLS]", "A", "[SEP]"], ["[CLS]", "A", "[SEP]", "B", "[SEP]"]), cfg, Path("t"))
+    assert add == {"bos": True, "eos": True, "sep": False}
+    add = {}
+    cfg = {"bos_token": "<s>", "eos_token": "</s>"}
+    _template(add, tp(["<s>", "A"], ["<s>", "A", "</s>", "B"]), cfg, Path("t"))
+    assert add == {"bos": True, "sep": True} and cfg["sep_token"] == "</s>"  # the converter names it too
+    with pytest.raises(TokenizerError, match="not the EOS token"):
+        _template({}, tp(["<s>", "A", "<eot>"], []), {"bos_token": "<s>", "eos_token": "</s>"}, Path("t"))
+
+
+def test_gemma_special_tokens_rules(tmp_path) -> None:
+    """transformers' GemmaTokenizer special tokens: Gemma's defaults where the
+    config is silent, none where it says null, other *_token strings, the
+    extra list, and a legacy special_tokens_map.json over them."""
+    from hf2q.export.vocab import gemma_special_tokens
+
+    got = gemma_special_tokens(tmp_path, {"pad_token": None, "image_token": "<img>",
+                                          "extra_special_tokens": ["<x>"], "add_bos_token": True})
+    assert got == ["<bos>", "<eos>", "<unk>", "<mask>", "<img>", "<x>"]
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"eos_token": {"content": "<end>"},
+                                                                  "extra_special_tokens": ["<y>"]}))
+    got = gemma_special_tokens(tmp_path, {"extra_special_tokens": ["<x>"]})
+    assert got == ["<bos>", "<end>", "<unk>", "<pad>", "<mask>", "<x>", "<y>"]
+    assert gemma_special_tokens(tmp_path, {"added_tokens_decoder": {}})[1] == "<eos>"  # the map is legacy only

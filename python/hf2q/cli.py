@@ -554,7 +554,8 @@ def _add_convert_parser(sub: Any) -> None:
     from .recipes import RECIPES
 
     p = sub.add_parser(
-        "convert", help="write the GGUF file llama.cpp's convert_hf_to_gguf.py writes (Qwen3.5/3.6 MoE, Gemma 4)",
+        "convert", help="write the GGUF file llama.cpp's convert_hf_to_gguf.py writes (Qwen3.5/3.6 MoE, Gemma 4, "
+                        "Llama, Mistral, Qwen3, Qwen3-MoE)",
         description="Write the GGUF file that llama.cpp's convert_hf_to_gguf.py --outtype OUTTYPE writes for "
                     "the checkpoint: the same tensors, types, shapes, bytes and order, the same "
                     "hyper-parameter keys. The file is streamed (bounded memory), written under a temporary "
@@ -602,7 +603,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(d)
     else:
-                print(f"{d['output']}: {d['architecture']} ({d['outtype']}), {d['tensors']} tensors, "
+        print(f"{d['output']}: {d['architecture']} ({d['outtype']}), {d['tensors']} tensors, "
               f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s ({d['gb_per_s']:.2f} GB/s); "
               f"tokenizer: {d['tokenizer']}", file=sys.stdout)
     return 0

@@ -45,6 +45,9 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 MEMORY_BUDGET = 192 << 20
 #: Output bytes per batch (a larger tensor is a batch of its own).
 BATCH_BYTES = 64 << 20
+#: Start the disk's writeback of every this many bytes written (see _Writer._start_writeback).
+WRITEBACK_BYTES = 64 << 20
+WRITEBACK_EARLY = os.environ.get("HF2Q_CONVERT_WRITEBACK", "1") != "0"
 #: Elements rounded from F32 to F16 at a time (``--outtype f16``).
 HALF_CHUNK = 1 << 22
 
@@ -159,6 +162,7 @@ class _Writer(threading.Thread):
         self.inflight = 0
         self.error: BaseException | None = None
         self.written = 0
+        self.flushed = 0
 
     def run(self) -> None:
         zeros = bytes(self.alignment)
@@ -169,12 +173,13 @@ class _Writer(threading.Thread):
             bufs, nbytes = job
             try:
                 if self.error is None:
-                    for b, half in bufs:
-                        n = self._write_tensor(b, half)
+                    while bufs:  # each buffer dropped once written (no loop variable keeps the last alive)
+                        n = self._write_tensor(*bufs.pop(0))
                         pad = padded(n, self.alignment) - n
                         if pad:
                             self._write_all([memoryview(zeros)[:pad]])
                         self.bar.update(n)
+                    self._start_writeback()
             except BaseException as e:  # handed to the main thread
                 self.error = e
             finally:
@@ -183,6 +188,22 @@ class _Writer(threading.Thread):
                 with self.cond:
                     self.inflight -= nbytes
                     self.cond.notify_all()
+
+    def _start_writeback(self) -> None:
+        """Hand the bytes written so far to the disk now, asynchronously
+        (``POSIX_FADV_DONTNEED`` starts writeback of a range's dirty pages
+        and drops the clean ones): the final fsync has little left to do,
+        and the file does not fill the page cache. Best effort."""
+        if not WRITEBACK_EARLY or not hasattr(os, "posix_fadvise"):
+            return
+        start, end = self.flushed, self.written
+        if end - start < WRITEBACK_BYTES:
+            return
+        try:
+            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        self.flushed = end
 
     def _write_tensor(self, b: Any, half: bool) -> int:
         """A buffer's bytes; ``half``: an F32 buffer rounded to F16 a
@@ -251,8 +272,9 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     type from the BF16 file (docs/KQUANTS.md). ``force``: replace an existing
     ``out``. ``name``: ``general.name`` (default: the checkpoint folder's
     name, as the converter does). Supported: Qwen3.5/3.6 MoE
-    (``qwen35moe``) and Gemma 4 (``gemma4``); other checkpoints raise
-    :class:`UnsupportedModelError`."""
+    (``qwen35moe``), Gemma 4 (``gemma4``) and, of the generic family,
+    Llama, Mistral, Qwen3 and Qwen3-MoE (``llama``, ``qwen3``,
+    ``qwen3moe``); other checkpoints raise :class:`UnsupportedModelError`."""
     from ..device import Device
     from ..hub import resolve
     from ..loader import execute
@@ -273,11 +295,21 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     src_path = resolve(src, revision, download=download, command="convert")
     _, config = read_config(src_path)
     fam = detect(config) if family is None else family_row(family)
-    if fam.name not in _FAMILIES:
+    if fam.name == "generic":
+        from . import generic
+
+        try:
+            arch = generic.gguf_architecture(config)
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"{src_path}: {e}", path=out_path) from None
+        planner, kv_writer, takes = generic.plan_generic_gguf, generic.write_kv, ()
+    elif fam.name not in _FAMILIES:
         raise UnsupportedModelError(
-            f"{src_path}: hf2q convert writes GGUF files for {', '.join(_FAMILIES)} checkpoints; this one is "
+            f"{src_path}: hf2q convert writes GGUF files for {', '.join(_FAMILIES)} checkpoints and the generic "
+            f"family's {', '.join(_generic_archs())}; this one is "
             f"{fam.name!r} (config.json architectures: {(config or {}).get('architectures')})", path=out_path)
-    arch, planner, kv_writer, takes = _FAMILIES[fam.name]
+    else:
+        arch, planner, kv_writer, takes = _FAMILIES[fam.name]
     unknown = sorted(set(options) - set(takes))
     if unknown:
         raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; it takes {', '.join(takes)}")
@@ -379,15 +411,29 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                           extra={"kv_count": len(kv.items()), "tokenizer": tokenizer})
 
 
+def _generic_archs() -> list[str]:
+    from .generic import ARCHITECTURES
+
+    return list(ARCHITECTURES)
+
+
 def _tokenizer(kv: md.KVList, family: str, directory: Path, cfg: Any) -> str:
     """Write the tokenizer keys where hf2q reads the family's tokenizer;
     say what was written (the summary's ``tokenizer``)."""
-    if family != "qwen35moe":
-        return f"not written: hf2q does not read {family} tokenizers yet (docs/CONVERT.md)"
     if not (directory / "tokenizer.json").is_file():
         return "not written: no tokenizer.json beside the checkpoint"
-    from .vocab import gpt2_vocab
+    from .vocab import gemma4_vocab, gpt2_vocab
 
+    if family == "generic":
+        from .generic import write_tokenizer
+
+        return write_tokenizer(kv, directory, cfg)
+    if family == "gemma4":
+        if not (directory / "tokenizer_config.json").is_file():
+            # (the converter stops there: its Gemma vocabulary is read through transformers)
+            return "not written: no tokenizer_config.json beside the checkpoint"
+        gemma4_vocab(kv, directory)
+        return "gemma4"
     checked = gpt2_vocab(kv, directory, cfg.vocab_size)
     pre = next(k.value for k in kv.items() if k.key == "tokenizer.ggml.pre")
     return f"gpt2 (pre-tokenizer {pre}; fingerprint {checked})"

@@ -12,6 +12,7 @@ vocabularies.)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from ..errors import ConfigError
 from .gguf import ValueType as T
 from .metadata import KVList
 
-__all__ = ["PRE_TOKENIZERS", "identify_pre", "gpt2_vocab", "TokenizerError"]
+__all__ = ["PRE_TOKENIZERS", "identify_pre", "gpt2_vocab", "gemma4_vocab", "TokenizerError"]
 
 # llama_token_type values (gguf TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -34,6 +35,8 @@ PRE_TOKENIZERS = {
         "qwen2",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+": "qwen35",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)"
+    r"|\s+": "llama-bpe",
 }
 
 #: The text llama.cpp's converter tokenizes to fingerprint a pre-tokenizer:
@@ -51,12 +54,14 @@ FINGERPRINT_TEXT = (
 
 #: Fingerprints of published vocabularies, for the names hf2q identifies
 #: (from the converter's table of llama-cpp-python 0.3.36): Qwen1.5-7B and
-#: Qwen3-Embedding-0.6B (qwen2), Qwen3.5-9B-Instruct and MiniCPM-V-4_6 (qwen35).
+#: Qwen3-Embedding-0.6B (qwen2), Qwen3.5-9B-Instruct and MiniCPM-V-4_6 (qwen35), Meta-Llama-3-8B
+#: (llama-bpe).
 KNOWN_FINGERPRINTS = {
     "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",
     "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",
     "d30d75d9059f1aa2c19359de71047b3ae408c70875e8a3ccf8c5fba56c9d8af4": "qwen35",
     "1444df51289cfa8063b96f0e62b1125440111bc79a52003ea14b6eac7016fd5f": "qwen35",
+    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # Meta-Llama-3-8B
 }
 
 
@@ -152,6 +157,7 @@ def gpt2_vocab(kv: KVList, directory: Path, vocab_size: int) -> str:
     if not isinstance(model, Mapping) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), Mapping):
         raise TokenizerError(f"{tj}: not a BPE tokenizer", key="model")
     pre = identify_pre(tok, str(tj))
+    _check_normalizer(tok.get("normalizer"), tj)
     checked = cross_check(tj, pre)
     added = [a for a in tok.get("added_tokens") or [] if isinstance(a, Mapping)]
     by_id: dict[int, str] = {}
@@ -216,6 +222,11 @@ def _special(kv: KVList, directory: Path, tok: Mapping[str, Any], added: list[Ma
     if tcfg is not None and not isinstance(tcfg, Mapping):
         raise TokenizerError(f"{cfg_path}: not a JSON object")
     add: dict[str, bool] = {}
+    tcfg = dict(tcfg) if tcfg else tcfg  # the converter edits its copy: later lookups see the edits
+    if tcfg and not tcfg.get("bos_token") and tcfg.get("cls_token"):
+        tcfg["bos_token"] = tcfg["cls_token"]
+    if tcfg and not tcfg.get("eos_token") and tcfg.get("sep_token"):
+        tcfg["eos_token"] = tcfg["sep_token"]
     pp = tok.get("post_processor")
     if pp:
         procs = pp.get("processors", [pp]) if isinstance(pp, Mapping) else None
@@ -224,9 +235,12 @@ def _special(kv: KVList, directory: Path, tok: Mapping[str, Any], added: list[Ma
             if ptype == "ByteLevel":
                 add.setdefault("bos", False)
                 add.setdefault("eos", False)
+            elif ptype == "TemplateProcessing":
+                _template(add, p, tcfg, directory / "tokenizer.json")
             else:
                 raise TokenizerError(f"{directory / 'tokenizer.json'}: post-processor {ptype!r} not supported "
-                                     "(hf2q reads byte-level BPE tokenizers: Qwen)", key="post_processor")
+                                     "(hf2q reads ByteLevel and simple TemplateProcessing post-processors)",
+                                     key="post_processor")
     ids: dict[str, int] = {}
 
     def set_id(typ: str, tid: Any) -> None:
@@ -275,3 +289,205 @@ def _special(kv: KVList, directory: Path, tok: Mapping[str, Any], added: list[Ma
         if not isinstance(template, str):
             raise TokenizerError(f"{directory}: a list of named chat templates is not supported", key="chat_template")
         kv.string("tokenizer.chat_template", template)
+
+
+def _special_id(step: Any) -> Any:
+    return (step.get("SpecialToken") or {}).get("id") if isinstance(step, Mapping) else None
+
+
+def _template(add: dict[str, bool], proc: Mapping[str, Any], tcfg: dict[str, Any] | None, where: Path) -> None:
+    """The add-bos / add-eos / add-sep flags the converter reads from a
+    ``TemplateProcessing`` post-processor: a special token before the
+    single-sequence template's ``$A`` is BOS (added when it is the BOS or
+    CLS token), one after it EOS; a special token between ``$A`` and ``$B``
+    in the pair template is a separator. ``tcfg`` (tokenizer_config.json)
+    gains a BOS / CLS / SEP token where it names none, as the converter's
+    does. A trailing special token that is not the EOS token is refused
+    (the converter turns the EOS token into an end-of-turn token then)."""
+    single = proc.get("single") or []
+    pair = proc.get("pair") or []
+    bos = (tcfg or {}).get("bos_token")
+    cls = (tcfg or {}).get("cls_token")
+    eos = (tcfg or {}).get("eos_token")
+    sep = (tcfg or {}).get("sep_token")
+    first = last = None
+    if len(single) > 1:
+        if first := _special_id(single[0]):
+            if not tcfg:
+                bos = first
+            elif first not in (bos, cls):
+                if not bos:
+                    tcfg["bos_token"] = bos = first
+                if not cls:
+                    tcfg["cls_token"] = cls = first
+            add["bos"] = first in (bos, cls)
+        if last := _special_id(single[-1]):
+            if not tcfg:
+                eos = last
+            elif last != eos:
+                raise TokenizerError(f"{where}: the post-processor ends a sequence with {last!r}, not the EOS token "
+                                     f"{eos!r} (not supported)", key="post_processor")
+            add["eos"] = True
+    if pair:
+        start = 1 if first and _special_id(pair[0]) == first else 0
+        stop = -1 if last and _special_id(pair[-1]) == last else None
+        mid = pair[start:stop]
+        if mid:
+            a = ((mid[0] or {}).get("Sequence") or {}).get("id") if isinstance(mid[0], Mapping) else None
+            b = ((mid[-1] or {}).get("Sequence") or {}).get("id") if isinstance(mid[-1], Mapping) else None
+            if a == "A" and b == "B" and (mid := mid[1:-1]):
+                add_sep = False
+                e = _special_id(mid[0])
+                if e and e in (sep, eos) and not last:
+                    add_sep = True
+                if len(mid) == 2 and (e2 := _special_id(mid[1])) and e2 in (sep, eos):
+                    add_sep = True
+                add["sep"] = add_sep
+                if add_sep and not sep and tcfg:
+                    tcfg["sep_token"] = eos
+
+
+# ----------------------------------------------------------------------------- Gemma 4 (gemma4)
+#: Added tokens the converter always types USER_DEFINED for Gemma 4 (rendered
+#: in the output, so that llama.cpp's chat parser sees them).
+GEMMA4_VISIBLE = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                            "<tool_response|>", '<|"|>'})
+#: GemmaTokenizer's own special tokens where tokenizer_config.json does not name them.
+_GEMMA_DEFAULTS = {"unk_token": "<unk>", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                   "mask_token": "<mask>"}
+_NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _token_text(v: Any) -> str | None:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, Mapping) and isinstance(v.get("content"), str):
+        return v["content"]
+    return None
+
+
+def gemma_special_tokens(directory: Path, tcfg: Mapping[str, Any]) -> list[str]:
+    """The special tokens transformers' ``GemmaTokenizer`` reports
+    (``all_special_tokens``): its named ones (BOS, EOS, UNK, SEP, PAD, CLS,
+    MASK; Gemma's defaults where tokenizer_config.json does not state them,
+    none where it states ``null``), the model's own named ones (any other
+    ``*_token`` string, ``extra_special_tokens`` as a mapping), then the
+    extra ones (``extra_special_tokens`` / ``additional_special_tokens`` as a
+    list). A legacy ``special_tokens_map.json`` overrides these where
+    tokenizer_config.json has no ``added_tokens_decoder``, as transformers
+    reads it."""
+    cfg = dict(tcfg)
+    if "additional_special_tokens" in cfg and "extra_special_tokens" not in cfg:
+        cfg["extra_special_tokens"] = cfg.pop("additional_special_tokens")
+    stm = directory / "special_tokens_map.json"
+    if "added_tokens_decoder" not in cfg and stm.is_file():
+        m = _read_json(stm)
+        if not isinstance(m, Mapping):
+            raise TokenizerError(f"{stm}: not a JSON object")
+        for k, v in m.items():
+            if k == "extra_special_tokens" and isinstance(v, list):
+                have = list(cfg.get("extra_special_tokens") or [])
+                cfg[k] = have + [t for t in v if _token_text(t) not in {_token_text(h) for h in have}]
+            else:
+                cfg[k] = v
+    named: dict[str, str | None] = {k: _GEMMA_DEFAULTS.get(k) for k in _NAMED}
+    extra: list[str] = []
+    for k, v in cfg.items():
+        if k in _NAMED:
+            named[k] = _token_text(v) if v is not None else None
+        elif k == "extra_special_tokens":
+            if isinstance(v, Mapping):
+                named.update({str(n): _token_text(t) for n, t in v.items()})
+            elif isinstance(v, (list, tuple)):
+                extra = [t for t in (_token_text(x) for x in v) if t is not None]
+            elif v is not None:
+                raise TokenizerError(f"{directory / 'tokenizer_config.json'}: extra_special_tokens is neither a "
+                                     "list nor a mapping", key="extra_special_tokens")
+        elif k.endswith("_token") and isinstance(v, str):
+            named[k] = v
+    out: list[str] = []
+    for t in [*named.values(), *extra]:
+        if t is not None and t not in out:
+            out.append(t)
+    return out
+
+
+def gemma4_vocab(kv: KVList, directory: Path) -> None:
+    """Write the ``tokenizer.*`` keys of a Gemma 4 tokenizer (BPE with byte
+    fallback, ``tokenizer.json`` and ``tokenizer_config.json`` required) as
+    the converter writes them: model ``gemma4``; every token of the base
+    vocabulary by id, then the added tokens beyond it; scores all -1000;
+    types BYTE (``<0xXX>``), CONTROL (transformers' special tokens), NORMAL,
+    added tokens beyond the base USER_DEFINED (or CONTROL when special), the
+    tokens of :data:`GEMMA4_VISIBLE` USER_DEFINED; then merges, special ids,
+    add-bos/eos/sep flags and chat template (as for Qwen); no space prefix;
+    add-bos true."""
+    tj = directory / "tokenizer.json"
+    tok = _read_json(tj)
+    model = tok.get("model") if isinstance(tok, Mapping) else None
+    if not isinstance(model, Mapping) or not isinstance(model.get("vocab"), Mapping):
+        raise TokenizerError(f"{tj}: no model vocabulary", key="model")
+    if model.get("type") != "BPE" or not model.get("byte_fallback", False) \
+            or (tok.get("decoder") or {}).get("type") != "Sequence":
+        raise TokenizerError(f"{tj}: not a BPE tokenizer with byte fallback (Gemma's)", key="model")
+    if model.get("ignore_merges", False) and not model.get("byte_fallback", True):
+        raise TokenizerError(f"{tj}: a Llama 3 style tokenizer, not Gemma's", key="model")
+    cfg_path = directory / "tokenizer_config.json"
+    if not cfg_path.is_file():
+        raise TokenizerError(f"{cfg_path}: missing (Gemma 4's tokenizer is read through it)", key="tokenizer_class")
+    tcfg = _read_json(cfg_path)
+    if not isinstance(tcfg, Mapping):
+        raise TokenizerError(f"{cfg_path}: not a JSON object")
+    if tcfg.get("tokenizer_class") not in ("GemmaTokenizer", "GemmaTokenizerFast"):
+        raise TokenizerError(f"{cfg_path}: tokenizer_class {tcfg.get('tokenizer_class')!r}; hf2q reads Gemma 4's "
+                             "GemmaTokenizer", key="tokenizer_class")
+    _check_normalizer(tok.get("normalizer"), tj)
+    base: dict[int, str] = {}
+    for t, i in model["vocab"].items():
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise TokenizerError(f"{tj}: token {t!r} has id {i!r}", key="vocab")
+        base[i] = t
+    n_base = len(base)  # the tokenizers library's base vocabulary size (without added tokens)
+    by_id = dict(base)
+    added = [a for a in tok.get("added_tokens") or [] if isinstance(a, Mapping)]
+    for a in added:
+        if isinstance(a.get("id"), int) and isinstance(a.get("content"), str):
+            by_id[a["id"]] = a["content"]
+    missing = [i for i in range(n_base) if i not in by_id]
+    if missing:
+        raise TokenizerError(f"{tj}: the vocabulary has no token with id {missing[0]}", key="vocab")
+    ids = {t: i for i, t in sorted(by_id.items())}  # text -> id (the last id of a repeated text, as a dict)
+    specials = gemma_special_tokens(directory, tcfg)
+    special_ids = {ids[t] for t in specials if t in ids}
+    beyond = sorted(i for i in by_id if i >= n_base)
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(n_base):
+        t = by_id[i]
+        tokens.append(t)
+        types.append(BYTE if _BYTE_TOKEN.fullmatch(t) else CONTROL if i in special_ids else NORMAL)
+    for i in beyond:  # in id order, whatever the ids (the converter's list)
+        t = by_id[i]
+        tokens.append(t)
+        types.append(CONTROL if t in specials else USER_DEFINED)
+    types = [USER_DEFINED if t in GEMMA4_VISIBLE else ty for t, ty in zip(tokens, types)]
+    kv.string("tokenizer.ggml.model", "gemma4")
+    kv.array("tokenizer.ggml.tokens", tokens)
+    kv.set("tokenizer.ggml.scores", T.ARRAY, [-1000.0] * len(tokens), T.FLOAT32)
+    kv.set("tokenizer.ggml.token_type", T.ARRAY, types, T.INT32)
+    _special(kv, directory, tok, added)
+    kv.set("tokenizer.ggml.add_space_prefix", T.BOOL, False)
+    kv.set("tokenizer.ggml.add_bos_token", T.BOOL, True)
+
+
+def _check_normalizer(norm: Any, where: Path) -> None:
+    """The converter writes lowercase / strip-accents flags for these
+    normalizers; hf2q does not (yet): refused rather than left out."""
+    if not isinstance(norm, Mapping):
+        return
+    if norm.get("type") in ("Lowercase", "StripAccents", "BertNormalizer"):
+        raise TokenizerError(f"{where}: normalizer {norm.get('type')} not supported", key="normalizer")
+    if norm.get("type") == "Sequence":
+        for n in norm.get("normalizers") or []:
+            _check_normalizer(n, where)

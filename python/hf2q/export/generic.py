@@ -1,0 +1,254 @@
+"""Llama-like checkpoints of the generic family in the converter's GGUF
+layout (docs/CONVERT.md, "Generic family"): Llama and Mistral (GGUF
+architecture ``llama``), Qwen3 (``qwen3``) and Qwen3-MoE (``qwen3moe``).
+
+The converter's rules, restated:
+
+- tensor names: ``model.embed_tokens`` -> ``token_embd``, ``model.norm`` ->
+  ``output_norm``, ``lm_head`` -> ``output`` (absent when the checkpoint ties
+  it to the embedding: llama.cpp then reads ``token_embd``), per layer
+  ``input_layernorm`` -> ``attn_norm``, ``self_attn.{q,k,v,o}_proj`` ->
+  ``attn_{q,k,v,output}``, ``self_attn.{q,k}_norm`` -> ``attn_{q,k}_norm``,
+  ``post_attention_layernorm`` -> ``ffn_norm``, ``mlp.{gate,up,down}_proj``
+  -> ``ffn_{gate,up,down}``, ``mlp.gate`` (the router) -> ``ffn_gate_inp``,
+  the experts ``mlp.experts.<e>.{gate,up,down}_proj`` stacked (expert major)
+  into ``ffn_{gate,up,down}_exps`` (written down, gate, up, once the layer's
+  last expert tensor is read); a tensor with no GGUF name is refused;
+- Llama / Mistral: the rows of ``q_proj`` (and its bias) are permuted per
+  head from transformers' rotary layout (first half, second half) back to
+  llama.cpp's (interleaved pairs): ``reshape(heads, 2, head_dim / 2, ...)``,
+  swap the two middle axes; ``k_proj`` the same with the KV head count;
+- types: 1-D tensors, ``*_norm.weight``, routers and biases F32; the rest
+  the ``--outtype``; for ``q8_0`` a tensor whose rows are not whole 32-value
+  blocks F16 (the converter's fallback).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import formats
+from ..plan import LoadPlan, Piece, TensorPlan
+from . import metadata as md
+
+__all__ = ["ARCHITECTURES", "gguf_architecture", "plan_generic_gguf", "write_kv", "write_tokenizer", "GenericGGUF"]
+
+#: config.json ``architectures[0]`` -> GGUF architecture (the converter's class for it).
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
+                 "Qwen3MoeForCausalLM": "qwen3moe"}
+#: Q/K rows permuted back to llama.cpp's rotary layout (the converter's LlamaModel).
+_PERMUTE = {"llama"}
+#: transformers' defaults for the hyper-parameters the converter writes, where config.json omits them.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "intermediate_size": 11008},
+    "qwen3": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "head_dim": 128,
+              "intermediate_size": 22016},
+    "qwen3moe": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "head_dim": 128,
+                 "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts_per_tok": 8,
+                 "num_local_experts": 128},
+}
+_MISTRAL_DEFAULTS = {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                     "intermediate_size": 14336}
+
+_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+}
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+_LAYER_RE = re.compile(r"model\.layers\.(\d{1,9})\.(.+)")
+_EXPERT_RE = re.compile(r"mlp\.experts\.(\d{1,9})\.(gate|up|down)_proj\.weight")
+
+
+@dataclass
+class GenericGGUF:
+    """What the key/value and tokenizer writers need of a generic checkpoint."""
+
+    architecture: str
+    hparams: dict[str, Any]
+    num_hidden_layers: int
+    vocab_size: int
+
+
+def _unsupported(msg: str) -> Exception:
+    from . import UnsupportedModelError
+
+    return UnsupportedModelError(msg)
+
+
+def gguf_architecture(config: Mapping[str, Any] | None) -> str:
+    """The GGUF architecture of a generic checkpoint, or
+    :class:`~hf2q.export.UnsupportedModelError` naming what is supported."""
+    archs = (config or {}).get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch not in ARCHITECTURES:
+        raise _unsupported(f"config.json: architecture {arch!r} has no GGUF conversion in hf2q (generic family: "
+                           f"{', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[arch]
+
+
+def _hparams(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    arch = gguf_architecture(config)
+    h = md.hparams(config)
+    defaults = _MISTRAL_DEFAULTS if (config.get("architectures") or [None])[0] == "MistralForCausalLM" \
+        else _DEFAULTS[arch]
+    for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
+        if not isinstance(h.get(k), int) or isinstance(h.get(k), bool) or h[k] <= 0:
+            raise md.ConfigError(f"config.json: {k} must be a positive integer, got {h.get(k)!r}", key=k)
+    for k, v in defaults.items():
+        if k == "rope_theta":
+            continue
+        if h.get(k) is None:
+            h[k] = v
+    if h.get("num_key_value_heads") is None:
+        h["num_key_value_heads"] = h["num_attention_heads"]
+    if arch == "llama" and h.get("head_dim") is None:
+        h["head_dim"] = h["hidden_size"] // h["num_attention_heads"]
+    rp = md.rope_parameters(h)
+    if rp.get("rope_theta") is None:
+        rp["rope_theta"] = defaults["rope_theta"]
+    full = rp.get("full_attention", rp)
+    if isinstance(full, Mapping) and full.get("rope_type") not in (None, "default", "linear", "yarn"):
+        raise _unsupported(f"config.json: rope type {full.get('rope_type')!r} not supported by hf2q convert yet "
+                           "(the converter generates a rope_freqs tensor for llama3)")
+    h["_rope"] = rp
+    return arch, h
+
+
+def _dtype(gguf: str, shape: tuple[int, ...], outtype: str) -> str:
+    if len(shape) <= 1 or gguf.endswith("_norm.weight") or gguf.endswith("ffn_gate_inp.weight") \
+            or not gguf.endswith(".weight"):
+        return "f32"
+    if outtype == "q8_0" and shape[-1] % 32:
+        return "f16"  # the converter: "falling back to F16"
+    return outtype
+
+
+def _permute(heads: int, shape: tuple[int, ...]) -> Any:
+    def f(arrays: list[np.ndarray]) -> np.ndarray:
+        w = np.asarray(arrays[0], dtype=np.float32)
+        return (w.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape))
+
+    return f
+
+
+def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
+                      options: dict[str, Any]) -> tuple[LoadPlan, GenericGGUF]:
+    """The GGUF tensors of a Llama / Mistral / Qwen3 / Qwen3-MoE checkpoint
+    for ``outtype`` (``f32``, ``bf16`` or ``q8_0``), in the converter's
+    per-tensor order (the file's order is :func:`~hf2q.export.order.converter_order`)."""
+    if options:
+        raise TypeError(f"the generic family's GGUF conversion takes no option(s) {', '.join(sorted(options))}")
+    arch, h = _hparams(config)
+    n_head, n_kv = h["num_attention_heads"], h["num_key_value_heads"]
+    entries: list[TensorPlan] = []
+    experts: dict[int, dict[str, dict[int, tuple[str, str, tuple[int, ...]]]]] = {}
+    for name in ckpt.keys():
+        info = ckpt[name]
+        src = formats.from_safetensors(info.dtype).name
+        shape = tuple(int(d) for d in info.shape)
+        if name.endswith(".rotary_emb.inv_freq"):
+            continue  # the converter drops it
+        if src not in ("f32", "f16", "bf16"):
+            raise _unsupported(f"{name}: dtype {info.dtype} (hf2q convert reads F32 / F16 / BF16 checkpoints here)")
+        group = None
+        if name in _GLOBAL:
+            gguf = _GLOBAL[name]
+        else:
+            m = _LAYER_RE.fullmatch(name)
+            rest = m.group(2) if m else ""
+            if m and (e := _EXPERT_RE.fullmatch(rest)):
+                experts.setdefault(int(m.group(1)), {}).setdefault(e.group(2), {})[int(e.group(1))] = (name, src, shape)
+                continue
+            if not m or rest not in _LAYER:
+                raise _unsupported(f"{ckpt.directory}: tensor {name} has no GGUF name in the {arch} layout "
+                                   "(hf2q convert, generic family)")
+            group = int(m.group(1))
+            gguf = f"blk.{group}.{_LAYER[rest]}"
+        transform = None
+        if arch in _PERMUTE and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
+            heads = n_head if ".q_proj." in name else n_kv
+            if shape[0] % (2 * heads):
+                raise md.ConfigError(f"{name}: {shape[0]} rows are not {heads} heads of an even size",
+                                     key="num_attention_heads")
+            transform = _permute(heads, shape)
+        entries.append(TensorPlan(gguf, shape, _dtype(gguf, shape, outtype), (Piece(name, src, shape),),
+                                  transform=transform, group=group))
+    n_exp = h.get("num_local_experts", h.get("num_experts"))
+    for b, projs in sorted(experts.items()):
+        for proj in ("down", "gate", "up"):
+            got = projs.get(proj, {})
+            if not isinstance(n_exp, int) or sorted(got) != list(range(n_exp)):
+                raise _unsupported(f"{ckpt.directory}: layer {b} has experts {sorted(got)} of {proj}_proj, "
+                                   f"config.json says {n_exp}")
+            shapes = {s for _, _, s in got.values()}
+            if len(shapes) != 1:
+                raise _unsupported(f"{ckpt.directory}: layer {b} {proj}_proj experts differ in shape")
+            shape = shapes.pop()
+            numel = formats.numel(shape)
+            pieces = tuple(Piece(got[x][0], got[x][1], shape, dest_offset=x * numel) for x in range(n_exp))
+            gguf = f"blk.{b}.ffn_{proj}_exps.weight"
+            out_shape = (n_exp, *shape)
+            entries.append(TensorPlan(gguf, out_shape, _dtype(gguf, out_shape, outtype), pieces, group=b,
+                                      kind="expert"))
+    cfg = GenericGGUF(arch, h, h["num_hidden_layers"], h["vocab_size"])
+    return LoadPlan("generic", entries, cfg, extra={"architecture": arch}), cfg
+
+
+def write_kv(kv: md.KVList, config: Mapping[str, Any], cfg: GenericGGUF, outtype: str) -> None:
+    """The converter's hyper-parameters: the base keys, then for ``llama``
+    the vocabulary size and rotary dimension, for ``qwen3moe`` the expert
+    feed-forward lengths."""
+    h = cfg.hparams
+    md.text_model(kv, h, h["_rope"], cfg.num_hidden_layers, outtype)
+    if cfg.architecture == "llama":
+        kv.u32("{arch}.vocab_size", h["vocab_size"])
+        kv.u32("{arch}.rope.dimension_count", h["head_dim"])
+    elif cfg.architecture == "qwen3moe":
+        if (v := h.get("moe_intermediate_size")) is not None:
+            kv.u32("{arch}.expert_feed_forward_length", v)
+        if (v := h.get("shared_expert_intermediate_size")) is not None:
+            kv.u32("{arch}.expert_shared_feed_forward_length", v)
+
+
+def write_tokenizer(kv: md.KVList, directory: Path, cfg: GenericGGUF) -> str:
+    """A byte-level BPE (``gpt2``) vocabulary, as the converter writes one
+    for these architectures; SentencePiece (``tokenizer.model``) and
+    byte-fallback BPE vocabularies (the converter's ``llama`` vocabulary) are
+    refused for now."""
+    from .vocab import TokenizerError, _read_json, cross_check, gpt2_vocab  # noqa: F401
+
+    if (directory / "tokenizer.model").is_file():
+        raise TokenizerError(f"{directory / 'tokenizer.model'}: SentencePiece vocabularies are not written by "
+                             "hf2q convert yet (the converter reads this file first)", key="tokenizer.model")
+    tok = _read_json(directory / "tokenizer.json")
+    model = tok.get("model") if isinstance(tok, Mapping) else None
+    if isinstance(model, Mapping) and model.get("type") == "BPE" and model.get("byte_fallback", False):
+        raise TokenizerError(f"{directory / 'tokenizer.json'}: a byte-fallback BPE vocabulary (the converter's "
+                             "'llama' vocabulary) is not written by hf2q convert yet", key="model")
+    if cfg.architecture == "llama":
+        # the converter's LlamaModel writes the tokenizer's add_prefix_space first
+        tcfg_path = directory / "tokenizer_config.json"
+        tcfg = _read_json(tcfg_path) if tcfg_path.is_file() else None
+        if isinstance(tcfg, Mapping) and isinstance(tcfg.get("add_prefix_space"), bool):
+            kv.set("tokenizer.ggml.add_space_prefix", md.T.BOOL, tcfg["add_prefix_space"])
+        if cfg.vocab_size in (32016, 49152):
+            raise TokenizerError(f"{directory}: vocab_size {cfg.vocab_size} (the converter's special cases for "
+                                 "CodeLlama / SmolLM) not supported", key="vocab_size")
+    checked = gpt2_vocab(kv, directory, cfg.vocab_size)
+    pre = next(k.value for k in kv.items() if k.key == "tokenizer.ggml.pre")
+    return f"gpt2 (pre-tokenizer {pre}; fingerprint {checked})"

@@ -1,0 +1,114 @@
+"""``hf2q convert`` of the generic family's llama-like checkpoints against
+llama.cpp's converter's whole file (tests/data/gguf/generic/<name>.json, made
+by scripts/make_golden_generic_gguf.py from the tiny checkpoints beside it,
+written by transformers with their tokenizers): every tensor (order, name,
+type, shape, offset, bytes) and every key/value (type, value, order) equal,
+but the keys that name the tool's guess of the model (docs/CONVERT.md), for
+q8_0, bf16 and f32. Needs neither torch nor transformers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hf2q
+
+gguf = pytest.importorskip("gguf")
+
+GENERIC = Path(__file__).parent / "data" / "gguf" / "generic"
+NAMES = sorted(p.stem for p in GENERIC.glob("*.json"))
+CASES = [(n, o) for n in NAMES for o in ("q8_0", "bf16", "f32")]
+NAMING_KEYS = {"general.name"}
+CONVERTER_ONLY = {"general.size_label", "general.basename", "general.finetune", "general.version",
+                  "general.organization", "general.license", "general.tags", "general.languages"}
+#: pre-tokenizer hf2q names from each tokenizer's regex (the converter, hashing a
+#: fixed text, names only published vocabularies: "(unrecognised)" in the record)
+PRE = {"llama3": "llama-bpe", "qwen3": "qwen2", "qwen3_moe": "qwen2"}
+
+
+def _record(name: str) -> dict[str, Any]:
+    return json.loads((GENERIC / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def test_every_architecture_covered() -> None:
+    archs = {_record(n)["architecture"] for n in NAMES}
+    assert archs == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"}
+    assert sum(p.stat().st_size for p in GENERIC.rglob("*") if p.is_file()) < 1 << 20
+
+
+@pytest.mark.parametrize("name, outtype", CASES)
+def test_generic_equals_converter(tmp_path: Path, name: str, outtype: str) -> None:
+    want = _record(name)["outtypes"][outtype]
+    out = tmp_path / "out.gguf"
+    s = hf2q.convert(GENERIC / name, out, outtype)
+    assert s.family == "generic" and s.bytes == out.stat().st_size
+    r = gguf.GGUFReader(out)
+    assert int(r.alignment) == want["alignment"]
+    assert [t.name for t in r.tensors] == [t["name"] for t in want["tensors"]]
+    for t, w in zip(r.tensors, want["tensors"]):
+        assert t.tensor_type.name == w["type"], t.name
+        assert [int(x) for x in reversed(t.shape.tolist())] == w["shape"], t.name
+        assert int(t.data_offset) - int(r.data_offset) == w["offset"], t.name
+        data = np.asarray(t.data).view(np.uint8).reshape(-1).tobytes()
+        assert hashlib.sha256(data).hexdigest() == w["sha256"], f"{t.name}: bytes differ from the converter's"
+    ours = {}
+    for key, f in r.fields.items():
+        if not key.startswith("GGUF."):
+            v = f.contents()
+            ours[key] = (f.types[0].name, f.types[1].name if len(f.types) > 1 else None,
+                         v.tolist() if isinstance(v, np.ndarray) else v)
+    theirs = {kv["key"]: (kv["type"], kv.get("sub_type"), kv["value"]) for kv in want["kv"]}
+    missing = set(theirs) - set(ours) - CONVERTER_ONLY
+    extra = set(ours) - set(theirs)
+    assert not missing and not extra, f"missing {sorted(missing)}, extra {sorted(extra)}"
+    for key in ours:
+        t, sub, v = theirs[key]
+        assert ours[key][:2] == (t, sub), key
+        if key in NAMING_KEYS:
+            continue
+        if key == "tokenizer.ggml.pre" and v == "(unrecognised)":
+            assert ours[key][2] == PRE[name]
+        elif t == "FLOAT32" or sub == "FLOAT32":
+            np.testing.assert_array_equal(np.float32(ours[key][2]), np.float32(v), err_msg=key)
+        else:
+            assert ours[key][2] == v, key
+    assert list(ours) == [k for k in theirs if k in ours], "key order differs from the converter's"
+
+
+def test_permutation_is_the_converters() -> None:
+    """Llama's Q/K rows, per head, from transformers' rotary halves back to
+    interleaved pairs (the converter's LlamaModel.permute)."""
+    from hf2q.export.generic import _permute
+
+    w = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)  # 2 heads of 4 rows
+    got = _permute(2, w.shape)([w])
+    assert got[:, 0].tolist() == [0, 6, 3, 9, 12, 18, 15, 21]
+
+
+def test_other_architectures_refused(tmp_path: Path) -> None:
+    d = tmp_path / "gpt2"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    (d / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(hf2q.export.UnsupportedModelError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
+        hf2q.convert(d, tmp_path / "o.gguf")
+    assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*partial"))
+
+
+def test_unmapped_tensor_refused(tmp_path: Path) -> None:
+    """A tensor the layout has no GGUF name for: refused, naming it (the
+    converter stops there too); no output file is left."""
+    st = pytest.importorskip("safetensors.numpy")
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / "config.json").write_text((GENERIC / "qwen3" / "config.json").read_text())
+    st.save_file({"model.embed_tokens.weight": np.zeros((128, 64), np.float32),
+                  "model.layers.0.mlp.odd_proj.weight": np.zeros((64, 64), np.float32)}, str(d / "model.safetensors"))
+    with pytest.raises(hf2q.export.UnsupportedModelError, match="model.layers.0.mlp.odd_proj.weight"):
+        hf2q.convert(d, tmp_path / "o.gguf")
+    assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*partial"))
