@@ -259,8 +259,14 @@ HF2Q_CHECKSUMS(hf2q_checksums_q8_0, BitsQ8_0)
 // scale that overflowed float16 to Inf.
 
 // ggml's nearest_int: the low mantissa bits of v + 1.5 * 2^23 (half to even
-// for |v| < 2^22; the same bits as the CPU for every float).
+// for |v| < 2^22; the same bits as the CPU for every float). A NaN is the one
+// exception: the GPU's arithmetic returns the canonical NaN 0x7FFFFFFF for
+// any NaN operand, where x86 and ARM keep the operand's payload. The NaNs
+// met here come from invalid operations on an overflowed scale (inf * 0,
+// inf - inf), which both CPUs produce as their default NaN (payload
+// 0x400000), for which the formula gives 0: the GPU returns that.
 __device__ __forceinline__ int kq_nearest_int(float v) {
+  if (v != v) return 0;
   const float t = v + 12582912.0f;
   return (int)(__float_as_uint(t) & 0x007FFFFFu) - 0x00400000;
 }

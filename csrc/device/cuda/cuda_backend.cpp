@@ -493,6 +493,10 @@ class CudaBackend final : public Backend {
       unsigned long long rows, cols, br, bc, srows, scols;
     } geo{g.rows, g.cols, g.block_rows, g.block_cols, g.scale_rows, g.scale_cols};
     Ctx c(*this);
+    // The weight and scale buffers were just uploaded: their raw copies may
+    // still be in flight on the staging streams, and this kernel runs on
+    // misc_ (a GPU run read the first bytes of a weight before they landed).
+    check(wait_uploads(), "cuStreamSynchronize (uploads in flight)");
     const std::vector<int> cells = take_status_cells(1);
     try {
       CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cells[0]) * 16;
