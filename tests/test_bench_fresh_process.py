@@ -20,8 +20,9 @@ def test_fresh_process_smoke(tmp_path: Path) -> None:
                         "--dir", str(d), "--json"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
-    assert set(r["median_seconds"]) == {"ours", "ours_huge", "peer", "import_hf2q", "import_numpy", "device",
-                                        "bare_python"}
+    assert set(r["median_seconds"]) == {"ours", "ours_huge", "ours_nores", "peer", "read_floor", "import_hf2q",
+                                        "import_numpy", "device", "bare_python"}
+    assert r["peer_over_read_floor"] > 0 and r["ours_over_read_floor"] > 0
     assert all(len(v) == 1 and v[0] > 0 for v in r["all_seconds"].values())
     assert set(r["targets"]) == {"peer_over_ours>=3", "import_hf2q+Device(host)<=100ms",
                                  "import_hf2q<=import_numpy+40ms", "peak_rss<=resident+64MiB"}
