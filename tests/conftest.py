@@ -21,6 +21,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         rep.longrepr = (path, None, reason)
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding ``slow`` tests run first, the rest after them, each
+    group in the usual order (tests keep their order inside a file).
+    pytest-xdist (``--dist loadfile --no-loadscope-reorder`` in pyproject.toml)
+    hands files out in this order to whichever worker is nearly done: the long
+    files start at once and the short ones fill in at the end. xdist's own
+    order (most tests first) started the wheel build, a 5-test file and the
+    longest of all, last, with the other worker nearly done."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    if slow:
+        items.sort(key=lambda item: item.path not in slow)  # stable: the order inside each group stays
+
+
 # ``HF2Q_TEST_TIMES=FILE``: one JSON line per test appended to FILE (each
 # xdist worker appends its own lines): the test id, its file, the worker, wall
 # seconds and the CPU seconds it used in this process and in the child

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hf2q.testing import make_dflash_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_fresh_process_smoke(tmp_path: Path) -> None:
     d = make_dflash_checkpoint(tmp_path / "tiny", "tiny")
     (d / ".complete").write_text("ok\n")  # the bench's "already written" marker

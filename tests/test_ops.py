@@ -557,6 +557,7 @@ def _exhaustive_rounding(sign: int) -> None:
             raise AssertionError(f"x={v!r}: q={q.reshape(-1)[i]} != {expected[i]}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sign", [1, -1], ids=["pos", "neg"])
 def test_rounding_exhaustive_via_quantizer(isa, sign):
     _exhaustive_rounding(sign)

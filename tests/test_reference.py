@@ -38,6 +38,7 @@ def half_away_f64(x: np.ndarray) -> np.ndarray:
     return np.copysign(np.floor(np.abs(v) + 0.5), v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sign", [0, 0x80000000], ids=["pos", "neg"])
 def test_rounding_every_float_in_128(sign):
     """Every float32 with 0.25 <= |x| <= 128 (the range where rounding can give

@@ -201,6 +201,7 @@ def _spawn_ranks(target, world: int, args: tuple) -> dict[int, list]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_multiprocessing_ranks_join_to_the_whole_load(checkpoints, world: int) -> None:
     cases = _cases(checkpoints)
@@ -214,6 +215,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_torch_distributed_gloo_ranks(checkpoints, world: int) -> None:
     """Shard.from_torch_distributed in a gloo group of ``world`` processes."""
