@@ -13,34 +13,18 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
+import transformers
 
 import hf2q
+import hf2q.torch as htorch
+import hf2q.transformers as htf
 from hf2q import ops
-from hf2q._lazy import _LazyModule
 from hf2q.device import Device
-
-
-class _OnUse(_LazyModule):
-    """torch and transformers (about 2.7 s of CPU to import) on first use:
-    every pytest-xdist worker collects this file, one runs it. pytest's
-    collection probes each module attribute for private names (``_mock_name``):
-    those do not import."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return super().__getattr__(name)
-
-
-torch: Any = _OnUse("torch")
-transformers: Any = _OnUse("transformers")
-htorch: Any = _OnUse("hf2q.torch")
-htf: Any = _OnUse("hf2q.transformers")
 
 DATA = Path(__file__).resolve().parent / "data"
 #: name -> checkpoint directory (all written by transformers' save_pretrained)
@@ -54,15 +38,8 @@ CHECKPOINTS = {
     "gemma4_moe_conditional_generation": DATA / "gemma4" / "gemma4_moe_conditional_generation" / "hf",
     "gemma4_dense_ple": DATA / "gemma4" / "gemma4_dense_ple" / "hf",
 }
-TOKENS = [[2, 17, 5, 33, 8, 61, 40, 3, 11, 25]]
-
-
-def _ids() -> Any:
-    return torch.tensor(TOKENS)
-
-
-def _torch_dtype(name: str) -> Any:
-    return {"f32": torch.float32, "bf16": torch.bfloat16}[name]
+IDS = torch.tensor([[2, 17, 5, 33, 8, 61, 40, 3, 11, 25]])
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
 # ---------------------------------------------------------------- state_dict
@@ -164,7 +141,7 @@ def models():
         key = (name, dtype)
         if key not in cache:
             path = CHECKPOINTS[name]
-            cache[key] = (htf.from_pretrained(path, "host", dtype=dtype), _reference(path, _torch_dtype(dtype)))
+            cache[key] = (htf.from_pretrained(path, "host", dtype=dtype), _reference(path, DTYPES[dtype]))
         return cache[key]
 
     return get
@@ -176,9 +153,9 @@ def test_logits_bit_identical(models, name: str, dtype: str) -> None:
     ours, theirs = models(name, dtype)
     assert type(ours) is type(theirs) and not ours.training
     with torch.no_grad():
-        a = ours(_ids()).logits
-        b = theirs(_ids()).logits
-    assert a.dtype == b.dtype == _torch_dtype(dtype)
+        a = ours(IDS).logits
+        b = theirs(IDS).logits
+    assert a.dtype == b.dtype == DTYPES[dtype]
     assert torch.isfinite(a).all() and a.float().std() > 0  # a comparison of something
     assert torch.equal(a, b), f"max |diff| {(a.float() - b.float()).abs().max()}"
 
@@ -215,14 +192,14 @@ def test_model_runs_on_hf2q_memory(models) -> None:
     those buffers, not copies."""
     ours, _ = models("qwen3_moe_per_expert", "bf16")
     with torch.no_grad():
-        before = ours(_ids()).logits.clone()
+        before = ours(IDS).logits.clone()
     buf = ours.hf2q_model["model.embed_tokens.weight"]
     view = buf.numpy()
     saved = view.copy()
     try:
-        view[_ids()[0, -1].item()] *= 3  # the last token's embedding row, through numpy
+        view[IDS[0, -1].item()] *= 3  # the last token's embedding row, through numpy
         with torch.no_grad():
-            after = ours(_ids()).logits
+            after = ours(IDS).logits
         assert not torch.equal(after[0, -1], before[0, -1])
         assert torch.equal(after[0, :-1], before[0, :-1])
     finally:
@@ -231,8 +208,8 @@ def test_model_runs_on_hf2q_memory(models) -> None:
 
 def test_generate_matches(models) -> None:
     ours, theirs = models("llama_tied", "f32")
-    a = ours.generate(_ids()[:, :4], max_new_tokens=6, do_sample=False)
-    b = theirs.generate(_ids()[:, :4], max_new_tokens=6, do_sample=False)
+    a = ours.generate(IDS[:, :4], max_new_tokens=6, do_sample=False)
+    b = theirs.generate(IDS[:, :4], max_new_tokens=6, do_sample=False)
     assert torch.equal(a, b)
 
 
@@ -276,9 +253,7 @@ def test_missing_tensor_is_refused(tmp_path: Path) -> None:
 
 
 def test_old_transformers_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hf2q.transformers as handoff  # the module itself, not this file's stand-in
-
-    monkeypatch.setattr(handoff.transformers, "__version__", "4.57.6")  # the transformers it imported
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")
     with pytest.raises(htf.HandoffError, match="transformers >= 5.0") as e:
         htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
     assert e.value.missing == ["transformers>=5.0"]
@@ -412,7 +387,7 @@ def test_cuda_logits_bit_identical(name: str) -> None:
                                                                         device_map="cuda").eval()
     for n, p in ours.named_parameters():
         assert p.device.type == "cuda", n
-    ids = _ids().to("cuda")
+    ids = IDS.to("cuda")
     with torch.no_grad():
         assert torch.equal(ours(ids).logits, theirs(ids).logits)
 
