@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hf2q.testing import make_dflash_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_fresh_process_smoke(tmp_path: Path) -> None:
     d = make_dflash_checkpoint(tmp_path / "tiny", "tiny")
     (d / ".complete").write_text("ok\n")  # the bench's "already written" marker
@@ -20,8 +23,9 @@ def test_fresh_process_smoke(tmp_path: Path) -> None:
                         "--dir", str(d), "--json"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
-    assert set(r["median_seconds"]) == {"ours", "ours_huge", "peer", "import_hf2q", "import_numpy", "device",
-                                        "bare_python"}
+    assert set(r["median_seconds"]) == {"ours", "ours_huge", "ours_nores", "peer", "read_floor", "import_hf2q",
+                                        "import_numpy", "device", "bare_python"}
+    assert r["peer_over_read_floor"] > 0 and r["ours_over_read_floor"] > 0
     assert all(len(v) == 1 and v[0] > 0 for v in r["all_seconds"].values())
     assert set(r["targets"]) == {"peer_over_ours>=3", "import_hf2q+Device(host)<=100ms",
                                  "import_hf2q<=import_numpy+40ms", "peak_rss<=resident+64MiB"}

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -19,6 +20,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_fullscale  # noqa: E402
 
 
+@pytest.mark.slow
 def test_fullscale_smoke_on_the_host(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fullscale.py"), "--dir", str(tmp_path / "ck"),

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_bench_kernels_smoke() -> None:
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--elements", "65536",
                         "--gguf-elements", "4096", "--json"], capture_output=True, text=True, timeout=300)

@@ -326,6 +326,7 @@ def _points(total: int, count: int) -> Iterator[int]:
             yield n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dflash", "qwen35-sharded"])
 def test_keyboard_interrupt_anywhere_in_a_load(kind: str, ckpts: dict[str, Path], dev: Device) -> None:
     path = ckpts[kind]
@@ -433,6 +434,7 @@ def test_fork_at_every_point_of_a_load(kind: str, ckpts: dict[str, Path], dev: D
     assert statuses == [0] * len(range(0, total, step)), statuses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dflash", "qwen35-sharded"])
 def test_interpreter_exit_at_points_of_a_load(kind: str, ckpts: dict[str, Path]) -> None:
     """Daemon threads load in a loop while the interpreter exits, after

@@ -346,6 +346,7 @@ def big_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.skipif(os.environ.get("HF2Q_UNDER_SANITIZER") == "1",
                     reason="scripts/run_sanitizers.sh: ASan's allocator and quarantine change RSS; the main suite "
                            "measures it")
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS reset needs Linux /proc")
 def test_no_copy_peak_rss(big_llama: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF2Q_")}

@@ -62,6 +62,7 @@ def body():
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", list(BODIES))
 def test_daemon_threads_in_native_calls_at_exit(what: str, tmp_path) -> None:
     code = BODIES[what] + """

@@ -54,6 +54,7 @@ print(f"children ok {ok}/@N@; parent ok")
     _check(r)
 
 
+@pytest.mark.slow
 def test_fork_after_the_read_pool_started_and_while_a_read_is_running(tmp_path) -> None:
     # Tensors over 2 x 32 MiB are read by the package's thread pool. The child
     # is forked after the pool started and while another thread reads.

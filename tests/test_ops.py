@@ -507,7 +507,14 @@ def _exhaustive_rounding(sign: int) -> None:
     """Products x * id with id = 1 (each block holds 127 -> amax = 127, d = 1,
     id = 1): q must be round-half-away(x) for every float32 x in [-127, 127].
     (|product| never exceeds 127 in Q8_0, so (127, 128] is unreachable here;
-    test_reference.py covers the reference rounding over [-128, 128].)"""
+    test_reference.py covers the reference rounding over [-128, 128].)
+
+    The expected q comes from the definition of rounding half away from zero:
+    |q| = k exactly for k - 0.5 <= |x| < k + 0.5. Every k - 0.5 (k <= 127) is a
+    float32, and non-negative float32s are ordered as their bit patterns, so
+    each chunk (consecutive bit patterns in order) is a run of 0s, a run of
+    1s, ..., cut where the patterns reach those of k - 0.5: exact integer
+    comparisons, no floating-point arithmetic in the oracle."""
     nblk = 1 << 20
     per = 31 * nblk
     x = np.zeros((nblk, 32), dtype=F32)
@@ -518,11 +525,15 @@ def _exhaustive_rounding(sign: int) -> None:
     top = bits32(127.0) + 1  # exclusive
     half = bits32(0.5)
     sbit = np.uint32(0x80000000 if sign < 0 else 0)
+    cut_bits = np.array([bits32(k - 0.5) for k in range(1, 128)], dtype=np.int64)  # |q| >= k from here
+    assert (np.diff(cut_bits) > 0).all()
+    expected = np.empty(per, dtype=np.int8)
     for start in range(0, top, per):
         np.add(offs, np.uint32(start), out=xb[:, 1:])
-        if start + per > top:  # last chunk: pad with zeros
+        n = min(per, top - start)  # x's 31 columns, row by row: bit patterns start .. start + n - 1
+        if n < per:  # last chunk: pad with zeros
             sub = xb[:, 1:]
-            sub[offs >= np.uint32(top - start)] = 0
+            sub[offs >= np.uint32(n)] = 0
         if sbit:
             np.bitwise_or(xb[:, 1:], sbit, out=xb[:, 1:])
         ops.quantize_q8_0(x, out=out)
@@ -533,12 +544,20 @@ def _exhaustive_rounding(sign: int) -> None:
             # |x| < 0.5 everywhere: every product rounds to 0 (also -0.0 -> 0x00).
             assert not q.any(), f"non-zero q for |x| < 0.5 in chunk at {start:#x}"
             continue
-        v = x[:, 1:].astype(np.float64)
-        expected = (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int8)  # exact in float64
-        bad = np.flatnonzero(q != expected)
-        assert bad.size == 0, f"x={v.reshape(-1)[bad[0]]!r}: q={q.reshape(-1)[bad[0]]} != {expected.reshape(-1)[bad[0]]}"
+        cuts = np.clip(cut_bits - start, 0, n)  # in the chunk, the first x with |x| >= k - 0.5
+        runs = np.diff(np.concatenate(([0], cuts, [n])))  # how many x have |q| = 0, 1, ..., 127
+        expected[:n] = np.repeat(np.arange(128, dtype=np.int8), runs)
+        expected[n:] = 0  # the zero padding
+        if sign < 0:
+            np.negative(expected, out=expected)
+        bad = np.flatnonzero(q != expected.reshape(nblk, 31))
+        if bad.size:
+            i = int(bad[0])
+            v = f32(int(sbit) | (start + i)) if i < n else -0.0 if sign < 0 else 0.0
+            raise AssertionError(f"x={v!r}: q={q.reshape(-1)[i]} != {expected[i]}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sign", [1, -1], ids=["pos", "neg"])
 def test_rounding_exhaustive_via_quantizer(isa, sign):
     _exhaustive_rounding(sign)

@@ -39,6 +39,7 @@ def test_readme_has_python_blocks() -> None:
     assert len(blocks("python")) >= 3
 
 
+@pytest.mark.slow
 def test_readme_python_blocks_run(tmp_path: Path) -> None:
     code = "\n\n".join(blocks("python"))
     script = tmp_path / "readme_blocks.py"

@@ -38,18 +38,28 @@ def half_away_f64(x: np.ndarray) -> np.ndarray:
     return np.copysign(np.floor(np.abs(v) + 0.5), v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sign", [0, 0x80000000], ids=["pos", "neg"])
 def test_rounding_every_float_in_128(sign):
     """Every float32 with 0.25 <= |x| <= 128 (the range where rounding can give
     a non-zero result), plus every 61st pattern below 0.25 and the boundaries."""
     lo, hi = bits32(0.25), bits32(128.0) + 1
     step = 1 << 24
+    # The expected values from the definition: |result| = k exactly for
+    # k - 0.5 <= |x| < k + 0.5. Each k - 0.5 is a float32 and non-negative
+    # float32s order as their bit patterns, so a chunk of consecutive patterns
+    # is a run of 0s, of 1s, ... cut where the patterns reach k - 0.5's
+    # (integer comparisons only; half_away_f64 checks the edges below).
+    cut_bits = np.array([bits32(k - 0.5) for k in range(1, 129)], dtype=np.int64)
+    mags = np.arange(129, dtype=F32) * (np.float32(-1.0) if sign else np.float32(1.0))
     for start in range(lo, hi, step):
-        b = np.arange(start, min(start + step, hi), dtype=np.uint32) | np.uint32(sign)
+        n = min(start + step, hi) - start
+        b = np.arange(start, start + n, dtype=np.uint32) | np.uint32(sign)
         x = b.view(F32)
         got = _round_half_away(x)
         assert got.dtype == F32
-        bad = np.flatnonzero(got != half_away_f64(x))
+        runs = np.diff(np.concatenate(([0], np.clip(cut_bits - start, 0, n), [n])))
+        bad = np.flatnonzero(got != np.repeat(mags, runs))
         assert bad.size == 0, f"x={x[bad[0]]!r} -> {got[bad[0]]!r}"
     b = np.arange(0, lo, 61, dtype=np.uint32) | np.uint32(sign)
     b = np.concatenate([b, np.arange(lo - 4096, lo, dtype=np.uint32) | np.uint32(sign)])

@@ -42,6 +42,23 @@ std::string sysfs_choice(const char* path) {
   const char* close = open ? std::strchr(open, ']') : nullptr;
   return close ? std::string(open + 1, close) : std::string();
 }
+
+// Whether the kernel hands free memory back to a hypervisor in blocks a
+// huge page fault would take (virtio free page reporting): the module
+// parameter page_reporting_order is the smallest reported block's order
+// once a reporting device registered (9, 2 MiB, on x86-64), and unset
+// (-1, read as 4294967295) or absent otherwise. Blocks of that order that
+// were free for a moment have been reported, and the host backs them again
+// only when touched: a 2 MiB fault there took 2-9 ms (1-2 s of system time
+// for 860 MB) on the CI machine, with no compaction (docs/RESIDENCY.md).
+bool free_page_reporting_takes_huge_blocks() {
+  std::FILE* f = std::fopen("/sys/module/page_reporting/parameters/page_reporting_order", "re");
+  if (f == nullptr) return false;
+  unsigned long order = 0;
+  const bool ok = std::fscanf(f, "%lu", &order) == 1;
+  std::fclose(f);
+  return ok && order <= 9;  // a 2 MiB block (order 9 with 4 KiB pages) or smaller is reported
+}
 #endif  // __linux__
 
 // Whether fresh buffers get MADV_HUGEPAGE (docs/RESIDENCY.md, "Huge
@@ -53,6 +70,9 @@ std::string sysfs_choice(const char* path) {
 // default is "madvise") a fault in an advised region stalls in direct
 // compaction when no free 2 MiB block is at hand: populating 860 MB took
 // 2.1-3.5 s with the advice against 0.45-0.57 s without on the CI machine.
+// Nor where free page reporting gives 2 MiB blocks back to a hypervisor
+// (free_page_reporting_takes_huge_blocks): a huge page fault then often
+// waits for the host to back the block again.
 // Read once per process; HF2Q_HUGEPAGES=1/0 overrides (benchmarks).
 bool host_huge_page_advice() {
   static const bool advise = [] {
@@ -62,7 +82,8 @@ bool host_huge_page_advice() {
 #if defined(__linux__)
     if (sysfs_choice("/sys/kernel/mm/transparent_hugepage/enabled") != "madvise") return false;
     const std::string defrag = sysfs_choice("/sys/kernel/mm/transparent_hugepage/defrag");
-    return defrag == "defer" || defrag == "never";
+    if (defrag != "defer" && defrag != "never") return false;
+    return !free_page_reporting_takes_huge_blocks();
 #else
     return false;
 #endif

@@ -11,7 +11,8 @@ warned about once per process, saying what is used instead.
 ``HF2Q_CACHE``         folder for ``hf2q demo``'s synthetic checkpoint
 ``HF2Q_HUGEPAGES``     host buffers: ``1`` always ask for transparent huge pages,
                        ``0`` never; unset: where the kernel's THP settings say
-                       it cannot stall (docs/RESIDENCY.md, "Huge pages")
+                       it cannot stall and no free page reporting hands 2 MiB
+                       blocks to a hypervisor (docs/RESIDENCY.md, "Huge pages")
 =====================  ==========================================================
 
 ``HF2Q_CUDA_STAGING_MIB`` and ``HF2Q_CUDA_SLOT_MIB`` set the size of the CUDA

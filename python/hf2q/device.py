@@ -17,12 +17,9 @@ from stat import S_ISREG as _S_ISREG
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
-import numpy as np
-
-from . import _core, formats, reference
-from ._arrays import U8, as_byte_array
+from . import _core, formats
 from .errors import DeviceError, Hf2qError, NonFiniteError, ResidencyWarning, ScaleOverflowWarning
 
 __all__ = [
@@ -34,6 +31,11 @@ __all__ = [
     "register_weight_buffer",
     "DTYPES",
 ]
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # numpy (and hf2q.reference, hf2q._arrays) only once a buffer meets an array: hf2q._lazy
+    from ._lazy import numpy as np
 
 PathOrFd = Union[str, "os.PathLike[str]", int]
 
@@ -48,7 +50,7 @@ DTYPES = formats.DEVICE_FORMATS
 _NUMPY_SRC = {
     f.numpy_name: f.name
     for f in map(formats.get, DTYPES)
-    if f.numpy_name and f.numpy_name != U8.name
+    if f.numpy_name and f.numpy_name != "uint8"
 }
 
 
@@ -166,7 +168,7 @@ class Buffer:
     def to_host(self) -> np.ndarray:
         """A copy of the buffer's storage in host memory, typed as
         :meth:`numpy` types it (on a GPU: a device-to-host copy)."""
-        out = np.empty(self.byte_len, dtype=U8)
+        out = np.empty(self.byte_len, dtype=np.uint8)
         self._native.copy_out(0, out)
         return out.view(formats.get(self.dtype).storage_dtype).reshape(formats.storage_shape(self.shape, self.dtype))
 
@@ -174,8 +176,8 @@ class Buffer:
         """Storage bytes ``[begin, end)`` as uint8: a view where the CPU can
         address the memory, else a copy."""
         if self._device._native.cpu_visible:
-            return self._native.numpy_view().reshape(-1).view(U8)[begin:end]
-        out = np.empty(end - begin, dtype=U8)
+            return self._native.numpy_view().reshape(-1).view(np.uint8)[begin:end]
+        out = np.empty(end - begin, dtype=np.uint8)
         self._native.copy_out(begin, out)
         return out
 
@@ -472,16 +474,18 @@ class Device:
 
     @staticmethod
     def _source(src: Any, src_dtype: str | None, to: str) -> tuple[np.ndarray, str, tuple[int, ...]]:
+        from ._arrays import as_byte_array
+
         arr = as_byte_array(src)
         inferred = _numpy_src(arr.dtype)
         if inferred is not None:
             if src_dtype is not None and src_dtype != inferred:
                 raise TypeError(f"src has dtype {arr.dtype} but src_dtype={src_dtype!r} was given")
-            flat = arr.reshape(-1).view(U8)
+            flat = arr.reshape(-1).view(np.uint8)
             if inferred != to and flat.ctypes.data % arr.dtype.itemsize:
                 flat = flat.copy()  # conversions read aligned elements; unaligned input alone is copied
             return flat, inferred, tuple(arr.shape)
-        if arr.dtype not in (U8, np.dtype(np.uint16)):
+        if arr.dtype not in (np.dtype(np.uint8), np.dtype(np.uint16)):
             raise TypeError(f"src must be {_NUMPY_SRC_TEXT} or raw bytes, got dtype {arr.dtype}")
         if src_dtype is None:
             if formats.get(to).is_block:
@@ -489,7 +493,7 @@ class Device:
                 raise TypeError(f"raw src needs src_dtype ({_or_list(names)}) to be quantized")
             src_dtype = to
         _dtype_name(src_dtype)
-        flat = arr.reshape(-1).view(U8)
+        flat = arr.reshape(-1).view(np.uint8)
         if src_dtype != to and flat.ctypes.data % 4:
             flat = flat.copy()  # conversions read aligned elements; odd-address input alone is copied
         fmt = formats.get(src_dtype)
@@ -891,13 +895,15 @@ class _opened:
 
 
 _GROUP = int(_core.VERIFY_GROUP)
-_WEIGHTS = (2 * np.arange(_GROUP, dtype=np.uint32) + 1).astype(np.uint32)
 
 
 def reference_checksums(buf: Buffer, chunk_groups: int = 4096) -> np.ndarray:
     """Per-group checksums of ``buf``'s decoded float32 values computed with
     numpy (:mod:`hf2q.reference` decoders), in chunks to bound memory (on a
     GPU each chunk is copied to the host first)."""
+    from . import reference
+
+    weights = (2 * np.arange(_GROUP, dtype=np.uint32) + 1).astype(np.uint32)
     numel = buf.numel
     ngroups = -(-numel // _GROUP)
     out = np.empty(ngroups, dtype=np.uint32)
@@ -911,7 +917,7 @@ def reference_checksums(buf: Buffer, chunk_groups: int = 4096) -> np.ndarray:
         padded = np.zeros((g1 - g0) * _GROUP, dtype=np.uint32)
         padded[: bits.size] = bits
         with np.errstate(over="ignore"):
-            out[g0:g1] = (padded.reshape(-1, _GROUP) * _WEIGHTS).sum(axis=1, dtype=np.uint32)
+            out[g0:g1] = (padded.reshape(-1, _GROUP) * weights).sum(axis=1, dtype=np.uint32)
     return out
 
 

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Iterable, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from . import _core
+
+if TYPE_CHECKING:
+    import numpy as np
+else:  # numpy on first use (hf2q._lazy): `import hf2q; Device("host")` does not import it
+    from ._lazy import numpy as np
 
 __all__ = [
     "Format",

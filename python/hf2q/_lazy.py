@@ -1,0 +1,40 @@
+"""numpy, imported on first use: ``import hf2q; hf2q.Device("host")`` does
+not pay for it (about 70-100 ms of CPU, most of a 100 ms budget; README,
+"Benchmarks"). Modules on that path write
+
+    if TYPE_CHECKING:
+        import numpy as np
+    else:
+        from ._lazy import numpy as np
+
+and use ``np`` as usual: the first attribute read imports numpy and copies
+its namespace into the stand-in, so later reads are plain attribute lookups
+(no ``__getattr__`` call). Type checkers see numpy itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from typing import Any
+
+__all__ = ["numpy"]
+
+
+class _LazyModule(types.ModuleType):
+    """A module that imports the real one when an attribute is first read."""
+
+    def __getattr__(self, name: str) -> Any:
+        real = importlib.import_module(self.__name__)
+        # Later reads find the names in the instance dict (no __getattr__).
+        self.__dict__.update({k: v for k, v in vars(real).items() if k not in ("__name__", "__spec__")})
+        try:
+            return vars(real)[name]
+        except KeyError:
+            return getattr(real, name)  # numpy's own module __getattr__ (deprecated aliases, submodules)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self.__name__!r}>"
+
+
+numpy: Any = _LazyModule("numpy")
