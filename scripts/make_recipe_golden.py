@@ -89,7 +89,7 @@ def llama_tensors(name: str, scratch: Path) -> list[tuple[str, tuple[int, ...], 
     names, per-expert tensors stacked as the converter stacks them."""
     import re as _re
 
-    from hf2q.recipes import llama_gguf_name
+    from hf2q.models.generic.names import llama_gguf_name
 
     plan = generic_full_size_plan(name, None, scratch)
     out: dict[str, tuple[tuple[int, ...], str]] = {}

@@ -19,7 +19,8 @@ import pytest
 
 import hf2q
 from hf2q import formats
-from hf2q.recipes import ModelFacts, allows_quantization, category, llama_gguf_name, recipe_types
+from hf2q.models.generic.names import llama_gguf_name
+from hf2q.recipes import ModelFacts, allows_quantization, category, recipe_types
 
 from _recipe_variants import (FULL_SIZE, GENERIC_FULL, RECIPES_FTYPE, VARIANTS, full_size_plan,
                               generic_full_size_plan, materialize)

@@ -25,7 +25,7 @@ from . import formats
 from .plan import LoadPlan, TensorPlan
 
 __all__ = ["RECIPES", "FILE_TYPES", "ModelFacts", "recipe_types", "apply_recipe", "allows_quantization", "category",
-           "llama_gguf_name", "generic_facts"]
+           "generic_facts"]
 
 #: The recipes (llama-quantize's file types without an importance matrix)
 #: and each one's default tensor format.
@@ -180,44 +180,6 @@ def recipe_types(tensors: Iterable[tuple[str, Sequence[int], str]], recipe: str,
                 new = "q5_k"
         out[name] = _fallback(name, ncols, new)
     return out
-
-
-#: A few llama-like Hugging Face names -> GGUF names (the generic family
-#: keeps checkpoint names; llama-quantize decides by GGUF ones).
-_HF_LAYER = {
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
-    "mlp.gate_up_proj.weight": "ffn_up.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
-    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-}
-_HF_EXPERT = re.compile(r"(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight")
-_HF_EXPERT_KIND = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
-_HF_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight",
-              "model.norm.weight": "output_norm.weight"}
-_HF_BLOCK = re.compile(r"model\.layers\.(\d+)\.(.+)")
-
-
-def llama_gguf_name(hf_name: str) -> str:
-    """The GGUF name llama.cpp's converter gives a llama-like checkpoint
-    tensor (``model.layers.3.self_attn.v_proj.weight`` ->
-    ``blk.3.attn_v.weight``; an expert ``...experts.E.w2.weight`` ->
-    ``blk.N.ffn_down_exps.E.weight``: the converter stacks the experts, the
-    recipe only needs the kind and block). Other names are kept."""
-    if hf_name in _HF_GLOBAL:
-        return _HF_GLOBAL[hf_name]
-    m = _HF_BLOCK.fullmatch(hf_name)
-    if m is None:
-        return hf_name
-    b, rest = m.groups()
-    if rest in _HF_LAYER:
-        return f"blk.{b}.{_HF_LAYER[rest]}"
-    e = _HF_EXPERT.fullmatch(rest)
-    if e is not None:
-        return f"blk.{b}.ffn_{_HF_EXPERT_KIND[e.group(2)]}_exps.{e.group(1)}.weight"
-    return f"blk.{b}.{rest}"
 
 
 def generic_facts(names: Mapping[str, str], plan: LoadPlan, model_type: str | None) -> ModelFacts:

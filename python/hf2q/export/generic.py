@@ -25,7 +25,6 @@ The converter's rules, restated:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .. import formats
+from ..models.generic.names import GLOBAL_NAMES, LAYER_NAMES, expert_of, split_block
 from ..plan import LoadPlan, Piece, TensorPlan
 from . import metadata as md
 
@@ -57,21 +57,6 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 _MISTRAL_DEFAULTS = {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
                      "intermediate_size": 14336}
 
-_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.o_proj.bias": "attn_output.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
-}
-_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-_LAYER_RE = re.compile(r"model\.layers\.(\d{1,9})\.(.+)")
-_EXPERT_RE = re.compile(r"mlp\.experts\.(\d{1,9})\.(gate|up|down)_proj\.weight")
 
 
 @dataclass
@@ -166,19 +151,19 @@ def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
         if src not in ("f32", "f16", "bf16"):
             raise _unsupported(f"{name}: dtype {info.dtype} (hf2q convert reads F32 / F16 / BF16 checkpoints here)")
         group = None
-        if name in _GLOBAL:
-            gguf = _GLOBAL[name]
+        if name in GLOBAL_NAMES:
+            gguf = GLOBAL_NAMES[name]
         else:
-            m = _LAYER_RE.fullmatch(name)
-            rest = m.group(2) if m else ""
-            if m and (e := _EXPERT_RE.fullmatch(rest)):
-                experts.setdefault(int(m.group(1)), {}).setdefault(e.group(2), {})[int(e.group(1))] = (name, src, shape)
+            split = split_block(name)
+            rest = split[1] if split else ""
+            if split and (e := expert_of(rest, mixtral=False)):
+                experts.setdefault(split[0], {}).setdefault(e[1], {})[e[0]] = (name, src, shape)
                 continue
-            if not m or rest not in _LAYER:
+            if not split or rest not in LAYER_NAMES:
                 raise _unsupported(f"{ckpt.directory}: tensor {name} has no GGUF name in the {arch} layout "
                                    "(hf2q convert, generic family)")
-            group = int(m.group(1))
-            gguf = f"blk.{group}.{_LAYER[rest]}"
+            group = split[0]
+            gguf = f"blk.{group}.{LAYER_NAMES[rest]}"
         transform = None
         if arch in _PERMUTE and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
             heads = n_head if ".q_proj." in name else n_kv

@@ -56,7 +56,8 @@ class GenericFamily(ModelFamily):
              recipe: str | None = None) -> LoadPlan:
         if recipe is None:
             return plan_generic(ckpt, config, dtype=dtype)
-        from ...recipes import apply_recipe, generic_facts, llama_gguf_name
+        from ...recipes import apply_recipe, generic_facts
+        from .names import llama_gguf_name
 
         # llama-like checkpoints: the converter's --outtype bf16 types, decided by their GGUF names.
         plan = plan_generic(ckpt, config, dtype="bf16")
