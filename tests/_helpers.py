@@ -22,3 +22,16 @@ class InterruptingBar:
 
     def set_postfix_str(self, s: str) -> None:
         pass
+
+
+def why_no_cuda() -> str:
+    """Why ``Device("cuda")`` cannot be opened here ("" when it can): the
+    reason the CUDA tests' skip line prints."""
+    from hf2q.device import Device
+    from hf2q.errors import DeviceError
+
+    try:
+        Device("cuda")
+    except DeviceError as e:
+        return str(e)
+    return ""

@@ -19,16 +19,11 @@ from hf2q._arrays import BF16
 from hf2q.device import Device, FileReadError
 from hf2q.errors import DeviceError, NonFiniteError, ScaleOverflowWarning
 from hf2q.testing import make_dflash_checkpoint, make_qwen35_moe_checkpoint
-
-def _why_no_cuda() -> str:
-    try:
-        Device("cuda")
-    except DeviceError as e:
-        return str(e)
-    return ""
+from _helpers import why_no_cuda
 
 
-_NO_CUDA = _why_no_cuda()
+
+_NO_CUDA = why_no_cuda()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_NO_CUDA), reason=f"no CUDA device: {_NO_CUDA}")]
 
 

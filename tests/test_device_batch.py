@@ -17,17 +17,12 @@ import hf2q
 from hf2q._arrays import BF16
 from hf2q.device import Device, FileReadError
 from hf2q.errors import DeviceError, NonFiniteError, ScaleOverflowWarning
+from _helpers import why_no_cuda
 
 
-def _why_no_cuda() -> str:
-    try:
-        Device("cuda")
-    except DeviceError as e:
-        return str(e)
-    return ""
 
 
-_NO_CUDA = _why_no_cuda()
+_NO_CUDA = why_no_cuda()
 KINDS = ["host", pytest.param("cuda", marks=[pytest.mark.cuda,
                                               pytest.mark.skipif(bool(_NO_CUDA), reason=f"no CUDA device: {_NO_CUDA}")])]
 

@@ -14,20 +14,14 @@ import pytest
 import hf2q
 from hf2q import qwen35
 from hf2q.device import Device
-from hf2q.errors import DeviceError
+from _helpers import why_no_cuda
 
 DATA = Path(__file__).parent / "data" / "fp8"
 
 
-def _why_no_cuda() -> str:
-    try:
-        Device("cuda")
-    except DeviceError as e:
-        return str(e)
-    return ""
 
 
-_NO_CUDA = _why_no_cuda()
+_NO_CUDA = why_no_cuda()
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(bool(_NO_CUDA), reason=f"no CUDA device: {_NO_CUDA}")]
 
 

@@ -21,7 +21,7 @@ import pytest
 
 import hf2q
 from hf2q import formats, ops, reference
-from hf2q.errors import DeviceError
+from _helpers import why_no_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "kquants"
@@ -81,17 +81,11 @@ def test_cuda_kernels_emulated_on_the_cpu(emulator: Path, tmp_path: Path) -> Non
 
 # ------------------------------------------------------------------ on a GPU (marked cuda)
 
-def _why_no_cuda() -> str:
-    try:
-        hf2q.Device("cuda")
-    except DeviceError as e:
-        return str(e)
-    return ""
 
 
 @pytest.fixture(scope="module")
 def gpu() -> hf2q.Device:
-    why = _why_no_cuda()
+    why = why_no_cuda()
     if why:
         pytest.skip(f"no CUDA device: {why}")
     return hf2q.Device._isolated("cuda")
