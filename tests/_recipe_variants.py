@@ -49,6 +49,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gemma4_dense_ple": {"family": "gemma4", "checkpoint": "tests/data/gemma4/gemma4_dense_ple/hf"},
     "gemma4_dense_f32_source": {"family": "gemma4",
                                 "checkpoint": "tests/data/gemma4/gemma4_dense_f32_source/hf"},
+    # FP8 checkpoints (scripts/make_golden_fp8.py): llama-quantize reads the converter's BF16 file,
+    # in which each weight times its scale is rounded to BF16.
+    "qwen35moe_fp8_block128": {"family": "qwen35moe", "checkpoint": "tests/data/fp8/qwen35moe_fp8_block128/hf"},
+    "qwen35moe_fp8_fused": {"family": "qwen35moe", "checkpoint": "tests/data/fp8/qwen35moe_fp8_fused/hf"},
+    "gemma4_moe_fp8_ct_channel": {"family": "gemma4",
+                                  "checkpoint": "tests/data/fp8/gemma4_moe_fp8_ct_channel/hf"},
     "qwen35moe_wide": {"family": "qwen35moe", "generator": "make_qwen35_moe_checkpoint", "config": _QWEN_WIDE,
                        "seed": 11},
     "gemma4_moe_wide": {"family": "gemma4", "generator": "make_gemma4_checkpoint", "config": _GEMMA_WIDE,

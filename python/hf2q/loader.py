@@ -629,7 +629,10 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
     if mx and (piece.rows is not None or piece.select is not None):
         raise ValueError(f"{entry.name}: MXFP4 tensors load whole (no row slices or shard ranges)")
     whole = piece.rows is None and piece.select is None
-    direct = whole and (entry.dtype in ("mxfp4", "f32") if mx else entry.dtype in FP8_OUTPUTS)
+    # An elementwise step (a recipe's rounding to BF16, as llama-quantize reads the
+    # converter's BF16 file) runs on the float32 product: never the direct decode.
+    direct = whole and entry.elementwise is None and (entry.dtype in ("mxfp4", "f32") if mx
+                                                      else entry.dtype in FP8_OUTPUTS)
     if direct and not mx and (_SCALED_ON_DEVICE or not device._native.cpu_visible):
         _scaled_on_device(device, ckpt, entry, piece, buf, check_finite)
         return
@@ -646,7 +649,7 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
         raw = entry.dtype in ("q8_0", "mxfp4")
         device.write(buf, flat, offset=piece.dest_offset, src_dtype=entry.dtype if raw else None, name=entry.name)
         return
-    cast = _caster(entry.dtype)
+    cast = entry.elementwise or _caster(entry.dtype)
     if piece.select is not None:
         flat = arr.reshape(-1)
         for d0, s0, n in piece.select.tolist():
