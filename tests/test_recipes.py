@@ -264,3 +264,14 @@ def test_cli_load_and_inspect_take_recipe(checkpoints, capsys) -> None:
     assert main(["load", path, "--recipe", "q6_k", "--device", "host", "--no-progress", "--json"]) == 0
     capsys.readouterr()
     assert main(["load", path, "--recipe", "q3_k_m", "--device", "host", "--no-progress"]) == 2
+
+
+def test_generic_recipe_refuses_matrices_llama_cpp_cannot_name() -> None:
+    # gpt-oss: a router (mlp.router.weight) and fused experts without a .weight suffix have no
+    # name in the llama-like map; a recipe would guess their types (the router quantized).
+    from hf2q.errors import ConfigError
+
+    ck = Path(__file__).parent / "data" / "fp8" / "gptoss_mxfp4" / "hf"
+    with pytest.raises(ConfigError, match="mlp.experts.down_proj") as ei:
+        hf2q.load(ck, hf2q.Device("host"), recipe="q4_k_m", progress=False)
+    assert ei.value.key == "recipe" and str(ck) in str(ei.value)

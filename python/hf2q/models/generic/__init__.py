@@ -56,12 +56,21 @@ class GenericFamily(ModelFamily):
              recipe: str | None = None) -> LoadPlan:
         if recipe is None:
             return plan_generic(ckpt, config, dtype=dtype)
+        from ...errors import ConfigError
         from ...recipes import apply_recipe, generic_facts
-        from .names import llama_gguf_name
+        from .names import known_gguf_name, llama_gguf_name
 
         # llama-like checkpoints: the converter's --outtype bf16 types, decided by their GGUF names.
         plan = plan_generic(ckpt, config, dtype="bf16")
         names = {e.name: llama_gguf_name(e.name) for e in plan}
+        # A matrix llama.cpp has no name for would get a type by a guess (a router quantized,
+        # fused experts left BF16): refused, naming it. Vectors stay as they are under every recipe.
+        unnamed = sorted(e.name for e in plan if len(e.shape) >= 2 and known_gguf_name(e.name) is None)
+        if unnamed:
+            shown = ", ".join(unnamed[:5]) + (f" and {len(unnamed) - 5} more" if len(unnamed) > 5 else "")
+            raise ConfigError(f"{ckpt.directory}: recipe {recipe!r} decides each tensor's type by its llama.cpp "
+                              f"name, and {len(unnamed)} tensor(s) have none in the generic family's llama-like "
+                              f"map (models/generic/names.py): {shown}", key="recipe")
         return apply_recipe(plan, recipe, generic_facts(names, plan, config.model_type), names)
 
     def model(self, device: Device, plan: LoadPlan, buffers: dict[str, Buffer]) -> GenericModel:

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 
 from .._names import with_additions
 
-__all__ = ["GLOBAL_NAMES", "LAYER_NAMES", "RECIPE_LAYER_NAMES", "split_block", "expert_of", "llama_gguf_name"]
+__all__ = ["GLOBAL_NAMES", "LAYER_NAMES", "RECIPE_LAYER_NAMES", "split_block", "expert_of", "llama_gguf_name",
+           "known_gguf_name"]
 
 #: Whole-model tensors: HF name -> GGUF name.
 GLOBAL_NAMES: Mapping[str, str] = {
@@ -92,3 +93,17 @@ def llama_gguf_name(hf_name: str) -> str:
     if e is not None:
         return f"blk.{b}.ffn_{e[1]}_exps.{e[0]}.weight"
     return f"blk.{b}.{rest}"
+
+
+def known_gguf_name(hf_name: str) -> str | None:
+    """:func:`llama_gguf_name` where the name is one the converter maps (a
+    global tensor, a known layer suffix or an expert); None otherwise."""
+    if hf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[hf_name]
+    split = split_block(hf_name)
+    if split is None:
+        return None
+    b, rest = split
+    if rest in RECIPE_LAYER_NAMES or expert_of(rest) is not None:
+        return llama_gguf_name(hf_name)
+    return None
