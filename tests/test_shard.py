@@ -445,3 +445,32 @@ def test_a_split_numpy_step_runs_whole_then_slices() -> None:
     s = shard_entry(e, Split(1, parts=2), Shard(1, 2))
     assert s is not None and s.transform is not None
     np.testing.assert_array_equal(s.transform([whole]), np.concatenate([(whole * 2)[:, 16:32], (whole * 2)[:, 48:]], 1))
+
+
+@pytest.mark.parametrize("case,dtype,reason", [("gptoss_mxfp4", "keep", "mxfp4"), ("gptoss_mxfp4", "bf16", "mxfp4"),
+                                               ("qwen3_fp8_deepseek", "keep", "fp8 kept with scales")])
+def test_unsliceable_formats_are_a_shard_error_at_plan_time(case: str, dtype: str, reason: str) -> None:
+    # Refused before any buffer is allocated, naming the tensor (a ValueError from the
+    # loader mid-load before; a kept FP8 weight was cut while its scales stayed whole).
+    ck = Path(__file__).parent / "data" / "fp8" / case / "hf"
+    with pytest.raises(ShardError) as ei:
+        hf2q.load(ck, hf2q.Device("host"), dtype=dtype, shard=hf2q.Shard(0, 2), progress=False)
+    assert ei.value.reason == reason and ei.value.tensor
+
+
+def test_fp8_converted_shards_equal_the_whole_load_sliced() -> None:
+    ck = Path(__file__).parent / "data" / "fp8" / "qwen3_fp8_deepseek" / "hf"
+    dev = hf2q.Device("host")
+    whole = hf2q.load(ck, dev, dtype="bf16", progress=False)
+    halves = [hf2q.load(ck, dev, dtype="bf16", shard=hf2q.Shard(r, 2), progress=False) for r in range(2)]
+    split = 0
+    for name, buf in whole.named_buffers():
+        a = np.asarray(buf.to_host()).view(np.uint8).reshape(buf.shape + (-1,))
+        parts = [np.asarray(h[name].to_host()).view(np.uint8).reshape(h[name].shape + (-1,)) for h in halves]
+        if parts[0].shape == a.shape:  # replicated
+            assert all(np.array_equal(p, a) for p in parts), name
+            continue
+        axis = next(i for i, (x, y) in enumerate(zip(parts[0].shape, a.shape)) if x != y)
+        assert np.array_equal(np.concatenate(parts, axis=axis), a), name
+        split += 1
+    assert split > 0

@@ -298,6 +298,22 @@ def shard_entry(entry: TensorPlan, decision: Decision, shard: Shard) -> TensorPl
     return dataclasses.replace(entry, shape=sliced, transform=sliced_step)
 
 
+def _check_splittable(e: TensorPlan, names: set[str]) -> None:
+    """Formats a rank's slice cannot be cut from yet (docs/SHARDING.md):
+    MXFP4 tensors (repacked whole), and FP8 weights kept as FP8 whose block
+    scales are their own tensors (the scale would stay whole while the weight
+    is cut, with nothing recording where the slice starts in its grid)."""
+    if e.dtype == "mxfp4" or any(p.scale is not None and p.scale.scheme == "mxfp4" for p in e.sources):
+        raise ShardError(f"{e.name}: MXFP4 tensors are repacked or decoded whole, so a rank's slice of one "
+                         "cannot be loaded yet (whatever the dtype)", tensor=e.name, reason="mxfp4")
+    if e.dtype in ("f8_e4m3", "f8_e5m2") and any(n.startswith(e.name + "_scale") or
+                                                n.startswith(e.name.removesuffix("weight") + "weight_scale")
+                                                for n in names if n != e.name):
+        raise ShardError(f"{e.name}: an FP8 weight kept as FP8 (dtype 'keep') is not sliced with its block "
+                         "scales; shard FP8 checkpoints with dtype 'bf16', 'f32' or 'q8_0'", tensor=e.name,
+                         reason="fp8 kept with scales")
+
+
 def shard_plan(plan: LoadPlan, shard: Shard, rule: Rule = name_rule) -> LoadPlan:
     """Rank ``shard.rank``'s plan: every entry sliced by ``rule`` (the
     family's), entries of other ranks' experts left out; ``extra["shard"]``
@@ -305,8 +321,11 @@ def shard_plan(plan: LoadPlan, shard: Shard, rule: Rule = name_rule) -> LoadPlan
     experts = expert_counts(plan)
     entries: list[TensorPlan] = []
     splits: dict[str, str] = {}
+    names = {e.name for e in plan}
     for e in plan:
         decision = rule(e, shard.mode, experts)
+        if isinstance(decision, Split) and shard.world > 1:
+            _check_splittable(e, names)
         s = shard_entry(e, decision, shard)
         if isinstance(decision, Split):
             splits[e.name] = f"axis {decision.axis}" + (f" ({decision.parts} parts)" if decision.parts > 1 else "")
