@@ -429,3 +429,21 @@ def test_device_scaled_fp8_op_equals_the_cpu_decoder(monkeypatch) -> None:
     for outtype in ("q8_0", "bf16"):
         test_qwen_fp8_via_device.test_qwen_fp8_equals_converter(dev, "qwen35moe_fp8_block128", outtype)
         test_qwen_fp8_via_device.test_generic_fp8_equals_converter(dev, "qwen3_fp8_deepseek", outtype)
+
+
+def test_fp8_config_without_fmt_takes_either_kind(tmp_path) -> None:
+    # llama.cpp's converter reads no "fmt": an E5M2 checkpoint whose quantization_config
+    # omits it loads as with fmt "e5m2" (it was refused as not E4M3).
+    import shutil
+
+    src = Path(__file__).parent / "data" / "fp8" / "qwen3_fp8_e5m2_tensor" / "hf"
+    ck = tmp_path / "ck"
+    shutil.copytree(src, ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    assert cfg["quantization_config"].pop("fmt") == "e5m2"
+    (ck / "config.json").write_text(json.dumps(cfg))
+    dev = hf2q.Device("host")
+    a = hf2q.load(ck, dev, dtype="bf16", progress=False)
+    b = hf2q.load(src, dev, dtype="bf16", progress=False)
+    for name, buf in b.named_buffers():
+        assert np.array_equal(np.asarray(a[name].to_host()).view(np.uint8), np.asarray(buf.to_host()).view(np.uint8))

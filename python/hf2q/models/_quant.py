@@ -107,14 +107,16 @@ def quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
         raise ConfigError(f"quantization_config.quant_method must be a string, got {method!r}{supported}",
                           key="quantization_config.quant_method")
     if method == "fp8":
-        fmt_name = q.get("fmt", "e4m3")
-        if not isinstance(fmt_name, str) or fmt_name not in _FMT:
+        # No "fmt": either FP8 kind, each weight by its header dtype (the converter reads no "fmt").
+        fmt_name = q.get("fmt")
+        if "fmt" in q and (not isinstance(fmt_name, str) or fmt_name not in _FMT):
             raise ConfigError(f"quantization_config.fmt {fmt_name!r} is not an FP8 format hf2q reads "
                               f"(e4m3, e5m2){supported}", key="quantization_config.fmt")
         bs = q.get("weight_block_size")
         block = None if bs is None else _block(bs, "weight_block_size")
         ignore = q.get("modules_to_not_convert") or ()
-        return QuantScheme("fp8", "block" if block else "auto", block, _FMT[fmt_name], "_scale_inv",
+        return QuantScheme("fp8", "block" if block else "auto", block, None if fmt_name is None else _FMT[fmt_name],
+                           "_scale_inv",
                            (".activation_scale", "_activation_scale"),
                            tuple(x for x in ignore if isinstance(x, str)) if isinstance(ignore, list) else ())
     if method == "mxfp4":
@@ -286,8 +288,8 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
                           (bad_shape, ShapeMismatchError)):
         if problems:
             lines = "\n".join(f"  {p}" for p in problems)
-            raise cls(f"{getattr(ckpt, 'directory', '')}: {len(problems)} FP8 weight/scale problem(s):\n{lines}",
-                      problems)
+            where = getattr(ckpt, "directory", None) or "checkpoint"
+            raise cls(f"{where}: {len(problems)} FP8 weight/scale problem(s):\n{lines}", problems)
     return ScaledTensors(scheme, scales, frozenset(consumed), frozenset(dropped))
 
 
@@ -332,7 +334,8 @@ def _mxfp4_tensors(ckpt: Any, scheme: QuantScheme, names: list[str], rule: str) 
                           (bad_shape, ShapeMismatchError)):
         if problems:
             lines = "\n".join(f"  {p}" for p in problems)
-            raise cls(f"{getattr(ckpt, 'directory', '')}: {len(problems)} MXFP4 blocks/scales problem(s):\n{lines}",
+            raise cls(f"{getattr(ckpt, 'directory', None) or 'checkpoint'}: {len(problems)} MXFP4 blocks/scales "
+                      f"problem(s):\n{lines}",
                       problems)
     return ScaledTensors(scheme, scales, frozenset(consumed), frozenset())
 

@@ -304,8 +304,9 @@ class _Headers:
         def __init__(self, dtype: str, shape: tuple[int, ...]) -> None:
             self.dtype, self.shape = dtype, shape
 
-    def __init__(self, entries: list[tuple[str, str, tuple[int, ...]]]) -> None:
+    def __init__(self, entries: list[tuple[str, str, tuple[int, ...]]], directory: Any = None) -> None:
         self._d = {n: self._Info(dt, sh) for n, dt, sh in entries}
+        self.directory = directory  # named in the pairing's errors
 
     def keys(self) -> list[str]:
         return list(self._d)
@@ -426,7 +427,7 @@ def plan_qwen35_moe(
     # FP8 checkpoints (docs/FP8.md): each FP8 weight decodes with its scale,
     # as the converter's dequant step does before any transform; the scale
     # and activation-scale tensors are not tensors of the model.
-    scaled = scaled_tensors(_Headers(entries), cfg.quantization)
+    scaled = scaled_tensors(_Headers(entries, getattr(tensors, "directory", None)), cfg.quantization)
     if scaled.scheme is not None:
         entries = [e for e in entries if e[0] not in scaled.consumed and e[0] not in scaled.dropped]
 
