@@ -312,7 +312,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         arch, planner, kv_writer, takes = _FAMILIES[fam.name]
     unknown = sorted(set(options) - set(takes))
     if unknown:
-        raise TypeError(f"the {fam.name} family takes no option(s) {', '.join(unknown)}; it takes {', '.join(takes)}")
+        hint = " (hf2q.load takes a recipe for it; the GGUF writer of the generic family does not yet)" \
+            if "recipe" in unknown and fam.name == "generic" else ""
+        raise TypeError(f"hf2q convert: the {fam.name} family takes no option(s) {', '.join(unknown)}{hint}; "
+                        f"it takes {', '.join(takes) if takes else 'none'}")
     assert config is not None  # every supported family needs one (detect() said so)
     default_name = src if isinstance(src, str) and not os.path.exists(src) else src_path.name
     device = Device._isolated("host")
