@@ -851,7 +851,15 @@ __device__ __forceinline__ float scaled_value(const u8* __restrict__ w, const fl
   const u64 lead = row_all / g.rows, r = row_all - lead * g.rows;
   const float s = scale[(lead * g.srows + r / g.br) * g.scols + c / g.bc];
   const float x = __uint_as_float(kFmt == 0 ? f8_e4m3_bits(w[i]) : f8_e5m2_bits(w[i]));
-  return __fmul_rn(x, s);
+  const float p = __fmul_rn(x, s);
+  if (p == p) return p;
+  // A NaN product with the CPUs' bits (fp8.cpp multiplies on x86 / ARM): the
+  // first NaN operand, quieted; a NaN made by the multiply itself (0 x Inf) is
+  // x86's default NaN. The GPU would give its canonical 0x7FFFFFFF.
+  const u32 xb = __float_as_uint(x), sb = __float_as_uint(s);
+  if ((xb & 0x7FFFFFFFu) > 0x7F800000u) return __uint_as_float(xb | 0x00400000u);
+  if ((sb & 0x7FFFFFFFu) > 0x7F800000u) return __uint_as_float(sb | 0x00400000u);
+  return __uint_as_float(0xFFC00000u);
 }
 
 // float32 -> bfloat16, round to nearest even; NaN quiet with its sign and top payload (fp8.cpp's f32_to_bf16_rne).
