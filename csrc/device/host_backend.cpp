@@ -101,6 +101,7 @@ class HostBackend final : public Backend {
     info_.page_size = page > 0 ? static_cast<std::size_t>(page) : 4096;
     info_.unified_memory = true;
     info_.max_sets = 1;
+    info_.wire_at_register = true;  // mlock populates before the loader writes (docs/RESIDENCY.md)
   }
 
   const BackendInfo& info() const override { return info_; }
