@@ -137,6 +137,16 @@ class Backend {
   // Throws DeviceError.
   virtual void* allocate(std::size_t len, void** handle) = 0;
   virtual void release(void* handle, void* ptr, std::size_t len) noexcept = 0;
+  // Keep up to `bytes` of released memory for later allocations (a
+  // converter's short-lived buffers, freed and made again every batch), and
+  // populate fresh allocations before anyone writes them. Memory handed out
+  // again is zero-filled like fresh memory. Mapped memory (handed out plus
+  // kept) stays within `bytes` where the buffers in use allow. Returns
+  // whether the backend does it (default: no, nothing changes).
+  virtual bool set_reuse(std::size_t bytes) {
+    (void)bytes;
+    return false;
+  }
 
   // Residency sets. create returns false when sets are unavailable (the
   // device then runs without residency; not an error). Default: one logical

@@ -498,6 +498,16 @@ void Device::commit_locked() {
   pending_ = 0;
 }
 
+bool Device::use_as_scratch(std::size_t reuse_bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!members_.empty() || scratch_) {
+    throw DeviceError("use_as_scratch: the " + info().kind + " device has buffers already, or is scratch already");
+  }
+  scratch_ = true;
+  residency_enabled_ = false;
+  return backend_->set_reuse(reuse_bytes);
+}
+
 void Device::commit() {
   std::lock_guard<std::mutex> lk(mu_);
   commit_locked();

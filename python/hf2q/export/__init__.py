@@ -343,6 +343,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         total = len(head) + data
         largest = max((e.nbytes for e in entries), default=0)
         budget = MEMORY_BUDGET + largest
+        # Buffers live for one batch: not pinned, and their memory is kept
+        # for the next batches (within the budget) instead of being unmapped
+        # and faulted in fresh every batch (docs/RESIDENCY.md, "Scratch").
+        device._native.use_as_scratch(budget)
 
         # No space: fail now, not after minutes of work. (statvfs, not
         # posix_fallocate: where a file system has no fallocate, glibc
