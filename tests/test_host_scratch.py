@@ -62,3 +62,35 @@ def test_scratch_only_before_the_first_buffer() -> None:
     dev2 = _scratch(1 << 20)
     with pytest.raises(hf2q.DeviceError, match="scratch already"):
         dev2._native.use_as_scratch(1 << 20)
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "f16", "bf16"])
+def test_convert_in_parts_writes_the_same_file(tmp_path, monkeypatch, outtype) -> None:
+    """hf2q convert reads an expert stack of per-expert tensors in parts of
+    whole experts (export._parts) when it is larger than a batch: the file is
+    the one a whole-stack conversion writes, and the parts were used."""
+    from pathlib import Path
+
+    from hf2q import export
+
+    qwen = Path(__file__).parent / "data" / "golden" / "qwen35moe_causal_lm" / "hf"
+    ref = tmp_path / "ref.gguf"
+    monkeypatch.setattr(export, "_parts", lambda entry, part_bytes: [entry])
+    hf2q.convert(qwen, ref, outtype)
+    monkeypatch.undo()
+    split: list[int] = []
+    real = export._parts
+
+    def spy(entry, part_bytes):
+        out = real(entry, part_bytes)
+        if len(out) > 1:
+            split.append(len(out))
+            assert sum(p.nbytes for p in out) == entry.nbytes
+        return out
+
+    monkeypatch.setattr(export, "_parts", spy)
+    monkeypatch.setattr(export, "BATCH_BYTES", 2048)
+    out = tmp_path / "parts.gguf"
+    hf2q.convert(qwen, out, outtype)
+    assert split, "no stack was split"
+    assert out.read_bytes() == ref.read_bytes()
