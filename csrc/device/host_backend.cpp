@@ -256,9 +256,27 @@ class HostBackend final : public Backend {
   // the defaults for CPU-visible memory.
 
   bool wire(void*, void* ptr, std::size_t len) override {
+    auto* p = static_cast<std::uint8_t*>(ptr);
+#if defined(__linux__) && defined(MLOCK_ONFAULT)
+    // Lock on fault (one call: it only marks the range, and its limit check
+    // is mlock's), then populate over the pool: the pages are locked as they
+    // are faulted in. Populating fresh memory (the kernel zeroes and maps
+    // every page) is CPU work, and MADV_POPULATE_WRITE runs in parallel,
+    // while concurrent mlock calls on one process serialize in the kernel:
+    // 3.39 GB in 0.81-0.83 s against 1.1-1.2 s on 2 threads, the same CPU
+    // time (docs/RESIDENCY.md).
+    if (::mlock2(p, len, MLOCK_ONFAULT) == 0) {
+      prefault(p, len);
+      return true;
+    }
+    if (errno != ENOSYS && errno != EINVAL) {  // refused (the limit); ENOSYS/EINVAL: no mlock2, mlock below
+      note_refusal(errno ? errno : EPERM);
+      prefault(p, len);
+      return false;
+    }
+#endif
     // mlock faults the pages in; split over the pool, since populating fresh
     // memory (the kernel zeroes every page) is CPU work, not I/O.
-    auto* p = static_cast<std::uint8_t*>(ptr);
     std::atomic<int> failure{0};
     parallel_for(len, kWireChunk, [&](std::size_t b, std::size_t e) {
       if (failure.load() == 0 && ::mlock(p + b, e - b) != 0) failure.store(errno ? errno : EPERM);
