@@ -21,7 +21,9 @@ starts, page cache warmed once), interleaved, ``--repeat`` rounds:
         hf2q.transformers.from_pretrained(dir, "cuda", dtype="bf16")
         AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map="cuda")
 Reported: seconds to a ready model (median and best; for hf2q also the part
-spent executing the load plan, file bytes into buffers), peak RSS growth over
+spent executing the load plan, file bytes into buffers), the CPU seconds the
+process spent over the same span (user and kernel, all threads, median: on a
+shared machine these move less than the wall time does), peak RSS growth over
 the process's RSS before the load (VmHWM), and on the GPU the device memory
 in use after the load (cudaMemGetInfo: hf2q's buffers are not torch's
 allocator's) and torch's peak allocation.
@@ -57,7 +59,9 @@ hf2q.transformers._internals()
 if cuda:
     torch.cuda.init()
     free0, total = torch.cuda.mem_get_info()
+import os
 before = hwm()
+c0 = os.times()
 t0 = time.perf_counter()
 if which == "hf2q":
     m = hf2q.transformers.from_pretrained(path, device, dtype="bf16")
@@ -70,9 +74,10 @@ else:
 if cuda:
     torch.cuda.synchronize()
 t = time.perf_counter() - t0
+c1 = os.times()
 nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
 out = {"seconds": t, "rss_before": before, "rss_peak": hwm(), "param_bytes": nbytes, "resident": resident,
-       "load_s": load_s}
+       "load_s": load_s, "user_s": c1.user - c0.user, "sys_s": c1.system - c0.system}
 if cuda:
     free1, _ = torch.cuda.mem_get_info()
     out["gpu_used"] = free0 - free1
@@ -114,7 +119,9 @@ def run(d: Path, device: str, repeat: int) -> list[dict]:
         row = {"device": device, "case": which, "median_s": statistics.median(secs), "best_s": min(secs),
                "param_MiB": last["param_bytes"] / 2**20,
                "rss_growth_MiB": max(r["rss_peak"] - r["rss_before"] for r in runs) / 2**20,
-               "of_which_read_s": statistics.median(r["load_s"] for r in runs) if which == "hf2q" else None}
+               "of_which_read_s": statistics.median(r["load_s"] for r in runs) if which == "hf2q" else None,
+               "user_s": statistics.median(r["user_s"] for r in runs),
+               "sys_s": statistics.median(r["sys_s"] for r in runs)}
         if device == "cuda":
             row["gpu_used_MiB"] = max(r["gpu_used"] for r in runs) / 2**20
             row["torch_peak_MiB"] = max(r["torch_peak"] for r in runs) / 2**20
@@ -144,8 +151,8 @@ def main() -> None:
     if a.json:
         dump_json(rows)
     else:
-        cols = ["device", "case", "median_s", "best_s", "of_which_read_s", "speedup_median", "param_MiB",
-                "rss_growth_MiB"]
+        cols = ["device", "case", "median_s", "best_s", "of_which_read_s", "speedup_median", "user_s", "sys_s",
+                "param_MiB", "rss_growth_MiB"]
         if a.cuda:
             cols += ["gpu_used_MiB", "torch_peak_MiB"]
         print_table(f"hand-off, {d}", rows, cols)

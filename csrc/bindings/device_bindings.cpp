@@ -157,6 +157,7 @@ void bind_device(nb::module_& m) {
       .def_prop_ro("working_set_bytes", [](const Device& d) { return d.info().working_set_bytes; })
       .def_prop_ro("wired_budget_bytes", [](const Device& d) { return d.info().wired_budget_bytes; })
       .def_prop_ro("residency_enabled", &Device::residency_enabled)
+      .def("use_as_scratch", &Device::use_as_scratch, "reuse_bytes"_a)
       .def_prop_ro("cpu_visible", [](const Device& d) { return d.info().cpu_visible; })
       .def_prop_ro("index", [](const Device& d) { return d.info().device_index; })
       .def(

@@ -437,9 +437,25 @@ bool Device::register_buffer(BufferImpl& buf) {
   s.bytes += m.len;
   s.count += 1;
   s.dirty = true;
-  // Pinning (host: mlock) waits for the commit: a loader writes the buffer
-  // first, so its pages are faulted in once by the write itself (zeroed and
-  // filled while in cache) rather than prefaulted in a separate pass.
+  // Host (wire_at_register): pinned now, before the loader writes it: mlock
+  // populates fresh memory in one get_user_pages pass, which costs far less
+  // system time than the page faults the loader's pread would otherwise take
+  // from inside its copy (docs/RESIDENCY.md). Elsewhere pinning waits for
+  // the commit (Metal: a set is staged, then committed once per load step).
+  if (!ended_ && info().wire_at_register) {
+    members_.emplace(&buf, m);
+    wired_bytes_ += m.len;
+    auto& mm = members_.find(&buf)->second;
+    try {
+      mm.locked = backend_->wire(buf.handle(), buf.data(), m.len);
+    } catch (...) {
+      // Not pinned (a failed allocation of the pool's work): pinned at the
+      // next commit like on any other backend.
+      mm.wire_pending = true;
+      to_wire_.push_back(&buf);
+    }
+    return true;
+  }
   if (!ended_) {
     m.wire_pending = true;
     to_wire_.push_back(&buf);
@@ -480,6 +496,16 @@ void Device::commit_locked() {
     }
   }
   pending_ = 0;
+}
+
+bool Device::use_as_scratch(std::size_t reuse_bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!members_.empty() || scratch_) {
+    throw DeviceError("use_as_scratch: the " + info().kind + " device has buffers already, or is scratch already");
+  }
+  scratch_ = true;
+  residency_enabled_ = false;
+  return backend_->set_reuse(reuse_bytes);
 }
 
 void Device::commit() {

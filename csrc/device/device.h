@@ -91,6 +91,12 @@ class Device : public std::enable_shared_from_this<Device> {
 
   const BackendInfo& info() const { return backend_->info(); }
   bool residency_enabled() const { return residency_enabled_; }
+  // A scratch device (hf2q convert): no residency (buffers live for one
+  // batch; pinning them would be pure cost) and up to `reuse_bytes` of freed
+  // memory kept for the next allocations (Backend::set_reuse). Only before
+  // the first buffer is made (DeviceError otherwise). Returns whether the
+  // backend reuses memory.
+  bool use_as_scratch(std::size_t reuse_bytes);
 
   // Zero-filled buffer of `shape` and `dtype`, registered for residency
   // unless residency is disabled. Throws std::invalid_argument for bad
@@ -213,6 +219,7 @@ class Device : public std::enable_shared_from_this<Device> {
 
   std::unique_ptr<Backend> backend_;
   bool residency_enabled_;
+  bool scratch_ = false;  // use_as_scratch was called
   std::mutex mu_;
   std::unordered_map<const BufferImpl*, Member> members_;
   std::vector<SetState> sets_;

@@ -41,7 +41,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 #: ``--outtype`` values (llama.cpp's converter's names).
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 #: Converted bytes held in host memory at once, besides one tensor larger
-#: than :data:`BATCH_BYTES` (the batch being read plus the one being written).
+#: than :data:`BATCH_BYTES` (the batch being read plus the one being written;
+#: a stack of per-expert tensors is read and written in parts of whole
+#: experts of at most BATCH_BYTES, so it is no such tensor).
 MEMORY_BUDGET = 192 << 20
 #: Output bytes per batch (a larger tensor is a batch of its own).
 BATCH_BYTES = 64 << 20
@@ -250,6 +252,40 @@ def _batches(entries: list[TensorPlan]) -> list[list[TensorPlan]]:
     return out
 
 
+def _parts(entry: TensorPlan, part_bytes: int) -> list[TensorPlan]:
+    """A streamed stack larger than ``part_bytes`` (an expert stack of
+    per-expert tensors) as consecutive runs of whole leading entries, each
+    read into its own buffer: their bytes back to back are the tensor's.
+    The writer writes one while the next is read, and frees each when
+    written: a 570 MB stack no longer holds the whole memory budget while it
+    is written (the read of the next tensor waited for it). Only where every
+    piece lies within one run; anything else stays whole."""
+    import dataclasses
+
+    if (entry.nbytes <= part_bytes or len(entry.shape) < 2 or entry.shape[0] < 2 or not entry.streamed
+            or any(p.select is not None or p.rows is not None for p in entry.sources)):
+        return [entry]
+    lead = entry.shape[0]
+    per = formats.numel(entry.shape[1:])  # elements of one leading entry
+    row_bytes = formats.nbytes(entry.shape[1:], entry.dtype)
+    # Whole blocks, and no padding between the parts (the writer pads each buffer to ALIGNMENT).
+    if per == 0 or per % formats.get(entry.dtype).block_elems or row_bytes % ALIGNMENT:
+        return [entry]
+    k = max(1, min(lead, part_bytes // row_bytes))
+    bounds = list(range(0, lead, k)) + [lead]
+    runs: list[list[Any]] = [[] for _ in bounds[:-1]]
+    for p in entry.sources:
+        i = min(p.dest_offset // per // k, len(runs) - 1)
+        a, b = bounds[i] * per, bounds[i + 1] * per
+        if not (a <= p.dest_offset and p.dest_offset + p.numel <= b):
+            return [entry]
+        runs[i].append(dataclasses.replace(p, dest_offset=p.dest_offset - a))
+    if any(sum(p.numel for p in r) != (b - a) * per for r, a, b in zip(runs, bounds, bounds[1:])):
+        return [entry]  # a run not covered exactly once (its buffer would keep zeros): whole
+    return [dataclasses.replace(entry, shape=(b - a,) + tuple(entry.shape[1:]), sources=tuple(r))
+            for r, a, b in zip(runs, bounds, bounds[1:])]
+
+
 class _Held:
     """The loader's model container for one batch: the buffers, nothing else."""
 
@@ -344,8 +380,15 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             raise ConvertError(f"{out_path}: {e}", path=out_path) from None
         data = sum(padded(t.nbytes, ALIGNMENT) for t in infos)
         total = len(head) + data
-        largest = max((e.nbytes for e in entries), default=0)
+        # Batches as executed: a stack over BATCH_BYTES in parts of whole leading entries (_parts).
+        units = [u for whole in _batches(entries)
+                 for u in ([[p] for p in _parts(whole[0], BATCH_BYTES)] if len(whole) == 1 else [whole])]
+        largest = max((e.nbytes for u in units for e in u), default=0)
         budget = MEMORY_BUDGET + largest
+        # Buffers live for one batch: not pinned, and their memory is kept
+        # for the next batches (within the budget) instead of being unmapped
+        # and faulted in fresh every batch (docs/RESIDENCY.md, "Scratch").
+        device._native.use_as_scratch(budget)
 
         # No space: fail now, not after minutes of work. (statvfs, not
         # posix_fallocate: where a file system has no fallocate, glibc
@@ -371,7 +414,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             writer._write_all([memoryview(head)])
             bar.update(len(head))
             writer.start()
-            for batch in _batches(entries):
+            for batch in units:
                 nbytes = sum(e.nbytes for e in batch)
                 writer.reserve(nbytes, budget)
                 if writer.error is not None:
