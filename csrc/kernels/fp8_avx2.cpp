@@ -42,12 +42,24 @@ inline bool special16(__m128i raw) {
   return _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_and_si128(raw, m), m)) != 0;
 }
 
+// The scalar expression for a chunk the fast path does not take (kept out of
+// line so that the fast path stays compact). Returns the index of the first
+// NaN/Inf product, or -1.
+__attribute__((noinline, cold)) int slow16(const std::uint8_t* p, float s, const float* table, float* y) {
+  int bad = -1;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = fp8_product(table[p[j]], s);
+    if (bad < 0 && is_nonfinite_bits(f32_bits(y[j]))) bad = j;
+  }
+  return bad;
+}
+
 // Products of 16 elements. Returns -1 when all are finite, else the index of
 // the first NaN/Inf product (the products are still the scalar path's).
 template <bool E5>
 inline int products16(const std::uint8_t* p, float s, const float* table, __m256& lo, __m256& hi) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if (safe_scale(s) && !special16<E5>(raw)) {
+  if (__builtin_expect(safe_scale(s) && !special16<E5>(raw), 1)) {
     __m256i h;
     if (E5) {
       h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 8);
@@ -61,14 +73,41 @@ inline int products16(const std::uint8_t* p, float s, const float* table, __m256
     return -1;
   }
   alignas(32) float y[16];
-  int bad = -1;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = fp8_product(table[p[j]], s);
-    if (bad < 0 && is_nonfinite_bits(f32_bits(y[j]))) bad = j;
-  }
+  const int bad = slow16(p, s, table, y);
   lo = _mm256_load_ps(y);
   hi = _mm256_load_ps(y + 8);
   return bad;
+}
+
+template <bool E5>
+inline __m256i widen_half(__m128i raw) {
+  if (E5) return _mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 8);
+  return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+}
+
+// The 32 products of one Q8_0 block (chunks k and k + 1). Returns -1 when all
+// are finite, else the index of the first NaN/Inf product.
+template <bool E5>
+inline int products32(const std::uint8_t* p, const float* cs, const float* table, __m256 v[4]) {
+  const float s0 = cs[0], s1 = cs[1];
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i m = _mm256_set1_epi8(static_cast<char>(E5 ? 0x7C : 0x7F));
+  const bool special = _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(raw, m), m)) != 0;
+  if (__builtin_expect(safe_scale(s0) && safe_scale(s1) && !special, 1)) {
+    const __m256i h0 = widen_half<E5>(_mm256_castsi256_si128(raw));
+    const __m256i h1 = widen_half<E5>(_mm256_extracti128_si256(raw, 1));
+    const __m256 vs0 = _mm256_set1_ps(E5 ? s0 : s0 * 256.0f);
+    const __m256 vs1 = _mm256_set1_ps(E5 ? s1 : s1 * 256.0f);
+    v[0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h0)), vs0);
+    v[1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h0, 1)), vs0);
+    v[2] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h1)), vs1);
+    v[3] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h1, 1)), vs1);
+    return -1;
+  }
+  const int e0 = products16<E5>(p, s0, table, v[0], v[1]);
+  if (e0 >= 0) return e0;
+  const int e1 = products16<E5>(p + 16, s1, table, v[2], v[3]);
+  return e1 >= 0 ? 16 + e1 : -1;
 }
 
 // float32 -> bfloat16 round to nearest even of 8 finite values (Inf too).
@@ -190,18 +229,16 @@ std::size_t row_q8_0(const std::uint8_t* w, const float* cs, std::size_t cols, c
         continue;
       }
       const std::size_t c = (b0 + k) * kQ8BlockElems;
-      __m256 v0, v1, v2, v3;
-      const int e0 = products16<E5>(w + c, cs[c / 16], table, v0, v1);
-      if (e0 >= 0) return c + static_cast<std::size_t>(e0);
-      const int e1 = products16<E5>(w + c + 16, cs[c / 16 + 1], table, v2, v3);
-      if (e1 >= 0) return c + 16 + static_cast<std::size_t>(e1);
+      __m256 v[4];
+      const int e = products32<E5>(w + c, cs + c / 16, table, v);
+      if (e >= 0) return c + static_cast<std::size_t>(e);
       float* y = buf + k * kQ8BlockElems;
-      _mm256_store_ps(y, v0);
-      _mm256_store_ps(y + 8, v1);
-      _mm256_store_ps(y + 16, v2);
-      _mm256_store_ps(y + 24, v3);
-      m[k] = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign_mask, v0), _mm256_andnot_ps(sign_mask, v1)),
-                           _mm256_max_ps(_mm256_andnot_ps(sign_mask, v2), _mm256_andnot_ps(sign_mask, v3)));
+      _mm256_store_ps(y, v[0]);
+      _mm256_store_ps(y + 8, v[1]);
+      _mm256_store_ps(y + 16, v[2]);
+      _mm256_store_ps(y + 24, v[3]);
+      m[k] = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign_mask, v[0]), _mm256_andnot_ps(sign_mask, v[1])),
+                           _mm256_max_ps(_mm256_andnot_ps(sign_mask, v[2]), _mm256_andnot_ps(sign_mask, v[3])));
     }
     const __m256 amax = hmax8(m);
     const __m256 d = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
@@ -210,12 +247,19 @@ std::size_t row_q8_0(const std::uint8_t* w, const float* cs, std::size_t cols, c
     alignas(32) float ids[8];
     alignas(16) std::uint16_t d16[8];
     _mm256_store_ps(ids, id);
-    _mm_store_si128(reinterpret_cast<__m128i*>(d16), _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m128i h = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_store_si128(reinterpret_cast<__m128i*>(d16), h);
+    // Blocks (of the n) whose scale is +Inf in float16, and whose 1/d overflowed.
+    const unsigned live = (1u << n) - 1u;
+    const unsigned inf_d = static_cast<unsigned>(_mm_movemask_epi8(_mm_packs_epi16(
+                               _mm_cmpeq_epi16(h, _mm_set1_epi16(0x7C00)), _mm_setzero_si128()))) & live;
+    const unsigned inf_id = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(
+                                _mm256_andnot_ps(sign_mask, id), _mm256_set1_ps(INFINITY), _CMP_EQ_OQ))) & live;
+    *inf_scales += static_cast<std::size_t>(__builtin_popcount(inf_d));
     for (std::size_t k = 0; k < n; ++k) {
       std::uint8_t* out = dst + (b0 + k) * kQ8BlockBytes;
       store_le16(out, d16[k]);
-      *inf_scales += d16[k] == 0x7C00u ? 1 : 0;
-      if (is_inf(ids[k])) {  // 1/d overflowed: the reference stores zeros
+      if (__builtin_expect((inf_id >> k) & 1u, 0)) {  // 1/d overflowed: the reference stores zeros
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_setzero_si256());
         continue;
       }
