@@ -13,19 +13,37 @@ the best of 3.
 
 ``--load DIR``: a Qwen3.6-35B-A3B-shaped FP8 checkpoint (the published
 per-layer shapes, per-expert experts, 128x128 BF16 scales, as Qwen's -FP8
-repos; ``--layers`` of the real 40, ``--vocab`` rows) is written into DIR
-(kept for later runs) by hf2q.testing, and loaded with qwen35.load (experts
--> Q8_0, dense -> BF16) on ``--device``: FP8 checkpoint bytes read per second,
-best of 3 after a warm-up, beside pinned host-to-device copies (torch) on a
-GPU. Issue target (GPU): >= 0.8x the pinned H2D line rate of the FP8 bytes
-read.
+repos; ``--layers`` of the real 40, ``--vocab`` rows, ``--experts`` of 256)
+is written into DIR (kept for later runs: config.json is written last), and
+loaded with qwen35.load (experts -> Q8_0, dense -> BF16) on ``--device``:
+FP8 checkpoint bytes read per second, best of 3 after a warm-up, beside
+pinned host-to-device copies (torch) on a GPU. Issue target (GPU): >= 0.8x
+the pinned H2D line rate of the FP8 bytes read.
+
+The checkpoint's layout (names, shapes, which tensors are FP8, the
+quantization_config) is hf2q.testing's (checkpoint_tensor_specs and
+keeps_bf16, as make_qwen35_moe_checkpoint(fp8_block=(128, 128)) writes
+it); its values are tiled from three random pools, one per kind of tensor,
+written by ``--threads`` threads with pwrite in 64 MiB pieces (as
+benchmarks/bench_fullscale.py does): FP8 weights from E4M3 bytes of
+normal values (no NaN encoding), their BF16 scales from [1e-4, 3e-4), other
+tensors from BF16 bits of normal(0, 0.02) (read as F32: two BF16 words,
+finite). The 40-layer checkpoint is 35.7 GB: 2 layers (1.7 GB) took 1.9 s on 2
+cores here, so about a minute is expected on 16 (not measured); hf2q.testing's
+generator, one value at a time from each tensor's own
+seed, takes minutes per layer.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -36,12 +54,127 @@ from _common import best_of, dump_json, print_table  # noqa: E402
 from hf2q import formats, ops  # noqa: E402
 
 
-def load_case(args: argparse.Namespace) -> int:
-    import time
+MiB = 1 << 20
+POOL_BYTES = 16 * MiB  # each pool: a multiple of every element size
+WRITE_CHUNK = 64 * MiB
+SHARD_BYTES = 5 * 10**9  # the Hub's default max_shard_size
+BLOCK = (128, 128)
+ITEMSIZE = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}
 
+
+def fp8_specs(text: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...], str]]:
+    """name -> (dtype, shape, pool) of the FP8 checkpoint, as
+    make_qwen35_moe_checkpoint(fp8_block=BLOCK, mtp=False) lays it out."""
+    from hf2q.testing.fp8_checkpoint import keeps_bf16
+    from hf2q.testing.qwen35_checkpoint import checkpoint_tensor_specs
+
+    out: dict[str, tuple[str, tuple[int, ...], str]] = {}
+    for name, (dt, shape) in checkpoint_tensor_specs(text, fused_gate_up=False, multimodal=False, mtp=False).items():
+        if dt != "BF16" or keeps_bf16(name, shape):
+            out[name] = (dt, shape, "bf16")
+            continue
+        rows, cols = shape
+        out[name] = ("F8_E4M3", shape, "fp8")
+        out[name + "_scale_inv"] = ("BF16", (-(-rows // BLOCK[0]), -(-cols // BLOCK[1])), "scale")
+    return out
+
+
+def _pools() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(21)
+    x = np.clip(rng.standard_normal(POOL_BYTES, dtype=np.float32) * np.float32(120), -448, 448)
+    fp8 = x.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)  # never 0x7F / 0xFF (NaN)
+    s = (rng.random(MiB // 2, dtype=np.float32) * np.float32(2e-4) + np.float32(1e-4)).astype(ml_dtypes.bfloat16)
+    f = rng.standard_normal(POOL_BYTES // 2, dtype=np.float32) * np.float32(0.02)
+    bf16 = (f.view(np.uint32) >> 16).astype(np.uint16)  # truncation: finite, small
+    return {"fp8": fp8, "scale": s.view(np.uint8), "bf16": bf16.view(np.uint8)}
+
+
+def write_fp8_checkpoint(d: Path, text: dict[str, Any], threads: int) -> float:
+    """Write the FP8 checkpoint into ``d`` (shards, index, config.json last);
+    returns seconds."""
+    from hf2q.testing.qwen35_checkpoint import qwen35_config_dict
+
+    t0 = time.perf_counter()
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").unlink(missing_ok=True)
+    for old in d.glob("*.safetensors"):
+        old.unlink()
+    specs = fp8_specs(text)
+
+    def natural(name: str) -> tuple[Any, ...]:
+        return tuple((0, int(p)) if p.isdigit() else (1, p) for p in name.split("."))
+
+    def nbytes(name: str) -> int:
+        dt, shape, _ = specs[name]
+        return ITEMSIZE[dt] * int(np.prod(shape, dtype=np.int64))
+
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name in sorted(specs, key=natural):
+        if shards[-1] and size + nbytes(name) > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes(name)
+    n = len(shards)
+    fnames = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    pools = _pools()
+    jobs: list[tuple[int, int, int, np.ndarray]] = []  # (fd, file offset, bytes, pool)
+    fds: list[int] = []
+    weight_map: dict[str, str] = {}
+    total = 0
+    try:
+        for fname, members in zip(fnames, shards):
+            # Layout as the reference writer: by descending dtype size, then name.
+            order = sorted(members, key=lambda k: (-ITEMSIZE[specs[k][0]], k))
+            header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+            off = 0
+            placed = []
+            for k in order:
+                dt, shape, pool = specs[k]
+                header[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + nbytes(k)]}
+                placed.append((off, nbytes(k), pools[pool]))
+                off += nbytes(k)
+                weight_map[k] = fname
+            hb = json.dumps(header, separators=(",", ":")).encode()
+            hb += b" " * (-len(hb) % 8)
+            fd = os.open(d / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fds.append(fd)
+            os.pwrite(fd, len(hb).to_bytes(8, "little") + hb, 0)
+            base = 8 + len(hb)
+            os.ftruncate(fd, base + off)
+            for at, nb, pool in placed:
+                for o in range(0, nb, WRITE_CHUNK):
+                    jobs.append((fd, base + at + o, min(WRITE_CHUNK, nb - o), pool))
+            total += off
+
+        def write(job: tuple[int, int, int, np.ndarray]) -> None:
+            fd, at, nb, pool = job
+            view = memoryview(pool)
+            done = 0
+            while done < nb:
+                start = done % pool.nbytes
+                k = min(nb - done, pool.nbytes - start)
+                done += os.pwrite(fd, view[start:start + k], at + done)
+
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
+            list(ex.map(write, jobs))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    cfg = qwen35_config_dict(text)
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": list(BLOCK)}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")  # last: a finished checkpoint
+    return time.perf_counter() - t0
+
+
+def load_case(args: argparse.Namespace) -> int:
     import hf2q
     from hf2q import qwen35
-    from hf2q.testing.qwen35_checkpoint import QWEN36_35B_A3B_TEXT_CONFIG, make_qwen35_moe_checkpoint
+    from hf2q.testing.qwen35_checkpoint import QWEN36_35B_A3B_TEXT_CONFIG
 
     d = Path(args.load)
     text = dict(QWEN36_35B_A3B_TEXT_CONFIG, mtp_num_hidden_layers=0)
@@ -50,11 +183,12 @@ def load_case(args: argparse.Namespace) -> int:
         text.pop("layer_types", None)
     if args.vocab:
         text["vocab_size"] = args.vocab
+    if args.experts:
+        text["num_experts"] = args.experts
+        text["num_experts_per_tok"] = min(text["num_experts_per_tok"], args.experts)
     if not (d / "config.json").is_file():
-        t0 = time.perf_counter()
-        make_qwen35_moe_checkpoint(d, text, seed=1, mtp=False, sharded=True, num_shards=max(1, text["num_hidden_layers"]),
-                                   fp8_block=(128, 128))
-        print(f"wrote {d} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        secs = write_fp8_checkpoint(d, text, args.threads)
+        print(f"wrote {d} in {secs:.1f} s", file=sys.stderr)
     dev = hf2q.Device(args.device) if args.device else hf2q.Device.default()
     from hf2q.safetensors import open_checkpoint
 
@@ -71,7 +205,7 @@ def load_case(args: argparse.Namespace) -> int:
         return dt
 
     once()
-    secs = min(once() for _ in range(3))
+    secs = min(once() for _ in range(args.repeat))
     row = {"case": f"qwen35 FP8 load ({text['num_hidden_layers']} layers) on {dev.kind}", "seconds": secs,
            "checkpoint bytes": nbytes, "fp8 bytes": fp8_bytes, "GB/s read": nbytes / secs / 1e9}
     if dev.kind == "cuda":
@@ -106,6 +240,9 @@ def main() -> int:
     ap.add_argument("--device", default=None, help="host, cuda, cuda:N (default: Device.default())")
     ap.add_argument("--layers", type=int, default=2, help="--load: layers (the real model has 40)")
     ap.add_argument("--vocab", type=int, default=4096, help="--load: vocabulary rows (real: 248320)")
+    ap.add_argument("--experts", type=int, default=None, help="--load: experts per layer (real: 256)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="--load: writer threads")
+    ap.add_argument("--repeat", type=int, default=3, help="--load: timed loads after the warm-up (best kept)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.load is not None:

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "fp8.h"
+#include "fp8_product.h"
+#include "fp8_simd.h"
 #include "kernels_internal.h"
 #include "thread_pool.h"
 
@@ -188,7 +190,7 @@ __attribute__((target("avx2,f16c"))) bool scale_row_avx2(const std::uint8_t* w, 
       bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), expo), expo));
     }
     for (; c < end; ++c) {
-      y[c] = table_of(e5m2 ? DType::F8_E5M2 : DType::F8_E4M3).v[w[c]] * sc;
+      y[c] = fp8_product(table_of(e5m2 ? DType::F8_E5M2 : DType::F8_E4M3).v[w[c]], sc);
       if (is_nonfinite_bits(f32_bits(y[c]))) bad = _mm256_set1_epi32(-1);
     }
   }
@@ -269,6 +271,33 @@ EncodeResult scaled_fp8_rows(const ScaledFp8& s, const std::uint8_t* w, const st
   const bool e5m2 = s.weight == DType::F8_E5M2;
   std::vector<float> row_scales(avx2 ? s.scale_cols : 0);
 #endif
+#if defined(HF2Q_FP8_AVX2)
+  // The fused row kernels (fp8_avx2.cpp): decode, scale and write in one
+  // pass, when no 16-element chunk straddles two scale blocks.
+  if (avx2 && (s.block_cols % 16 == 0 || s.scale_cols == 1)) {
+    const std::size_t nchunks = cols / 16 + (cols % 16 != 0);
+    std::vector<float> chunk_scale(nchunks);
+    const std::size_t out_bytes = out == DType::F32 ? 4 : 2;
+    for (std::size_t r = row_begin; r < row_end; ++r) {
+      const std::size_t lead = r / s.rows;
+      const std::size_t row = r % s.rows;
+      const std::uint8_t* srow = scale + ((lead * s.scale_rows + row / s.block_rows) * s.scale_cols) * sbytes;
+      if (r == row_begin || row % s.block_rows == 0) {
+        for (std::size_t k = 0; k < nchunks; ++k) {
+          chunk_scale[k] = scale_value(s.scale, srow + (s.scale_cols == 1 ? 0 : k * 16 / s.block_cols) * sbytes);
+        }
+      }
+      std::uint8_t* drow = out == DType::Q8_0 ? dst + r * q8_blocks * kQ8BlockBytes : dst + r * cols * out_bytes;
+      const std::size_t bad =
+          fp8_avx2::scaled_row(w + r * cols, chunk_scale.data(), cols, e5m2, table, out, drow, &result.inf_scales);
+      if (bad != kNoIndex && result.first_nonfinite == kNoIndex) {
+        result.first_nonfinite = r * cols + bad;
+        if (out == DType::Q8_0) return result;  // the quantizer refuses non-finite input
+      }
+    }
+    return result;
+  }
+#endif
   for (std::size_t r = row_begin; r < row_end; ++r) {
     const std::size_t lead = r / s.rows;
     const std::size_t row = r % s.rows;
@@ -288,7 +317,7 @@ EncodeResult scaled_fp8_rows(const ScaledFp8& s, const std::uint8_t* w, const st
         const float sc = scale_value(s.scale, srow + b * sbytes);
         const std::size_t end = std::min(cols, c + s.block_cols);
         // One float32 multiply per element (no contraction: -ffp-contract=off).
-        for (; c < end; ++c) y[c] = table[wrow[c]] * sc;
+        for (; c < end; ++c) y[c] = fp8_product(table[wrow[c]], sc);
       }
       bad = true;  // scanned below
     }

@@ -1,0 +1,301 @@
+// AVX2 + F16C row kernels of the scaled FP8 decoder (fp8_simd.h). This
+// translation unit alone is compiled with -mavx2 -mf16c; fp8.cpp calls it
+// only after checking CPUID. Bit-identical to the scalar path:
+//
+// - Decode: an FP8 byte becomes an exact binary16 and F16C widens it exactly.
+//   E5M2 is the top byte of a binary16. E4M3FN `s eeee mmm` placed at binary16
+//   bits `s 0eeee mmm0000000` is its value times 2^-8 (normals and the
+//   subnormals m * 2^-9 alike), so the E4M3 chunk is multiplied by
+//   scale * 2^8 instead: both factors are exact, so the one rounded float32
+//   product is the same number as decode(w) * scale.
+// - Fast chunks: 16 bytes without a NaN/Inf encoding under a scale of
+//   magnitude below 2^111. Their products are finite (|w| <= 57344 < 2^16),
+//   so they need no NaN handling and scale * 2^8 is exact. Every other chunk
+//   is computed by the scalar expression, table[w] * scale, and checked.
+// - Q8_0: eight blocks at a time; their 32 products are kept in a 1 KiB stack
+//   buffer (L1) between the amax pass and the quantize pass, the scales of
+//   the eight blocks computed in one vector (amax / 127, 1 / d and the F16C
+//   round to nearest even: the same IEEE operations as q8_block_scale).
+//   Rounding half away from zero is trunc(p + copysign(0.49999997f, p)):
+//   equal to roundf for |p| < 2^23 (the sum reaches the next integer only
+//   when frac(|p|) >= 0.5; tests check it against the scalar quantizer), and
+//   |p| = |x| * (1 / d) <= amax / d is a few hundred at most here.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "fp8_simd.h"
+#include "fp8_product.h"
+#include "format_kernels.h"
+#include "kernels_internal.h"
+
+namespace hf2q::kernels::fp8_avx2 {
+namespace {
+
+constexpr std::uint32_t kSafeScaleBits = (111u + 127u) << 23;  // |scale| < 2^111 (and finite)
+
+inline bool safe_scale(float s) { return (f32_bits(s) & 0x7FFFFFFFu) < kSafeScaleBits; }
+
+template <bool E5>
+inline bool special16(__m128i raw) {
+  const __m128i m = _mm_set1_epi8(static_cast<char>(E5 ? 0x7C : 0x7F));
+  return _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_and_si128(raw, m), m)) != 0;
+}
+
+// The scalar expression for a chunk the fast path does not take (kept out of
+// line so that the fast path stays compact). Returns the index of the first
+// NaN/Inf product, or -1.
+__attribute__((noinline, cold)) int slow16(const std::uint8_t* p, float s, const float* table, float* y) {
+  int bad = -1;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = fp8_product(table[p[j]], s);
+    if (bad < 0 && is_nonfinite_bits(f32_bits(y[j]))) bad = j;
+  }
+  return bad;
+}
+
+// Products of 16 elements. Returns -1 when all are finite, else the index of
+// the first NaN/Inf product (the products are still the scalar path's).
+template <bool E5>
+inline int products16(const std::uint8_t* p, float s, const float* table, __m256& lo, __m256& hi) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (__builtin_expect(safe_scale(s) && !special16<E5>(raw), 1)) {
+    __m256i h;
+    if (E5) {
+      h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 8);
+    } else {
+      h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
+                           _mm256_set1_epi16(static_cast<short>(0xBF80)));
+    }
+    const __m256 vs = _mm256_set1_ps(E5 ? s : s * 256.0f);
+    lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), vs);
+    hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), vs);
+    return -1;
+  }
+  alignas(32) float y[16];
+  const int bad = slow16(p, s, table, y);
+  lo = _mm256_load_ps(y);
+  hi = _mm256_load_ps(y + 8);
+  return bad;
+}
+
+template <bool E5>
+inline __m256i widen_half(__m128i raw) {
+  if (E5) return _mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 8);
+  return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+}
+
+// The 32 products of one Q8_0 block (chunks k and k + 1). Returns -1 when all
+// are finite, else the index of the first NaN/Inf product.
+template <bool E5>
+inline int products32(const std::uint8_t* p, const float* cs, const float* table, __m256 v[4]) {
+  const float s0 = cs[0], s1 = cs[1];
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i m = _mm256_set1_epi8(static_cast<char>(E5 ? 0x7C : 0x7F));
+  const bool special = _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(raw, m), m)) != 0;
+  if (__builtin_expect(safe_scale(s0) && safe_scale(s1) && !special, 1)) {
+    const __m256i h0 = widen_half<E5>(_mm256_castsi256_si128(raw));
+    const __m256i h1 = widen_half<E5>(_mm256_extracti128_si256(raw, 1));
+    const __m256 vs0 = _mm256_set1_ps(E5 ? s0 : s0 * 256.0f);
+    const __m256 vs1 = _mm256_set1_ps(E5 ? s1 : s1 * 256.0f);
+    v[0] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h0)), vs0);
+    v[1] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h0, 1)), vs0);
+    v[2] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h1)), vs1);
+    v[3] = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h1, 1)), vs1);
+    return -1;
+  }
+  const int e0 = products16<E5>(p, s0, table, v[0], v[1]);
+  if (e0 >= 0) return e0;
+  const int e1 = products16<E5>(p + 16, s1, table, v[2], v[3]);
+  return e1 >= 0 ? 16 + e1 : -1;
+}
+
+// float32 -> bfloat16 round to nearest even of 8 finite values (Inf too).
+inline __m256i bf16_rne_finite(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+}
+
+inline std::uint16_t bf16_rne_scalar(float f) {
+  const std::uint32_t u = f32_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <bool E5>
+std::size_t row_bf16(const std::uint8_t* w, const float* cs, std::size_t cols, const float* table, std::uint16_t* o) {
+  std::size_t bad = kNoIndex;
+  std::size_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    __m256 lo, hi;
+    const int b = products16<E5>(w + c, cs[c / 16], table, lo, hi);
+    if (b < 0) {
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_rne_finite(lo), bf16_rne_finite(hi)), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c), packed);
+      continue;
+    }
+    if (bad == kNoIndex) bad = c + static_cast<std::size_t>(b);
+    alignas(32) float y[16];
+    _mm256_store_ps(y, lo);
+    _mm256_store_ps(y + 8, hi);
+    for (int j = 0; j < 16; ++j) o[c + j] = bf16_rne_scalar(y[j]);
+  }
+  for (; c < cols; ++c) {
+    const float y = fp8_product(table[w[c]], cs[c / 16]);
+    if (bad == kNoIndex && is_nonfinite_bits(f32_bits(y))) bad = c;
+    o[c] = bf16_rne_scalar(y);
+  }
+  return bad;
+}
+
+template <bool E5>
+std::size_t row_f16(const std::uint8_t* w, const float* cs, std::size_t cols, const float* table, std::uint16_t* o) {
+  std::size_t bad = kNoIndex;
+  std::size_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    __m256 lo, hi;
+    const int b = products16<E5>(w + c, cs[c / 16], table, lo, hi);
+    if (b < 0) {
+      const __m128i a = _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m128i z = _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c), _mm256_set_m128i(z, a));
+      continue;
+    }
+    if (bad == kNoIndex) bad = c + static_cast<std::size_t>(b);
+    alignas(32) float y[16];
+    _mm256_store_ps(y, lo);
+    _mm256_store_ps(y + 8, hi);
+    for (int j = 0; j < 16; ++j) o[c + j] = f32_to_f16_rne_inline(y[j]);  // NaN as the scalar path writes it
+  }
+  for (; c < cols; ++c) {
+    const float y = fp8_product(table[w[c]], cs[c / 16]);
+    if (bad == kNoIndex && is_nonfinite_bits(f32_bits(y))) bad = c;
+    o[c] = f32_to_f16_rne_inline(y);
+  }
+  return bad;
+}
+
+template <bool E5>
+std::size_t row_f32(const std::uint8_t* w, const float* cs, std::size_t cols, const float* table, float* o) {
+  std::size_t bad = kNoIndex;
+  std::size_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    __m256 lo, hi;
+    const int b = products16<E5>(w + c, cs[c / 16], table, lo, hi);
+    if (b >= 0 && bad == kNoIndex) bad = c + static_cast<std::size_t>(b);
+    _mm256_storeu_ps(o + c, lo);
+    _mm256_storeu_ps(o + c + 8, hi);
+  }
+  for (; c < cols; ++c) {
+    o[c] = fp8_product(table[w[c]], cs[c / 16]);
+    if (bad == kNoIndex && is_nonfinite_bits(f32_bits(o[c]))) bad = c;
+  }
+  return bad;
+}
+
+// Horizontal max of each of eight vectors: element k = max over m[k].
+inline __m256 hmax8(const __m256 m[8]) {
+  const __m256 a01 = _mm256_max_ps(_mm256_unpacklo_ps(m[0], m[1]), _mm256_unpackhi_ps(m[0], m[1]));
+  const __m256 a23 = _mm256_max_ps(_mm256_unpacklo_ps(m[2], m[3]), _mm256_unpackhi_ps(m[2], m[3]));
+  const __m256 a45 = _mm256_max_ps(_mm256_unpacklo_ps(m[4], m[5]), _mm256_unpackhi_ps(m[4], m[5]));
+  const __m256 a67 = _mm256_max_ps(_mm256_unpacklo_ps(m[6], m[7]), _mm256_unpackhi_ps(m[6], m[7]));
+  const __m256 b03 = _mm256_max_ps(_mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 b47 = _mm256_max_ps(_mm256_shuffle_ps(a45, a67, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(a45, a67, _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_max_ps(_mm256_permute2f128_ps(b03, b47, 0x20), _mm256_permute2f128_ps(b03, b47, 0x31));
+}
+
+// roundf(v * id) as int32, 8 at a time (see the file comment).
+inline __m256i round_half_away_i32(__m256 v, __m256 vid) {
+  const __m256 p = _mm256_mul_ps(v, vid);
+  const __m256 half = _mm256_or_ps(_mm256_and_ps(p, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(0.49999997f));
+  return _mm256_cvttps_epi32(_mm256_add_ps(p, half));
+}
+
+template <bool E5>
+std::size_t row_q8_0(const std::uint8_t* w, const float* cs, std::size_t cols, const float* table, std::uint8_t* dst,
+                     std::size_t* inf_scales) {
+  const std::size_t nb = cols / kQ8BlockElems;
+  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  alignas(32) float buf[8 * kQ8BlockElems];
+  for (std::size_t b0 = 0; b0 < nb; b0 += 8) {
+    const std::size_t n = std::min<std::size_t>(8, nb - b0);
+    __m256 m[8];
+    for (std::size_t k = 0; k < 8; ++k) {
+      if (k >= n) {
+        m[k] = _mm256_setzero_ps();
+        continue;
+      }
+      const std::size_t c = (b0 + k) * kQ8BlockElems;
+      __m256 v[4];
+      const int e = products32<E5>(w + c, cs + c / 16, table, v);
+      if (e >= 0) return c + static_cast<std::size_t>(e);
+      float* y = buf + k * kQ8BlockElems;
+      _mm256_store_ps(y, v[0]);
+      _mm256_store_ps(y + 8, v[1]);
+      _mm256_store_ps(y + 16, v[2]);
+      _mm256_store_ps(y + 24, v[3]);
+      m[k] = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign_mask, v[0]), _mm256_andnot_ps(sign_mask, v[1])),
+                           _mm256_max_ps(_mm256_andnot_ps(sign_mask, v[2]), _mm256_andnot_ps(sign_mask, v[3])));
+    }
+    const __m256 amax = hmax8(m);
+    const __m256 d = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
+    const __m256 nonzero = _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    const __m256 id = _mm256_and_ps(nonzero, _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+    alignas(32) float ids[8];
+    alignas(16) std::uint16_t d16[8];
+    _mm256_store_ps(ids, id);
+    const __m128i h = _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_store_si128(reinterpret_cast<__m128i*>(d16), h);
+    // Blocks (of the n) whose scale is +Inf in float16, and whose 1/d overflowed.
+    const unsigned live = (1u << n) - 1u;
+    const unsigned inf_d = static_cast<unsigned>(_mm_movemask_epi8(_mm_packs_epi16(
+                               _mm_cmpeq_epi16(h, _mm_set1_epi16(0x7C00)), _mm_setzero_si128()))) & live;
+    const unsigned inf_id = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(
+                                _mm256_andnot_ps(sign_mask, id), _mm256_set1_ps(INFINITY), _CMP_EQ_OQ))) & live;
+    *inf_scales += static_cast<std::size_t>(__builtin_popcount(inf_d));
+    for (std::size_t k = 0; k < n; ++k) {
+      std::uint8_t* out = dst + (b0 + k) * kQ8BlockBytes;
+      store_le16(out, d16[k]);
+      if (__builtin_expect((inf_id >> k) & 1u, 0)) {  // 1/d overflowed: the reference stores zeros
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_setzero_si256());
+        continue;
+      }
+      const __m256 vid = _mm256_set1_ps(ids[k]);
+      const float* y = buf + k * kQ8BlockElems;
+      const __m256i q0 = round_half_away_i32(_mm256_load_ps(y), vid);
+      const __m256i q1 = round_half_away_i32(_mm256_load_ps(y + 8), vid);
+      const __m256i q2 = round_half_away_i32(_mm256_load_ps(y + 16), vid);
+      const __m256i q3 = round_half_away_i32(_mm256_load_ps(y + 24), vid);
+      // Saturating packs (per 128-bit lane), then the permute restores order.
+      __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+      bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), bytes);
+    }
+  }
+  return kNoIndex;
+}
+
+template <bool E5>
+std::size_t row(const std::uint8_t* w, const float* cs, std::size_t cols, const float* table, DType out,
+                std::uint8_t* dst, std::size_t* inf_scales) {
+  switch (out) {
+    case DType::F32: return row_f32<E5>(w, cs, cols, table, reinterpret_cast<float*>(dst));
+    case DType::BF16: return row_bf16<E5>(w, cs, cols, table, reinterpret_cast<std::uint16_t*>(dst));
+    case DType::F16: return row_f16<E5>(w, cs, cols, table, reinterpret_cast<std::uint16_t*>(dst));
+    case DType::Q8_0: return row_q8_0<E5>(w, cs, cols, table, dst, inf_scales);
+    default: return kNoIndex;  // fp8.cpp checks the format first
+  }
+}
+
+}  // namespace
+
+std::size_t scaled_row(const std::uint8_t* w, const float* chunk_scale, std::size_t cols, bool e5m2,
+                       const float* table, DType out, std::uint8_t* dst, std::size_t* inf_scales) {
+  return e5m2 ? row<true>(w, chunk_scale, cols, table, out, dst, inf_scales)
+              : row<false>(w, chunk_scale, cols, table, out, dst, inf_scales);
+}
+
+}  // namespace hf2q::kernels::fp8_avx2
