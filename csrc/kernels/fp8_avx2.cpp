@@ -24,6 +24,7 @@
 
 #include <algorithm>
 
+#include "avx2_common.h"
 #include "fp8_simd.h"
 #include "fp8_product.h"
 #include "format_kernels.h"
@@ -31,6 +32,8 @@
 
 namespace hf2q::kernels::fp8_avx2 {
 namespace {
+
+using avx2_common::hmax8;
 
 constexpr std::uint32_t kSafeScaleBits = (111u + 127u) << 23;  // |scale| < 2^111 (and finite)
 
@@ -192,19 +195,6 @@ std::size_t row_f32(const std::uint8_t* w, const float* cs, std::size_t cols, co
     if (bad == kNoIndex && is_nonfinite_bits(f32_bits(o[c]))) bad = c;
   }
   return bad;
-}
-
-// Horizontal max of each of eight vectors: element k = max over m[k].
-inline __m256 hmax8(const __m256 m[8]) {
-  const __m256 a01 = _mm256_max_ps(_mm256_unpacklo_ps(m[0], m[1]), _mm256_unpackhi_ps(m[0], m[1]));
-  const __m256 a23 = _mm256_max_ps(_mm256_unpacklo_ps(m[2], m[3]), _mm256_unpackhi_ps(m[2], m[3]));
-  const __m256 a45 = _mm256_max_ps(_mm256_unpacklo_ps(m[4], m[5]), _mm256_unpackhi_ps(m[4], m[5]));
-  const __m256 a67 = _mm256_max_ps(_mm256_unpacklo_ps(m[6], m[7]), _mm256_unpackhi_ps(m[6], m[7]));
-  const __m256 b03 = _mm256_max_ps(_mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m256 b47 = _mm256_max_ps(_mm256_shuffle_ps(a45, a67, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm256_shuffle_ps(a45, a67, _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm256_max_ps(_mm256_permute2f128_ps(b03, b47, 0x20), _mm256_permute2f128_ps(b03, b47, 0x31));
 }
 
 // roundf(v * id) as int32, 8 at a time (see the file comment).

@@ -2,10 +2,13 @@
 // -mavx2 -mf16c; dispatch.cpp calls into it only after checking CPUID.
 #include <immintrin.h>
 
+#include "avx2_common.h"
 #include "kernels_internal.h"
 
 namespace hf2q::kernels::avx2 {
 namespace {
+
+using avx2_common::hmax8;
 
 inline __m256 widen_bf16x8(const std::uint16_t* p) {
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -73,19 +76,6 @@ inline int quantize_block(const __m256 v[4], std::uint8_t* out, std::size_t& inf
   }
   store_qs(v, s.id, out + 2);
   return -1;
-}
-
-// Horizontal max of each of eight vectors, as one vector: element k = max(m[k]).
-inline __m256 hmax8(const __m256 m[8]) {
-  const __m256 a01 = _mm256_max_ps(_mm256_unpacklo_ps(m[0], m[1]), _mm256_unpackhi_ps(m[0], m[1]));
-  const __m256 a23 = _mm256_max_ps(_mm256_unpacklo_ps(m[2], m[3]), _mm256_unpackhi_ps(m[2], m[3]));
-  const __m256 a45 = _mm256_max_ps(_mm256_unpacklo_ps(m[4], m[5]), _mm256_unpackhi_ps(m[4], m[5]));
-  const __m256 a67 = _mm256_max_ps(_mm256_unpacklo_ps(m[6], m[7]), _mm256_unpackhi_ps(m[6], m[7]));
-  const __m256 b03 = _mm256_max_ps(_mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm256_shuffle_ps(a01, a23, _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m256 b47 = _mm256_max_ps(_mm256_shuffle_ps(a45, a67, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm256_shuffle_ps(a45, a67, _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm256_max_ps(_mm256_permute2f128_ps(b03, b47, 0x20), _mm256_permute2f128_ps(b03, b47, 0x31));
 }
 
 // Eight blocks at a time: the scales of all eight are computed in one vector
