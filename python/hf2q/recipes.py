@@ -33,10 +33,8 @@ RECIPES: dict[str, str] = {"q4_k_m": "q4_k", "q4_k_s": "q4_k", "q5_k_m": "q5_k",
 #: ``general.file_type`` llama-quantize writes for each (llama.h's ``llama_ftype``).
 FILE_TYPES: dict[str, int] = {"q4_k_m": 15, "q4_k_s": 14, "q5_k_m": 17, "q6_k": 18, "q8_0": 7}
 
-#: llama-quantize's fallback for a row its block does not divide
-#: (``tensor_type_fallback``); a fallback that does not divide either is F16.
-_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
-_BLOCK = {"q4_0": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256}
+# A row its block does not divide takes llama-quantize's fallback (formats.for_row:
+# the one copy of ``tensor_type_fallback``); block sizes come from the format table.
 
 # Substrings that keep a tensor out of quantization (tensor_allows_quantization;
 # the architecture-specific ones of architectures hf2q does not load are left out).
@@ -113,13 +111,6 @@ def _layer_key(name: str) -> tuple[int, str]:
     return (int(m.group(1)) if m else -1, name)
 
 
-def _fallback(name: str, ncols: int, fmt: str) -> str:
-    if fmt not in _BLOCK or ncols % _BLOCK[fmt] == 0:
-        return fmt
-    nxt = _FALLBACK.get(fmt, fmt)
-    return nxt if ncols % _BLOCK[nxt] == 0 else "f16"
-
-
 def recipe_types(tensors: Iterable[tuple[str, Sequence[int], str]], recipe: str,
                  facts: ModelFacts) -> dict[str, str]:
     """name -> format under ``recipe`` for ``tensors`` (GGUF name, numpy
@@ -143,7 +134,7 @@ def recipe_types(tensors: Iterable[tuple[str, Sequence[int], str]], recipe: str,
         ncols = shape[-1]
         new = default
         if cat == "output" or (tied and cat == "token_embd"):
-            if ncols % _BLOCK[default] != 0:
+            if ncols % formats.get(default).block_elems != 0:
                 new = "q8_0"
             elif new != "q8_0":
                 new = "q6_k"
@@ -178,7 +169,7 @@ def recipe_types(tensors: Iterable[tuple[str, Sequence[int], str]], recipe: str,
         elif cat == "attn_output":
             if facts.n_expert == 8 and recipe in ("q4_k_m", "q4_k_s"):
                 new = "q5_k"
-        out[name] = _fallback(name, ncols, new)
+        out[name] = formats.for_row(new, ncols)
     return out
 
 

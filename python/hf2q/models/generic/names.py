@@ -22,17 +22,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from .._names import with_additions
+from .._names import GLOBAL_NAMES, with_additions  # the whole-model names are the decoder families' too
 
 __all__ = ["GLOBAL_NAMES", "LAYER_NAMES", "RECIPE_LAYER_NAMES", "split_block", "expert_of", "llama_gguf_name",
            "known_gguf_name"]
-
-#: Whole-model tensors: HF name -> GGUF name.
-GLOBAL_NAMES: Mapping[str, str] = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
 
 #: Per-layer tensors: suffix after ``model.layers.{b}.`` -> suffix after ``blk.{b}.``.
 LAYER_NAMES: Mapping[str, str] = {
@@ -75,35 +68,29 @@ def expert_of(rest: str, *, mixtral: bool = True) -> tuple[int, str] | None:
     return int(m.group(2)), _EXPERT_KIND[m.group(3)]
 
 
-def llama_gguf_name(hf_name: str) -> str:
+def known_gguf_name(hf_name: str) -> str | None:
     """The GGUF name llama.cpp's converter gives a llama-like checkpoint
     tensor (``model.layers.3.self_attn.v_proj.weight`` ->
     ``blk.3.attn_v.weight``; an expert ``...experts.E.w2.weight`` ->
     ``blk.N.ffn_down_exps.E.weight``: the converter stacks the experts, a
-    recipe only needs the kind and block). Other names are kept."""
-    if hf_name in GLOBAL_NAMES:
-        return GLOBAL_NAMES[hf_name]
-    split = split_block(hf_name)
-    if split is None:
-        return hf_name
-    b, rest = split
-    if rest in RECIPE_LAYER_NAMES:
-        return f"blk.{b}.{RECIPE_LAYER_NAMES[rest]}"
-    e = expert_of(rest)
-    if e is not None:
-        return f"blk.{b}.ffn_{e[1]}_exps.{e[0]}.weight"
-    return f"blk.{b}.{rest}"
-
-
-def known_gguf_name(hf_name: str) -> str | None:
-    """:func:`llama_gguf_name` where the name is one the converter maps (a
-    global tensor, a known layer suffix or an expert); None otherwise."""
+    recipe only needs the kind and block); None where the map has none."""
     if hf_name in GLOBAL_NAMES:
         return GLOBAL_NAMES[hf_name]
     split = split_block(hf_name)
     if split is None:
         return None
     b, rest = split
-    if rest in RECIPE_LAYER_NAMES or expert_of(rest) is not None:
-        return llama_gguf_name(hf_name)
-    return None
+    if rest in RECIPE_LAYER_NAMES:
+        return f"blk.{b}.{RECIPE_LAYER_NAMES[rest]}"
+    e = expert_of(rest)
+    return None if e is None else f"blk.{b}.ffn_{e[1]}_exps.{e[0]}.weight"
+
+
+def llama_gguf_name(hf_name: str) -> str:
+    """:func:`known_gguf_name`, else the name kept (a block's other tensors
+    as ``blk.N.<rest>``): what the recipes decide by."""
+    known = known_gguf_name(hf_name)
+    if known is not None:
+        return known
+    split = split_block(hf_name)
+    return hf_name if split is None else f"blk.{split[0]}.{split[1]}"
