@@ -537,14 +537,21 @@ def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = 
     assert sc is not None
     if sc.scheme == "mxfp4":
         return _mxfp4_array(ckpt, piece, to, check_finite)
-    w = ckpt.read_array(piece.tensor)
-    s = ckpt.read_array(sc.tensor).reshape(-1)
-    grid_n = formats.numel(sc.grid)
-    # A per-tensor scale of a stacked weight: one value for every matrix.
-    s = np.broadcast_to(s, (grid_n,)).reshape(sc.grid) if s.size == 1 else s.reshape(sc.grid)
-    ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+    w, s = _read_scaled(ckpt, piece)
     return dequantize_fp8(w, np.ascontiguousarray(s), sc.block, to=to, name=piece.tensor, check_finite=check_finite,
                           out=out)
+
+
+def _read_scaled(ckpt: Checkpoint, piece: Piece) -> tuple[np.ndarray, np.ndarray]:
+    """A scaled FP8 piece's weight and its scale values in the decoder's grid
+    (a per-tensor scale of a stacked weight: one value for every matrix)."""
+    sc = piece.scale
+    assert sc is not None
+    w = ckpt.read_array(piece.tensor)
+    s = ckpt.read_array(sc.tensor).reshape(-1)
+    s = np.broadcast_to(s, (formats.numel(sc.grid),)).reshape(sc.grid) if s.size == 1 else s.reshape(sc.grid)
+    ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+    return w, s
 
 
 def _mxfp4_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False) -> tuple[np.ndarray, int]:
@@ -588,12 +595,8 @@ def _scaled_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece
 
     sc = piece.scale
     assert sc is not None
-    w = ckpt.read_array(piece.tensor)
-    s = ckpt.read_array(sc.tensor).reshape(-1)
-    grid_n = formats.numel(sc.grid)
-    s = np.broadcast_to(s, (grid_n,)) if s.size == 1 else s
-    s32 = np.ascontiguousarray(s.astype(np.float32))  # bf16 / f16 / f32 -> f32: exact
-    ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+    w, s = _read_scaled(ckpt, piece)
+    s32 = np.ascontiguousarray(s.reshape(-1).astype(np.float32))  # bf16 / f16 / f32 -> f32: exact
     shape = tuple(piece.shape)
     rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
     lead = formats.numel(shape[:-2])
