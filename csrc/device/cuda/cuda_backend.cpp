@@ -262,17 +262,27 @@ class CudaBackend final : public Backend {
       return res;
     }
     const CUfunction kernel = kernel_for(p);
-    const std::vector<int> cells = take_status_cells(1);
-    const int cell = cells[0];
-    try {
-      CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cell) * 16;
-      check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
-      check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
+    return with_status_cell([&](CUdeviceptr status) {
       CUdeviceptr to = out;
       unsigned long long nblocks = n / dtype_block_elems(p.dst_dtype), base = 0;
       void* args[] = {&from, &to, &nblocks, &base, &status};
       launch(kernel, grid_for(nblocks, encode_blocks_per_cta(p)), misc_, args);
-      std::uint64_t* h = status_host_ + cell * 2;
+    });
+  }
+
+  // One kernel on misc_ that reports through a status cell ([0]: the first
+  // NaN/Inf index, all ones for none; [1]: blocks whose scale overflowed),
+  // waited for. `run(status)` launches it with the cell's device address.
+  template <typename Run>
+  UploadResult with_status_cell(Run&& run) {
+    UploadResult res;
+    const std::vector<int> cells = take_status_cells(1);
+    try {
+      CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cells[0]) * 16;
+      check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
+      check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
+      run(status);
+      std::uint64_t* h = status_host_ + cells[0] * 2;
       check(d_->cuMemcpyDtoHAsync(h, status, 16, misc_), "cuMemcpyDtoHAsync");
       check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
       res.first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
@@ -481,9 +491,8 @@ class CudaBackend final : public Backend {
   // through a status cell as the Q8_0 uploads report them.
   UploadResult scaled_fp8(const UploadTarget& dst, std::size_t dst_off, const void* w, const void* scale,
                           const kernels::ScaledFp8& g, DType out) override {
-    UploadResult res;
     const std::size_t n = g.numel();
-    if (n == 0) return res;
+    if (n == 0) return {};
     const int wi = g.weight == DType::F8_E4M3 ? 0 : g.weight == DType::F8_E5M2 ? 1 : -1;
     const int oi = out == DType::F32 ? 0 : out == DType::BF16 ? 1 : out == DType::F16 ? 2 : out == DType::Q8_0 ? 3 : -1;
     if (wi < 0 || oi < 0 || g.scale != DType::F32) throw DeviceError("GPU scaled FP8: unsupported formats");
@@ -497,26 +506,12 @@ class CudaBackend final : public Backend {
     // still be in flight on the staging streams, and this kernel runs on
     // misc_ (a GPU run read the first bytes of a weight before they landed).
     check(wait_uploads(), "cuStreamSynchronize (uploads in flight)");
-    const std::vector<int> cells = take_status_cells(1);
-    try {
-      CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cells[0]) * 16;
-      check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
-      check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
+    return with_status_cell([&](CUdeviceptr status) {
       CUdeviceptr wp = dptr(w), sp = dptr(scale), to = dptr(dst.base) + dst_off;
       unsigned long long items = oi == 3 ? n / 32 : n;
       void* args[] = {&wp, &sp, &to, &items, &geo, &status};
       launch(fn, grid_for(items, kBlock), misc_, args);
-      std::uint64_t* h = status_host_ + cells[0] * 2;
-      check(d_->cuMemcpyDtoHAsync(h, status, 16, misc_), "cuMemcpyDtoHAsync");
-      check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
-      res.first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
-      res.inf_scales = static_cast<std::size_t>(h[1]);
-    } catch (...) {
-      put_status_cells(cells);
-      throw;
-    }
-    put_status_cells(cells);
-    return res;
+    });
   }
 
   // ---------------------------------------------------------- staging ring
