@@ -37,11 +37,9 @@ seed, takes minutes per layer.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +54,7 @@ from hf2q import formats, ops  # noqa: E402
 
 MiB = 1 << 20
 POOL_BYTES = 16 * MiB  # each pool: a multiple of every element size
-WRITE_CHUNK = 64 * MiB
-SHARD_BYTES = 5 * 10**9  # the Hub's default max_shard_size
 BLOCK = (128, 128)
-ITEMSIZE = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}
 
 
 def fp8_specs(text: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...], str]]:
@@ -90,85 +85,15 @@ def _pools() -> dict[str, np.ndarray]:
 
 
 def write_fp8_checkpoint(d: Path, text: dict[str, Any], threads: int) -> float:
-    """Write the FP8 checkpoint into ``d`` (shards, index, config.json last);
-    returns seconds."""
+    """Write the FP8 checkpoint into ``d`` with bench_fullscale's tiled
+    writer (shards, index, config.json last); returns seconds."""
+    import bench_fullscale
     from hf2q.testing.qwen35_checkpoint import qwen35_config_dict
 
-    t0 = time.perf_counter()
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").unlink(missing_ok=True)
-    for old in d.glob("*.safetensors"):
-        old.unlink()
-    specs = fp8_specs(text)
-
-    def natural(name: str) -> tuple[Any, ...]:
-        return tuple((0, int(p)) if p.isdigit() else (1, p) for p in name.split("."))
-
-    def nbytes(name: str) -> int:
-        dt, shape, _ = specs[name]
-        return ITEMSIZE[dt] * int(np.prod(shape, dtype=np.int64))
-
-    shards: list[list[str]] = [[]]
-    size = 0
-    for name in sorted(specs, key=natural):
-        if shards[-1] and size + nbytes(name) > SHARD_BYTES:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += nbytes(name)
-    n = len(shards)
-    fnames = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    pools = _pools()
-    jobs: list[tuple[int, int, int, np.ndarray]] = []  # (fd, file offset, bytes, pool)
-    fds: list[int] = []
-    weight_map: dict[str, str] = {}
-    total = 0
-    try:
-        for fname, members in zip(fnames, shards):
-            # Layout as the reference writer: by descending dtype size, then name.
-            order = sorted(members, key=lambda k: (-ITEMSIZE[specs[k][0]], k))
-            header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-            off = 0
-            placed = []
-            for k in order:
-                dt, shape, pool = specs[k]
-                header[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + nbytes(k)]}
-                placed.append((off, nbytes(k), pools[pool]))
-                off += nbytes(k)
-                weight_map[k] = fname
-            hb = json.dumps(header, separators=(",", ":")).encode()
-            hb += b" " * (-len(hb) % 8)
-            fd = os.open(d / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            fds.append(fd)
-            os.pwrite(fd, len(hb).to_bytes(8, "little") + hb, 0)
-            base = 8 + len(hb)
-            os.ftruncate(fd, base + off)
-            for at, nb, pool in placed:
-                for o in range(0, nb, WRITE_CHUNK):
-                    jobs.append((fd, base + at + o, min(WRITE_CHUNK, nb - o), pool))
-            total += off
-
-        def write(job: tuple[int, int, int, np.ndarray]) -> None:
-            fd, at, nb, pool = job
-            view = memoryview(pool)
-            done = 0
-            while done < nb:
-                start = done % pool.nbytes
-                k = min(nb - done, pool.nbytes - start)
-                done += os.pwrite(fd, view[start:start + k], at + done)
-
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
-            list(ex.map(write, jobs))
-    finally:
-        for fd in fds:
-            os.close(fd)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     cfg = qwen35_config_dict(text)
     cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                   "weight_block_size": list(BLOCK)}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")  # last: a finished checkpoint
-    return time.perf_counter() - t0
+    return bench_fullscale.write_checkpoint(d, cfg, fp8_specs(text), threads, pools=_pools(), always_index=True)
 
 
 def load_case(args: argparse.Namespace) -> int:

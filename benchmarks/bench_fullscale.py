@@ -177,16 +177,18 @@ def case_specs(case: str, layers: int | None, vocab: int | None, experts: int | 
     raise ValueError(f"unknown case {case!r}; expected one of {', '.join(CASES + EXTRA_CASES)}")
 
 
-_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4}
+_ITEMSIZE = {"F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}
+#: A spec: (safetensors dtype, shape), or (dtype, shape, key of the byte pool its values come from).
+Spec = tuple[Any, ...]
 
 
-def _shards(specs: dict[str, tuple[str, tuple[int, ...]]]) -> list[list[str]]:
+def _shards(specs: dict[str, Spec]) -> list[list[str]]:
     """Tensor names per shard, in the order the Hub's writer fills them (the
     names in order, a new shard once the next tensor would pass SHARD_BYTES)."""
     shards: list[list[str]] = [[]]
     size = 0
     for name in sorted(specs, key=_natural):
-        dt, shape = specs[name]
+        dt, shape = specs[name][:2]
         n = _ITEMSIZE[dt] * int(np.prod(shape, dtype=np.int64))
         if shards[-1] and size + n > SHARD_BYTES:
             shards.append([])
@@ -197,7 +199,7 @@ def _shards(specs: dict[str, tuple[str, tuple[int, ...]]]) -> list[list[str]]:
 
 
 def _natural(name: str) -> tuple[Any, ...]:
-    return tuple(int(p) if p.isdigit() else p for p in name.split("."))
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in name.split("."))
 
 
 def _pool() -> np.ndarray:
@@ -209,64 +211,71 @@ def _pool() -> np.ndarray:
     return bits.view(np.uint8)
 
 
-def write_checkpoint(d: Path, config: dict[str, Any] | None, specs: dict[str, tuple[str, tuple[int, ...]]],
-                     threads: int) -> float:
-    """Write the checkpoint (shards, index, config) into ``d``; returns seconds."""
+def write_checkpoint(d: Path, config: dict[str, Any] | None, specs: dict[str, Spec], threads: int, *,
+                     pools: dict[str, np.ndarray] | None = None, always_index: bool = False) -> float:
+    """Write the checkpoint (shards, index, then config.json: a folder with a
+    config.json is finished) into ``d``; returns seconds. ``pools``: key ->
+    byte pool for specs that name one (default: one pool of BF16 bits, finite
+    read as any float dtype); ``always_index``: an index also for one shard."""
     t0 = time.perf_counter()
     d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").unlink(missing_ok=True)
     for old in d.glob("*.safetensors"):
         old.unlink()
-    if config is not None:
-        (d / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    pools = {"": _pool()} if pools is None else pools
     shards = _shards(specs)
     n = len(shards)
-    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)] if n > 1 else ["model.safetensors"]
-    pool = _pool()
-    jobs: list[tuple[int, int, int]] = []  # (fd, file offset, bytes)
+    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)] if n > 1 or always_index \
+        else ["model.safetensors"]
+    jobs: list[tuple[int, int, int, np.ndarray]] = []  # (fd, file offset, bytes, pool)
     fds = []
     weight_map = {}
     total = 0
-    for fname, members in zip(names, shards):
-        # Layout as the reference writer: by descending dtype size, then name.
-        order = sorted(members, key=lambda k: (-_ITEMSIZE[specs[k][0]], k))
-        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-        off = 0
-        for k in order:
-            dt, shape = specs[k]
-            nb = _ITEMSIZE[dt] * int(np.prod(shape, dtype=np.int64))
-            header[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + nb]}
-            off += nb
-            weight_map[k] = fname
-        hb = json.dumps(header, separators=(",", ":")).encode()
-        hb += b" " * (-len(hb) % 8)
-        fd = os.open(d / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        fds.append(fd)
-        os.pwrite(fd, len(hb).to_bytes(8, "little") + hb, 0)
-        base = 8 + len(hb)
-        os.ftruncate(fd, base + off)
-        for o in range(0, off, WRITE_CHUNK):
-            jobs.append((fd, base + o, min(WRITE_CHUNK, off - o)))
-        total += off
-
-    def write(job: tuple[int, int, int]) -> None:
-        fd, at, nbytes = job
-        view = memoryview(pool)
-        done = 0
-        while done < nbytes:
-            start = (at + done) % POOL_BYTES
-            k = min(nbytes - done, POOL_BYTES - start)
-            w = os.pwrite(fd, view[start:start + k], at + done)
-            done += w
-
     try:
-        with ThreadPoolExecutor(max_workers=threads) as ex:
+        for fname, members in zip(names, shards):
+            # Layout as the reference writer: by descending dtype size, then name.
+            order = sorted(members, key=lambda k: (-_ITEMSIZE[specs[k][0]], k))
+            header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+            placed = []
+            off = 0
+            for k in order:
+                dt, shape = specs[k][:2]
+                nb = _ITEMSIZE[dt] * int(np.prod(shape, dtype=np.int64))
+                header[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + nb]}
+                placed.append((off, nb, pools[specs[k][2] if len(specs[k]) > 2 else ""]))
+                off += nb
+                weight_map[k] = fname
+            hb = json.dumps(header, separators=(",", ":")).encode()
+            hb += b" " * (-len(hb) % 8)
+            fd = os.open(d / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fds.append(fd)
+            os.pwrite(fd, len(hb).to_bytes(8, "little") + hb, 0)
+            base = 8 + len(hb)
+            os.ftruncate(fd, base + off)
+            for at, nb, pool in placed:
+                for o in range(0, nb, WRITE_CHUNK):
+                    jobs.append((fd, base + at + o, min(WRITE_CHUNK, nb - o), pool))
+            total += off
+
+        def write(job: tuple[int, int, int, np.ndarray]) -> None:
+            fd, at, nbytes, pool = job
+            view = memoryview(pool)
+            done = 0
+            while done < nbytes:  # file-offset phase: elements stay aligned to the pool's
+                start = (at + done) % pool.nbytes
+                k = min(nbytes - done, pool.nbytes - start)
+                done += os.pwrite(fd, view[start:start + k], at + done)
+
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
             list(ex.map(write, jobs))
     finally:
         for fd in fds:
             os.close(fd)
-    if n > 1:
+    if len(names) > 1 or always_index:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    if config is not None:
+        (d / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return time.perf_counter() - t0
 
 
