@@ -112,3 +112,12 @@ def test_unmapped_tensor_refused(tmp_path: Path) -> None:
     with pytest.raises(hf2q.export.UnsupportedModelError, match="model.layers.0.mlp.odd_proj.weight"):
         hf2q.convert(d, tmp_path / "o.gguf")
     assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*partial"))
+
+
+def test_recipe_refused_with_what_takes_it(tmp_path: Path) -> None:
+    # The generic family's GGUF writer takes no recipe (hf2q.load does): the TypeError says
+    # so and lists what it takes, "none" (an empty list before).
+    src = GENERIC / "qwen3"
+    with pytest.raises(TypeError, match=r"takes no option\(s\) recipe \(hf2q.load takes a recipe.*it takes none"):
+        hf2q.convert(src, tmp_path / "out.gguf", "q8_0", recipe="q4_k_m")
+    assert not list(tmp_path.iterdir())
