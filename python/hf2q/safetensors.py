@@ -158,8 +158,17 @@ def _parse_int(text: str) -> int | _BadNumber:
     # JSON forbids leading zeros, so > 20 digits is always > u64::MAX; this also
     # keeps Python's int-digit limit out of reach. "-0" is a float to serde_json.
     if text[0] == "-" or len(text) > 20:
-        return _BadNumber(text)
+        return _parse_float(text)
     return int(text)
+
+
+def _parse_float(text: str) -> _BadNumber:
+    # serde_json (the reference crate's parser) reads any other number as an
+    # f64 and refuses one beyond its range ("number out of range"), wherever
+    # it stands, an ignored key included; float() of the text says the same.
+    if math.isinf(float(text)):
+        raise ValueError(f"number out of range: {text[:40]}")
+    return _BadNumber(text)
 
 
 def _reject_constant(text: str) -> Any:
@@ -191,7 +200,7 @@ def _loads(text: str) -> tuple[Any, str | None]:
         text,
         object_pairs_hook=tracker.hook,
         parse_int=_parse_int,
-        parse_float=_BadNumber,
+        parse_float=_parse_float,
         parse_constant=_reject_constant,
     )
     return value, tracker.first
