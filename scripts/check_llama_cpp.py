@@ -80,13 +80,16 @@ def fetch_sdist(cache: Path) -> None:
     fetch_converter then only extracts it). pip prepares an sdist's
     metadata while downloading it: in its own isolated build environment
     here, so that scikit-build-core need not be installed (make_golden's
-    download, with --no-build-isolation, needs it)."""
+    download, with --no-build-isolation, needs it). Only this package is
+    taken as source: ``--no-binary :all:`` would also refuse wheels for that
+    environment's build requirements, and pip then compiles CMake from its
+    sdist (over ten minutes of a 2-core CI machine)."""
     sdist = cache / f"llama_cpp_python-{mg.LLAMA_CPP_PYTHON}.tar.gz"
     if sdist.is_file() or (cache / f"llama_cpp_python-{mg.LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
                            / "convert_hf_to_gguf.py").is_file():
         return
     cache.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-python",
                     f"llama-cpp-python=={mg.LLAMA_CPP_PYTHON}", "-d", str(cache)], check=True)
 
 
