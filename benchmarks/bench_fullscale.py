@@ -366,8 +366,8 @@ def resident_of(model: Any) -> int:
     return 0
 
 
-def loaders(case: str, d: Path, files: list[Path], dev: Any, cuda: bool, total: int
-            ) -> dict[str, Callable[[], Any]]:
+def loaders(case: str, d: Path, files: list[Path], dev: Any, cuda: bool, total: int,
+            recipe: str | None = None) -> dict[str, Callable[[], Any]]:
     out: dict[str, Callable[[], Any]] = {}
 
     def synced(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -385,6 +385,10 @@ def loaders(case: str, d: Path, files: list[Path], dev: Any, cuda: bool, total: 
         out["hf2q (default: experts q8_0)"] = synced(lambda: hf2q.load(d, dev, progress=False))
         out["hf2q keep (bf16)"] = synced(lambda: hf2q.load(d, dev, progress=False, expert_dtype="bf16",
                                                             dense_dtype="bf16"))
+        if recipe:
+            # Issue 24's GPU target: every tensor's type as llama-quantize's recipe,
+            # k-quants encoded on the device (>= 0.7x the line rate of the bytes read).
+            out[f"hf2q recipe {recipe}"] = synced(lambda: hf2q.load(d, dev, progress=False, recipe=recipe))
     if cuda:
         import torch
 
@@ -526,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         "after its case, tmpfs is memory)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--recipe", help="also time hf2q with this recipe (q4_k_m, ...) on the MoE cases")
     args = ap.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     for c in cases:
@@ -569,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{case}: {total / GB:.2f} GB of tensor data, {ntensors:,} tensors, {len(files)} files"
               + (f" (written in {t_write:.1f} s)" if t_write is not None else " (reused)"), file=sys.stderr)
         warm(files)
-        fns = loaders(case, d, files, dev, cuda, total)
+        fns = loaders(case, d, files, dev, cuda, total, args.recipe if case != "dense" else None)
         if args.peers != "all":
             keep = {p.strip() for p in args.peers.split(",")}
             fns = {k: v for k, v in fns.items() if k.startswith("hf2q") or k in keep}
