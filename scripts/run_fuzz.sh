@@ -62,15 +62,17 @@ case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 VPY="$VENV/bin/python"
 if [ "${HF2Q_SKIP_BUILD:-0}" != "1" ]; then
   "$VPY" -m pip install --quiet --disable-pip-version-check atheris
+  # The package and its runtime dependencies only: no fuzz target imports the test extra
+  # (torch, transformers, gguf), which would only lengthen the install.
   if [ "$mode" = asan ]; then
     echo "fuzz: building hf2q with clang, -DHF2Q_SANITIZE=ON -DHF2Q_FUZZ=ON into $VENV"
     CC=clang CXX=clang++ "$VPY" -m pip install --quiet --disable-pip-version-check \
       -C cmake.define.HF2Q_SANITIZE=ON -C cmake.define.HF2Q_FUZZ=ON \
-      -C cmake.build-type=RelWithDebInfo -C "build-dir=$BUILD_DIR/{wheel_tag}" ".[test]"
+      -C cmake.build-type=RelWithDebInfo -C "build-dir=$BUILD_DIR/{wheel_tag}" .
   else
     echo "fuzz: clang not found: building hf2q WITHOUT sanitizers (Python-level coverage only)"
     "$VPY" -m pip install --quiet --disable-pip-version-check \
-      -C "build-dir=$BUILD_DIR-plain/{wheel_tag}" ".[test]"
+      -C "build-dir=$BUILD_DIR-plain/{wheel_tag}" .
   fi
 fi
 t_built=$(date +%s)
