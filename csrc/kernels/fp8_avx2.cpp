@@ -12,11 +12,11 @@
 //   magnitude below 2^111. Their products are finite (|w| <= 57344 < 2^16),
 //   so they need no NaN handling and scale * 2^8 is exact. Every other chunk
 //   is computed by the scalar expression, table[w] * scale, and checked.
-// - Even/odd decode (Q8_0): 32 bytes are read as sixteen 16-bit words; the
-//   low bytes (even elements) and the high bytes (odd elements) become
-//   binary16 bits in place by shifts and masks, with no shuffle. The two
-//   results meet again in each 32-bit lane of the output (two int8 bytes
-//   before the 32 -> 16 bit pack).
+// - Even/odd decode (bf16 and Q8_0): 32 bytes are read as sixteen 16-bit
+//   words; the low bytes (even elements) and the high bytes (odd elements)
+//   become binary16 bits in place by shifts and masks, with no shuffle. The
+//   two results meet again in each 32-bit lane of the output (bf16: two
+//   bfloat16 words; Q8_0: two int8 bytes before the 32 -> 16 bit pack).
 // - Q8_0: eight blocks at a time, the scales of the eight computed in one
 //   vector (amax / 127, 1 / d and the F16C round to nearest even: the same
 //   IEEE operations as q8_block_scale). Rows whose scales are all in
@@ -186,24 +186,67 @@ inline void abs_halves(__m256i raw, __m256i& even, __m256i& odd) {
            : _mm256_and_si256(_mm256_srli_epi16(raw, 1), _mm256_set1_epi16(0x3F80));
 }
 
+// One 16-element chunk of a bf16 row by products16 (any bytes, any scale).
+template <bool E5>
+inline void bf16_chunk16(const std::uint8_t* w, const float* cs, std::size_t c, const float* table, std::uint16_t* o,
+                         std::size_t& bad) {
+  __m256 lo, hi;
+  const int b = products16<E5>(w + c, cs[c / 16], table, lo, hi);
+  if (b < 0) {
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_rne_finite(lo), bf16_rne_finite(hi)), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c), packed);
+    return;
+  }
+  if (bad == kNoIndex) bad = c + static_cast<std::size_t>(b);
+  alignas(32) float y[16];
+  _mm256_store_ps(y, lo);
+  _mm256_store_ps(y + 8, hi);
+  for (int j = 0; j < 16; ++j) o[c + j] = bf16_rne_scalar(y[j]);
+}
+
 template <bool E5>
 std::size_t row_bf16(const std::uint8_t* w, const float* cs, std::size_t cols, const float* table, std::uint16_t* o) {
   std::size_t bad = kNoIndex;
   std::size_t c = 0;
-  for (; c + 16 <= cols; c += 16) {
-    __m256 lo, hi;
-    const int b = products16<E5>(w + c, cs[c / 16], table, lo, hi);
-    if (b < 0) {
-      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_rne_finite(lo), bf16_rne_finite(hi)), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c), packed);
+  // 32 elements a step when the row's scales are all in the fast range: even
+  // and odd elements decoded apart (no shuffles), their bf16 words meeting
+  // again in each 32-bit lane, stored in order.
+  const bool fast = scales_safe(cs, cols / 32 * 2, false);
+  // Constants kept in registers: GCC otherwise rebuilds each one in the loop
+  // (a GPR move and a broadcast, on the shuffle port).
+  const __m256i special = opaque(_mm256_set1_epi8(static_cast<char>(E5 ? 0x7C : 0x7F)));
+  const __m256i sign_exp = opaque(_mm256_set1_epi16(static_cast<short>(E5 ? 0xFF00 : 0xBF80)));
+  const __m256i bias = opaque(_mm256_set1_epi32(0x7FFF));
+  const __m256i one = opaque(_mm256_set1_epi32(1));
+  const __m256i hi_words = opaque(_mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  const auto rne = [&](__m256 v) {  // u + 0x7FFF + (bit 16 of u): bfloat16(v) in its top 16 bits
+    const __m256i u = _mm256_castps_si256(v);
+    return _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+  };
+  for (; c + 32 <= cols; c += 32) {
+    prefetch_ahead(w + c);
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c));
+    if (__builtin_expect(fast && _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(raw, special), special)) == 0, 1)) {
+      // Even elements (low byte of each 16-bit word) and odd ones apart, as
+      // binary16 bits with their signs (abs_halves' layout).
+      const __m256i e = E5 ? _mm256_slli_epi16(raw, 8) : _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(raw, 8), 1), sign_exp);
+      const __m256i od = E5 ? _mm256_and_si256(raw, sign_exp) : _mm256_and_si256(_mm256_srai_epi16(raw, 1), sign_exp);
+      const __m256 vs0 = _mm256_set1_ps(E5 ? cs[c / 16] : cs[c / 16] * 256.0f);
+      const __m256 vs1 = _mm256_set1_ps(E5 ? cs[c / 16 + 1] : cs[c / 16 + 1] * 256.0f);
+      const __m256i e0 = rne(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(e)), vs0));
+      const __m256i o0 = rne(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(od)), vs0));
+      const __m256i e1 = rne(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(e, 1)), vs1));
+      const __m256i o1 = rne(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(od, 1)), vs1));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c),
+                          _mm256_or_si256(_mm256_srli_epi32(e0, 16), _mm256_and_si256(o0, hi_words)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c + 16),
+                          _mm256_or_si256(_mm256_srli_epi32(e1, 16), _mm256_and_si256(o1, hi_words)));
       continue;
     }
-    if (bad == kNoIndex) bad = c + static_cast<std::size_t>(b);
-    alignas(32) float y[16];
-    _mm256_store_ps(y, lo);
-    _mm256_store_ps(y + 8, hi);
-    for (int j = 0; j < 16; ++j) o[c + j] = bf16_rne_scalar(y[j]);
+    bf16_chunk16<E5>(w, cs, c, table, o, bad);
+    bf16_chunk16<E5>(w, cs, c + 16, table, o, bad);
   }
+  for (; c + 16 <= cols; c += 16) bf16_chunk16<E5>(w, cs, c, table, o, bad);
   for (; c < cols; ++c) {
     const float y = fp8_product(table[w[c]], cs[c / 16]);
     if (bad == kNoIndex && is_nonfinite_bits(f32_bits(y))) bad = c;
