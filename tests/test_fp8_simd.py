@@ -130,3 +130,105 @@ def test_round_half_away_formula() -> None:
     got = np.trunc((p + half).astype(np.float32))
     want = np.sign(p) * np.floor(np.abs(p).astype(np.float64) + 0.5)  # round half away from zero, exactly
     assert np.array_equal(got, want)
+
+
+def _core_both(w: np.ndarray, s: np.ndarray, block: tuple[int, int], fmt: str, to: str) -> tuple:
+    """(bytes, first non-finite, Inf Q8_0 scales) from the vector and the
+    scalar path, through the binding (which also returns the Inf count)."""
+    from hf2q import _core, formats
+
+    rows, cols = w.shape[-2:]
+    lead = int(np.prod(w.shape[:-2], dtype=np.int64))
+    f = formats.get(to)
+    nbytes = w.size // 32 * 34 if to == "q8_0" else w.size * f.block_bytes
+
+    def run() -> tuple:
+        out = np.zeros(nbytes, np.uint8)
+        first, inf = _core.scaled_fp8(w.reshape(-1), fmt, np.ascontiguousarray(s).reshape(-1).view(np.uint8),
+                                      formats.from_numpy(s.dtype).name, (lead, rows, cols), block, to, out)
+        if first >= 0 and to == "q8_0":  # the rows from the NaN/Inf product's on are unwritten
+            out = out[: first // cols * (cols // 32 * 34)]
+        return (out.tobytes(), first, inf)
+
+    simd = run()
+    ops.set_simd_enabled(False)
+    try:
+        scalar = run()
+    finally:
+        ops.set_simd_enabled(True)
+    return simd, scalar
+
+
+@pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
+@pytest.mark.parametrize("block", [(1, 16), (3, 32), (2, 48), (128, 128), (4, 10**6), (1, 96)])
+def test_q8_0_and_bf16_groups_of_eight_blocks(fmt, block) -> None:
+    # Q8_0 is computed eight blocks (256 columns) at a time, bf16 32 columns
+    # at a time: rows of 1 to 19 blocks (partial groups), chunk scales that
+    # differ within a block, the largest magnitude in either 16-element
+    # chunk, zeros and negative zeros, under scales in and out of the fast
+    # range (a negative one or -0 anywhere in a row sends the row to the
+    # per-block path).
+    rng = np.random.default_rng(block[1] * 7 + (fmt == "f8_e5m2"))
+    special = 0x7F if fmt == "f8_e4m3" else 0x7C
+    for nblocks in (1, 2, 7, 8, 9, 16, 19):
+        rows, cols = 6, 32 * nblocks
+        w = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
+        w[(w & special) == special] = 0x11
+        w[:, ::5] &= 0x87  # small magnitudes and subnormals
+        w[:, 3::11] = rng.choice(np.uint8([0x00, 0x80]), size=w[:, 3::11].shape)
+        br, bc = min(block[0], rows), min(block[1], cols)
+        grid = (-(-rows // br), -(-cols // bc))
+        for case in ("plain", "negative", "minus zero", "zero", "tiny", "huge"):
+            s = (rng.random(grid, dtype=np.float32) * 3e-3 + 1e-5).astype(np.float32)
+            if case == "negative":
+                s.flat[rng.integers(0, s.size)] *= -1
+            elif case == "minus zero":
+                s.flat[rng.integers(0, s.size)] = -0.0
+            elif case == "zero":
+                s.flat[rng.integers(0, s.size)] = 0.0
+            elif case == "tiny":  # d subnormal or 0, 1/d Inf: zeros stored
+                s[:] = np.float32(1e-44)
+            elif case == "huge":  # float16 d overflows (counted)
+                s.flat[rng.integers(0, s.size)] = 1e30
+            for to in ("q8_0", "bf16"):
+                simd, scalar = _core_both(w, s, (br, bc), fmt, to)
+                assert simd == scalar, (nblocks, case, to)
+                assert simd[1] == -1, (nblocks, case, to)
+                if case == "huge" and to == "q8_0":
+                    assert simd[2] > 0
+
+
+@pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
+def test_a_nan_or_inf_byte_in_any_block_of_a_group(fmt) -> None:
+    # A NaN/Inf encoding anywhere in eight blocks sends the group to the
+    # per-block path, which finds the first non-finite product's index (Q8_0:
+    # the rows before its row are written as always).
+    codes = [0x7F, 0xFF] if fmt == "f8_e4m3" else [0x7C, 0xFC, 0x7D, 0xFF]
+    rng = np.random.default_rng(3)
+    w0 = rng.integers(0, 0x70, (2, 32 * 11), dtype=np.uint8) | rng.choice(np.uint8([0, 0x80]), (2, 32 * 11))
+    s = np.full((1, 1), 2.5e-3, np.float32)
+    for col in (0, 15, 16, 31, 32, 100, 255, 256, 287, 300, 351):
+        for code in codes:
+            w = w0.copy()
+            w[1, col] = code
+            for to in ("q8_0", "bf16"):
+                simd, scalar = _core_both(w, s, (2, 32 * 11), fmt, to)
+                assert simd == scalar and simd[1] == 32 * 11 + col, (col, code, to)
+
+
+def test_q8_0_just_below_one_half_rounds_to_zero() -> None:
+    # p = 0.49999997 (the float below 1/2) must round to 0: p + 0.5 would
+    # round up to 1.0 in float32. Under one scale a block cannot produce it
+    # (p is about 127 * a / b for FP8 magnitudes a <= b: never within 0.003
+    # of 1/2); two chunk scales can: 448 * 1.0 is the amax, 0.5 * 3.527559
+    # has that p.
+    w = np.zeros((1, 32), np.uint8)
+    w[0, 0] = 0x7E  # 448
+    w[0, 16], w[0, 17], w[0, 18] = 0x30, 0xB0, 0x38  # 0.5, -0.5, 1.0
+    s = np.array([[1.0, np.uint32(0x4061C387).view(np.float32)]], np.float32)
+    simd, scalar = _core_both(w, s, (1, 16), "f8_e4m3", "q8_0")
+    assert simd == scalar
+    q = np.frombuffer(simd[0], np.int8)[2:]
+    assert q[0] == 127 and q[16] == 0 and q[17] == 0 and q[18] == 1
+    f32, _ = ops.dequantize_fp8(w, s, (1, 16), fmt="f8_e4m3", to="f32")
+    assert simd[0] == ops.quantize_q8_0(f32).tobytes()
