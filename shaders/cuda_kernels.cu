@@ -911,12 +911,19 @@ __device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const 
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     const bool zero_qs = (__float_as_uint(id) & 0x7FFFFFFFu) == 0x7F800000u;
+    // 16-bit stores as quantize_q8_0 above (34 * b and the destination's offset
+    // are even). Byte stores here left the scale's low byte 0 in every block on
+    // the H200 (NVRTC 13): the quants were right, the scale's high byte too.
     u8* out = dst + b * 34u;
     const u16 d16 = f32_to_f16_rn(d);
-    out[0] = (u8)(d16 & 0xFFu);
-    out[1] = (u8)(d16 >> 8);
+    *(u16*)out = d16;
     if (d16 == 0x7C00u) atomicAdd(&status[1], 1ull);
-    for (int k = 0; k < 32; ++k) out[2 + k] = (u8)(i8)(zero_qs ? 0 : (int)round_half_away(x[k] * id));
+    u16* qs = (u16*)(out + 2);
+    for (int k = 0; k < 32; k += 2) {
+      const int q0 = zero_qs ? 0 : (int)round_half_away(x[k] * id);
+      const int q1 = zero_qs ? 0 : (int)round_half_away(x[k + 1] * id);
+      qs[k / 2] = (u16)((u32)(u8)(i8)q0 | ((u32)(u8)(i8)q1 << 8));
+    }
   }
 }
 
