@@ -31,7 +31,14 @@ class _LazyModule(types.ModuleType):
         try:
             return vars(real)[name]
         except KeyError:
-            return getattr(real, name)  # numpy's own module __getattr__ (deprecated aliases, submodules)
+            pass
+        # numpy's own module __getattr__ (lazily imported submodules such as
+        # ``np.dtypes``, deprecated aliases): kept once found, or every read of
+        # it would come back here and copy the namespace again (a scale read per
+        # FP8 expert did, 60 us each).
+        value = getattr(real, name)
+        self.__dict__[name] = value
+        return value
 
     def __repr__(self) -> str:
         return f"<lazy module {self.__name__!r}>"
