@@ -425,10 +425,21 @@ def test_device_scaled_fp8_op_equals_the_cpu_decoder(monkeypatch) -> None:
     with pytest.raises(ValueError, match="overrun"):
         dev._native.scaled_fp8(buf._native, 32, dev.upload(wf)._native, dev.upload(s)._native, (2, 40, 64), (32, 24))
     monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    # A GPU decodes a run of per-expert FP8 tensors (an expert stack) in one call: the
+    # golden bytes must come out of that path too, with several pieces per call.
+    runs: list[int] = []
+    stack = loader._scaled_stack_on_device
+
+    def counted(device, ckpt, entry, pieces, buf, check_finite):
+        runs.append(len(pieces))
+        return stack(device, ckpt, entry, pieces, buf, check_finite)
+
+    monkeypatch.setattr(loader, "_scaled_stack_on_device", counted)
     test_qwen_fp8_via_device = __import__("test_fp8_golden")
     for outtype in ("q8_0", "bf16"):
         test_qwen_fp8_via_device.test_qwen_fp8_equals_converter(dev, "qwen35moe_fp8_block128", outtype)
         test_qwen_fp8_via_device.test_generic_fp8_equals_converter(dev, "qwen3_fp8_deepseek", outtype)
+    assert runs and max(runs) > 1, runs
 
 
 def test_fp8_config_without_fmt_takes_either_kind(tmp_path) -> None:
@@ -447,3 +458,29 @@ def test_fp8_config_without_fmt_takes_either_kind(tmp_path) -> None:
     b = hf2q.load(src, dev, dtype="bf16", progress=False)
     for name, buf in b.named_buffers():
         assert np.array_equal(np.asarray(a[name].to_host()).view(np.uint8), np.asarray(buf.to_host()).view(np.uint8))
+
+
+def test_device_decoded_expert_run_names_the_expert_with_a_nan(monkeypatch, tmp_path) -> None:
+    # One decode call covers a whole expert stack on a GPU: a NaN byte in one expert's
+    # weight is still reported with that expert's tensor and its own flat index.
+    from hf2q import loader, qwen35
+    from hf2q.safetensors import open_checkpoint
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = make_qwen35_moe_checkpoint(tmp_path / "ck", "tiny", fp8_block=(32, 32), sharded=False)
+    with open_checkpoint(d) as ck:
+        names = [n for n in ck.keys() if ".experts.2.up_proj.weight" in n and ck[n].dtype == "F8_E4M3"]
+        info = ck[names[0]]
+    target = names[0]
+    with open(info.path, "r+b") as f:
+        f.seek(info.offset + 37)
+        f.write(b"\x7f")  # E4M3 NaN
+    monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    runs: list[int] = []
+    stack = loader._scaled_stack_on_device
+    monkeypatch.setattr(loader, "_scaled_stack_on_device",
+                        lambda *a: (runs.append(len(a[3])), stack(*a))[1])
+    with pytest.raises(NonFiniteError) as e:
+        qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="q8_0", progress=False)
+    assert e.value.tensor == target and e.value.index == 37, (e.value.tensor, e.value.index)
+    assert runs and max(runs) > 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -400,7 +400,10 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
     buf = device.alloc(entry.shape, entry.dtype)
     try:
         streamed = []
-        for piece in entry.sources:
+        scaled_run = _scaled_run_on_device(device, entry)
+        if scaled_run:
+            _scaled_stack_on_device(device, ckpt, entry, scaled_run, buf, check_finite)
+        for piece in () if scaled_run else entry.sources:
             if piece.scale is not None:
                 _write_scaled(device, ckpt, entry, piece, buf, check_finite)
             elif entry.elementwise is not None or not formats.can_convert(piece.dtype, entry.dtype):
@@ -610,6 +613,89 @@ def _scaled_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece
         raise NonFiniteError(f"non-finite weight in '{piece.tensor}' at flat index {first}: the FP8 value times its "
                              "scale is not finite (NaN encoding, non-finite scale, or overflow)", index=first,
                              multi_index=multi, value_class="nan", tensor=piece.tensor, step="fp8 scale")
+    if inf_scales:
+        import warnings
+
+        from .errors import ScaleOverflowWarning
+
+        warnings.warn(f"'{entry.name}': {inf_scales} Q8_0 block scale(s) overflow float16 and are stored as +Inf "
+                      "(as ggml's reference quantizer does)", ScaleOverflowWarning, stacklevel=3)
+
+
+def _scaled_run_on_device(device: Device, entry: TensorPlan) -> list[Piece]:
+    """The entry's pieces when the device decodes them all in one call: every
+    piece a whole block-scaled FP8 matrix (or stack) of one format, shape and
+    block, laid end to end in the destination in plan order (an expert stack
+    from per-expert tensors), decoded straight into the entry's format on a
+    device whose memory the CPU does not address (a GPU). Else []."""
+    from .ops import FP8_OUTPUTS
+
+    if not (_SCALED_ON_DEVICE or not device._native.cpu_visible):
+        return []
+    pieces = list(entry.sources)
+    if not pieces or entry.elementwise is not None or entry.dtype not in FP8_OUTPUTS:
+        return []
+    first = pieces[0]
+    if first.scale is None or len(first.shape) < 2:
+        return []
+    offset = first.dest_offset
+    for p in pieces:
+        sc = p.scale
+        if (sc is None or sc.scheme == "mxfp4" or p.rows is not None or p.select is not None
+                or p.dtype != first.dtype or p.shape[-2:] != first.shape[-2:] or len(p.shape) < 2
+                or sc.block != first.scale.block or p.dest_offset != offset):  # type: ignore[union-attr]
+            return []
+        offset += formats.numel(p.shape)
+    return pieces
+
+
+def _scaled_stack_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer,
+                            check_finite: bool) -> None:
+    """Block-scaled FP8 pieces laid end to end (an expert stack) decoded by
+    the device in one kernel: the weights' file bytes go to a transient FP8
+    buffer through the device's file pipeline (on a GPU the staging ring, at
+    the speed of a raw load), their scale grids (small) are read, widened to
+    float32 (exact) and uploaded as one grid, and one decode call covers the
+    whole run as a stack of matrices (docs/FP8.md). Per piece the bytes and
+    arithmetic are those of :func:`_scaled_on_device`."""
+    from .errors import NonFiniteError
+
+    first = pieces[0]
+    rows, cols = first.shape[-2:]
+    lead = sum(formats.numel(p.shape[:-2]) for p in pieces)
+    base = first.dest_offset
+    wfmt = formats.get(first.dtype).name
+    wbuf = device.alloc((lead * rows * cols,), wfmt)
+    try:
+        # The run's segments as _stream cuts them, shifted to the transient buffer's start.
+        shifted = [replace(p, dest_offset=p.dest_offset - base) for p in pieces]
+        _stream(device, ckpt, entry, shifted, wbuf)
+        grids = []
+        for p in pieces:
+            sc = p.scale
+            assert sc is not None
+            s = ckpt.read_array(sc.tensor).reshape(-1)
+            s = np.broadcast_to(s, (formats.numel(sc.grid),)) if s.size == 1 else s
+            grids.append(s.astype(np.float32).reshape(-1))
+            ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
+        sbuf = device.upload(np.ascontiguousarray(np.concatenate(grids)))
+        firstbad, inf_scales = device._native.scaled_fp8(buf._native, base, wbuf._native, sbuf._native,
+                                                         (lead, rows, cols), first.scale.block)  # type: ignore[union-attr]
+    finally:
+        del wbuf
+    _check_unchanged(ckpt, pieces)
+    if firstbad >= 0 and (check_finite or entry.dtype == "q8_0"):
+        at = firstbad
+        for p in pieces:
+            n = formats.numel(p.shape)
+            if at < n:
+                break
+            at -= n
+        shape = tuple(p.shape)
+        multi = tuple(int(i) for i in np.unravel_index(at, shape))
+        raise NonFiniteError(f"non-finite weight in '{p.tensor}' at flat index {at}: the FP8 value times its "
+                             "scale is not finite (NaN encoding, non-finite scale, or overflow)", index=at,
+                             multi_index=multi, value_class="nan", tensor=p.tensor, step="fp8 scale")
     if inf_scales:
         import warnings
 
