@@ -548,10 +548,33 @@ class DemoCacheError(OSError):
 # =========================================================================== convert (GGUF: hf2q.export)
 
 
+#: The family options that ``--outtype`` sets when not given (hf2q.export's planner).
+_CONVERT_BY_OUTTYPE = ("expert_dtype", "dense_dtype")
+
+
+def _convert_options() -> dict[str, Any]:
+    """The family options ``convert`` offers, as each family declares them
+    (:class:`hf2q.models.base.Option`; ``mtp`` as ``--no-mtp``) and as far as
+    hf2q.export's writer of that family takes them: loader keyword ->
+    (option, the families whose conversion takes it), in registry order."""
+    from . import models
+    from .export import _FAMILIES  # family -> (..., the options its conversion takes)
+
+    out: dict[str, Any] = {}
+    for fam in models.FAMILIES:
+        row = _FAMILIES.get(fam.name)
+        if row is None:  # the generic family's conversion takes no option (hf2q.export.generic)
+            continue
+        impl = fam.impl()
+        for o in impl.options:
+            if o.name in row[3] and (o.cli or o.name == "mtp"):
+                out.setdefault(o.name, (o, []))[1].append(impl)
+    return out
+
+
 def _add_convert_parser(sub: Any) -> None:
     """Register ``convert`` (the GGUF writer, hf2q.export) on the subparsers."""
     from .export import OUTTYPES
-    from .recipes import RECIPES
 
     p = sub.add_parser(
         "convert", help="write the GGUF file llama.cpp's convert_hf_to_gguf.py writes (Qwen3.5/3.6 MoE, Gemma 4, "
@@ -565,15 +588,17 @@ def _add_convert_parser(sub: Any) -> None:
     p.add_argument("--outtype", choices=list(OUTTYPES), default="q8_0",
                    help="as for llama.cpp's converter: the type of the weight matrices (norms, routers and 1-D "
                         "tensors stay F32); default q8_0")
-    p.add_argument("--expert-dtype", choices=["q8_0", "bf16", "f32"],
-                   help="Qwen3.5/3.6 MoE, Gemma 4: the expert stacks' type (default: --outtype)")
-    p.add_argument("--dense-dtype", choices=["f32", "bf16", "q8_0"],
-                   help="Qwen3.5/3.6 MoE, Gemma 4: the other matrices' type (default: --outtype)")
-    p.add_argument("--no-mtp", action="store_true",
-                   help="Qwen3.5/3.6 MoE: leave the multi-token-prediction block out (the converter's --no-mtp)")
-    p.add_argument("--recipe", choices=list(RECIPES),
-                   help="the tensors llama-quantize would write for this file type from the converter's BF16 "
-                        "file, no importance matrix (Q4_K_M: q4_k_m); replaces --outtype and the dtype options")
+    opts = _convert_options()
+    for name, (opt, fams) in opts.items():
+        who = ", ".join(f.label for f in fams)
+        if name == "mtp":  # a Python-only bool (mtp=False): the converter's --no-mtp
+            p.add_argument("--no-mtp", dest="mtp", action="store_const", const=False,
+                           help=f"{who} only: leave the multi-token-prediction block out (the converter's --no-mtp)")
+            continue
+        default = "--outtype" if name in _CONVERT_BY_OUTTYPE else ("none" if opt.default is None else opt.default)
+        also = " and --outtype" if name == "recipe" else ""
+        p.add_argument(_flag(name), choices=list(opt.choices) if opt.choices is not None else None,
+                       help=f"{who} only: {opt.help}{also} (default {default})")
     p.add_argument("--name", help="general.name (default: the checkpoint folder's name, as the converter does)")
     p.add_argument("--force", action="store_true", help="replace OUT.gguf if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (drawn only on a terminal anyway)")
@@ -584,15 +609,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .export import convert
 
     path = resolve_source(args)
-    options: dict[str, Any] = {}
-    if args.expert_dtype:
-        options["expert_dtype"] = args.expert_dtype
-    if args.dense_dtype:
-        options["dense_dtype"] = args.dense_dtype
-    if args.no_mtp:
-        options["mtp"] = False
-    if args.recipe:
-        options["recipe"] = args.recipe
+    options = {k: getattr(args, k) for k in _convert_options() if getattr(args, k, None) is not None}
     try:
         summary = convert(path, args.out, args.outtype, force=args.force,
                           progress=not (args.no_progress or args.json), name=args.name or _convert_default_name(args),
