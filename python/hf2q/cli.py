@@ -155,10 +155,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     width = max((len(r["name"]) for r in rows), default=4)
     dwidth = max((len(r["dtype"]) for r in rows), default=5)  # F8_E4M3 is wider than BF16
     dwidth = max(dwidth, 5)
+    unloadable = set(report.get("unloadable", ()))
     for r in rows:
         line = f"  {r['name']:<{width}}  {r['dtype']:<{dwidth}} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}"
         if "device_dtype" in r:  # the device dtype column, then the GGUF tensor(s) it goes into
-            line += f"  -> {r['device_dtype'] or 'skipped':<7}"
+            none = "unloadable" if r["name"] in unloadable else "skipped"
+            line += f"  -> {r['device_dtype'] or none:<7}"
             if r.get("gguf_names"):
                 line += " " + ", ".join(r["gguf_names"])
         if r.get("scale"):

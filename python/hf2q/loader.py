@@ -258,15 +258,25 @@ def _name_file(e: NonFiniteError, plan: LoadPlan, ckpt: Checkpoint) -> None:
             e.args = (f"{path}: {e.args[0]}", *e.args[1:]) if e.args else (str(path),)
 
 
+def loadable_shape(shape: tuple[int, ...] | list[int]) -> bool:
+    """Whether a buffer of logical ``shape`` can be loaded: numpy's rule (as
+    ``read_array``), counted with the widest element (8 bytes), so that every
+    view of the buffer exists. The loader refuses the others before anything
+    is allocated; ``inspect`` lists them as unloadable."""
+    from .safetensors import numpy_representable
+
+    return numpy_representable(shape, 8)
+
+
 def _check_representable(plan: LoadPlan, ckpt: Checkpoint) -> None:
     """A zero-element tensor loads as an empty buffer; one whose shape no
     buffer view can hold (``[0, 2^64-1]``: numpy's rule, as ``read_array``)
     is refused before anything is allocated, naming the tensor."""
-    from .safetensors import NOT_REPRESENTABLE, REPRESENTABLE_RULE, numpy_representable
+    from .safetensors import NOT_REPRESENTABLE, REPRESENTABLE_RULE
     from .errors import SafetensorsError
 
     for entry in plan:
-        if not numpy_representable(entry.shape, 8):
+        if not loadable_shape(entry.shape):
             src = entry.sources[0].tensor if entry.sources else entry.name
             path = ckpt[src].path if src in ckpt else None
             raise SafetensorsError(f"{path}: tensor '{src}' of shape {list(entry.shape)} cannot be loaded: a buffer "
