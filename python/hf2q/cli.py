@@ -1033,10 +1033,52 @@ def _broken_pipe(e: BaseException) -> bool:
     return isinstance(e, BrokenPipeError) or (isinstance(e, OSError) and e.errno == errno.EPIPE)
 
 
+class _NoStdout:
+    """sys.stdout while there is none (``hf2q inspect X >&-``: fd 1 closed,
+    Python's sys.stdout is None): takes what the command prints and
+    remembers that it had output it could not write."""
+
+    written = False
+
+    def write(self, text: str) -> int:
+        self.written = self.written or bool(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+#: Exit status when the command's output could not be written (stdout closed):
+#: what GNU tools give for a write error.
+EXIT_WRITE_ERROR = 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``hf2q`` command. Returns the exit status (see the README): 0, 2
-    for bad input, 1 for the machine's own failure, 130 when interrupted,
-    141 when stdout's reader went away (nothing printed then)."""
+    for bad input, 1 for the machine's own failure or when stdout is closed
+    and the command had output (``>&-``), 130 when interrupted, 141 when
+    stdout's reader went away (nothing printed then)."""
+    if sys.stdout is not None:
+        return _main_streams(argv)
+    sink = _NoStdout()
+    sys.stdout = sink  # type: ignore[assignment]
+    try:
+        try:
+            code = _main_streams(argv)
+        except SystemExit as e:  # argparse's --help / --version
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    finally:
+        sys.stdout = None  # type: ignore[assignment]
+    if not sink.written:
+        return code
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if a in COMMANDS), None)
+    if sys.stderr is not None:
+        print(f"hf2q{' ' + command if command else ''}: error: standard output is closed: the output could not be "
+              "written", file=sys.stderr)
+    return code or EXIT_WRITE_ERROR
+
+
+def _main_streams(argv: Sequence[str] | None) -> int:
     with _Streams():
         try:
             try:
