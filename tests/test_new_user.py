@@ -445,3 +445,26 @@ def test_one_skip_summary_line_per_reason(tmp_path: Path) -> None:
                         str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     skipped = [ln for ln in p.stdout.splitlines() if ln.startswith("SKIPPED")]
     assert skipped == ["SKIPPED [5] test_x.py: no such device here", "SKIPPED [1] test_x.py: another reason"], p.stdout
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_one_skip_summary_line_per_reason_across_files(workers: list[str], tmp_path: Path) -> None:
+    """The same reason in several files is one ``-ra`` line too, with the
+    total count and every file (``pytest -ra tests/test_cuda.py
+    tests/test_fp8_cuda.py tests/test_kquants_cuda.py`` printed the long CUDA
+    reason three times), with pytest-xdist's workers as without."""
+    if workers:
+        pytest.importorskip("xdist")
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    module_skip = "import pytest\npytestmark = pytest.mark.skipif(True, reason='no such device here')\n"
+    for name, n in (("test_a.py", 3), ("test_b.py", 2), ("test_c.py", 4)):
+        (tmp_path / name).write_text(module_skip + "".join(f"def test_{i}():\n    pass\n\n" for i in range(n)))
+    (tmp_path / "test_d.py").write_text(
+        "import pytest\n\ndef test_ok():\n    pass\n\n"
+        "def test_inside():\n    pytest.skip('no such device here')\n\n"
+        "@pytest.mark.skipif(True, reason='another reason')\ndef test_other():\n    pass\n")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider", "-p", "no:randomly",
+                        *workers, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    skipped = sorted(ln for ln in p.stdout.splitlines() if ln.startswith("SKIPPED"))
+    assert skipped == sorted(["SKIPPED [1] test_d.py: another reason",
+                              "SKIPPED [10] test_a.py, test_b.py, test_c.py, test_d.py: no such device here"]), p.stdout
