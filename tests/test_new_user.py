@@ -159,6 +159,8 @@ def test_gemma4_tiny_preset_loads(gemma: Path) -> None:
     (make_gemma4_checkpoint, "nope", ValueError),
     (make_gemma4_checkpoint, {"hidden_size": -1}, hf2q.ConfigError),
     (make_qwen35_moe_checkpoint, "nope", ValueError),
+    (make_qwen35_moe_checkpoint, {"hidden_size": -1}, hf2q.ConfigError),  # was a raw KeyError
+    (make_qwen35_moe_checkpoint, {"num_hidden_layers": 2}, hf2q.ConfigError),
     (make_dflash_checkpoint, "nope", ValueError),
     (make_dflash_checkpoint, {"hidden_size": 0}, hf2q.ConfigError),
 ])
