@@ -315,8 +315,10 @@ def demo_target(args: argparse.Namespace) -> tuple[Path, str]:
     if config not in DRAFTER_CONFIGS:
         raise ConfigError(f"unknown demo config {config!r}; known: {', '.join(sorted(DRAFTER_CONFIGS))}")
     base = Path(args.cache_dir) if args.cache_dir else demo_cache_dir()
-    if args.cache_dir and os.path.lexists(base) and not base.is_dir():  # bad input, exit 2 (issue 11)
-        raise UsageError(f"--cache-dir {base}: not a directory")
+    given = f"--cache-dir {base}" if args.cache_dir else f"HF2Q_CACHE={base}" if os.environ.get("HF2Q_CACHE") else ""
+    if given and os.path.lexists(base) and not base.is_dir():  # bad input, exit 2 (issues 11, 27)
+        raise UsageError(f"{given}: not a directory (a file is there); choose a folder with --cache-dir DIR or "
+                         "HF2Q_CACHE=DIR")
     name = "demo-gemma-4-26B-A4B-dflash" if config == DEFAULT_DEMO_CONFIG else f"demo-{config}-dflash"
     return base / name, config
 
