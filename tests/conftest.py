@@ -9,16 +9,45 @@ import pytest
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """One ``-ra`` summary line per skip reason and file: pytest folds equal
-    skips by (file, line, reason), and a module-level ``skipif`` mark (the
-    CUDA tests without a GPU) reports each test's own line, which gave one
-    line per test (35 identical CUDA lines). The line number is dropped from
-    skip reports; the file and the reason stay."""
+    """Skips fold by reason: pytest folds equal skips by (file, line,
+    reason), and a module-level ``skipif`` mark (the CUDA tests without a
+    GPU) reports each test's own line, which gave one line per test (35
+    identical CUDA lines). The line number is dropped from skip reports; the
+    file and the reason stay (:func:`pytest_terminal_summary` then folds
+    files that share a reason)."""
     outcome = yield
     rep = outcome.get_result()
     if rep.skipped and isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
         path, _line, reason = rep.longrepr
         rep.longrepr = (path, None, reason)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """One ``-ra`` summary line per skip reason, across files: pytest folds
+    skips by (file, reason), so the CUDA reason of three files printed three
+    times. Runs before pytest's short summary (its own hook wraps the
+    others'): skips that share a reason get one path naming every file that
+    has them (``tests/test_cuda.py, test_fp8_cuda.py, test_kquants_cuda.py``),
+    so pytest folds them into one line with the total count."""
+    import os
+
+    skipped = terminalreporter.stats.get("skipped", [])
+    files: dict[str, set[str]] = {}
+    for rep in skipped:
+        if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 and rep.longrepr[1] is None:
+            files.setdefault(rep.longrepr[2], set()).add(os.path.abspath(str(rep.longrepr[0])))
+    joined: dict[str, str] = {}
+    for reason, paths in files.items():
+        if len(paths) > 1:
+            ordered = sorted(paths)
+            base = os.path.dirname(os.path.commonpath(ordered)) if len(set(map(os.path.dirname, ordered))) > 1 \
+                else os.path.dirname(ordered[0])
+            names = [os.path.relpath(p, base) for p in ordered]
+            shown = names if len(names) <= 5 else [*names[:4], f"{len(names) - 4} more files"]
+            joined[reason] = os.path.join(base, ", ".join(shown))
+    for rep in skipped:
+        if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 and rep.longrepr[2] in joined:
+            rep.longrepr = (joined[rep.longrepr[2]], rep.longrepr[1], rep.longrepr[2])
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

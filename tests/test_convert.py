@@ -131,6 +131,46 @@ def test_cli_human_output_and_force(tmp_path, capsys) -> None:
     assert types["blk.0.ffn_up_exps.weight"] == "Q8_0" and types["blk.0.attn_qkv.weight"] == "F32"
 
 
+def test_cli_convert_offers_what_the_families_declare(tmp_path, capsys) -> None:
+    """convert's family flags are the families' Options (choices, labels), as
+    far as each family's conversion takes them: what hf2q.convert accepts the
+    command line accepts (--expert-dtype q4_k was refused, exit 2)."""
+    from hf2q import models
+    from hf2q.plan import CONVERT_DTYPES
+
+    parser = cli.build_parser()
+    conv = next(a for a in parser._subparsers._group_actions[0].choices.values()  # type: ignore[union-attr]
+                if a.prog.endswith(" convert"))
+    flags = {a.dest: a for a in conv._actions}
+    for name in ("expert_dtype", "dense_dtype"):
+        assert tuple(flags[name].choices) == CONVERT_DTYPES
+        assert "Qwen3.5/3.6 MoE, Gemma 4 only" in flags[name].help and "(default --outtype)" in flags[name].help
+    from hf2q.recipes import RECIPES
+
+    assert tuple(flags["recipe"].choices) == tuple(RECIPES)
+    assert flags["mtp"].option_strings == ["--no-mtp"] and "Qwen3.5/3.6 MoE only" in flags["mtp"].help
+    assert "dtype" not in flags  # the generic family's conversion takes no option
+    for fam in models.FAMILIES:  # every offered option is one a family declares
+        for o in fam.impl().options:
+            if o.name in flags and o.choices is not None and o.name != "mtp":
+                assert set(flags[o.name].choices) == set(o.choices), (fam.name, o.name)
+    out = tmp_path / "q.gguf"
+    assert cli.main(["convert", str(QWEN), str(out), "--expert-dtype", "q4_k", "--dense-dtype", "q6_k",
+                     "--no-progress"]) == 0
+    import gguf
+
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    capsys.readouterr()
+    api = tmp_path / "api.gguf"
+    hf2q.convert(QWEN, api, expert_dtype="q4_k", dense_dtype="q6_k")
+    assert out.read_bytes() == api.read_bytes()
+    # the tiny experts' rows (64) take llama-quantize's fallback for Q4_K
+    assert types["blk.0.ffn_up_exps.weight"] == "Q5_0" and types["blk.0.attn_qkv.weight"] == "Q8_0"
+    generic = DATA / "gguf" / "generic" / "llama3"
+    assert cli.main(["convert", str(generic), str(tmp_path / "g.gguf"), "--expert-dtype", "q4_k"]) == 2
+    assert "the generic family takes no option(s) expert_dtype" in capsys.readouterr().err
+
+
 def test_a_file_appearing_meanwhile_is_kept(tmp_path, monkeypatch) -> None:
     """Without --force, a file created at OUT while converting is not
     replaced; the finished temporary file is removed."""

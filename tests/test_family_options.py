@@ -116,3 +116,41 @@ def test_cli_inspect_shows_what_load_makes(family: str, argv: list[str], device_
     assert shown["resident_bytes"] == loaded["resident_bytes"] != default["resident_bytes"]
     planned = shown.get("gguf_tensors") or [{"dtype": r["device_dtype"]} for r in shown["tensor_list"]]
     assert device_dtype in {t["dtype"] for t in planned}
+
+
+def test_every_family_has_the_protocols_signatures(checkpoints: dict[str, Path]) -> None:
+    """model / target_heads / describe take what ModelFamily declares (a
+    LoadPlan), and DFlash's plan takes **options: a family narrows nothing
+    under ``# type: ignore[override]``; what it cannot take it refuses at run
+    time with a TypeError."""
+    import inspect
+
+    from hf2q.models.base import ModelFamily
+    from hf2q.plan import LoadPlan
+
+    for fam in models.FAMILIES:
+        impl = type(fam.impl())
+        src = inspect.getsource(inspect.getmodule(impl))  # type: ignore[arg-type]
+        assert "type: ignore[override]" not in src, fam.name
+        for method in ("model", "target_heads", "describe"):
+            if getattr(impl, method) is getattr(ModelFamily, method):
+                continue
+            base = inspect.signature(getattr(ModelFamily, method)).parameters
+            ours = inspect.signature(getattr(impl, method)).parameters
+            assert [(p.name, p.annotation, p.kind) for p in ours.values()] == \
+                [(p.name, p.annotation, p.kind) for p in base.values()], (fam.name, method)
+    qwen = models.family("qwen35moe").impl()
+    other = LoadPlan("generic", [])
+    for call in (lambda: qwen.model(hf2q.Device("host"), other, {}), lambda: qwen.target_heads(other),
+                 lambda: qwen.describe(other, None)):  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"needs a Qwen3.5 MoE plan \(Qwen35Plan.*got LoadPlan of family 'generic'"):
+            call()
+    dflash = models.family("dflash").impl()
+    assert inspect.signature(type(dflash).plan).parameters["options"].kind is inspect.Parameter.VAR_KEYWORD
+    with open_checkpoint(checkpoints["dflash"]) as ckpt:
+        cfg = dflash.parse_config(ckpt, None)
+        assert len(dflash.plan(ckpt, cfg)) > 0
+        with pytest.raises(TypeError, match=r"the dflash family takes no option\(s\) dtype; it takes none"):
+            dflash.plan(ckpt, cfg, dtype="f32")
+        with pytest.raises(TypeError, match="dflash: plan.. needs a DFlashConfig"):
+            dflash.plan(ckpt, {"hidden_size": 1})

@@ -156,6 +156,35 @@ def test_conversions_are_the_rows_sources() -> None:
         dev.write(buf, np.zeros(64, np.uint8))
 
 
+def test_ops_block_formats_are_the_rows_with_kernels() -> None:
+    # hf2q.ops names no format: quantize takes the block rows whose kernels
+    # encode, dequantize those whose kernels decode (mxfp4: decode only), so a
+    # new block row needs no edit of ops.py.
+    from hf2q import ops
+
+    rows = _core.format_table()
+    assert all(len(r) == 9 for r in rows)
+    enc = {r[0] for r in rows if r[7]}
+    dec = {r[0] for r in rows if r[8]}
+    assert ops.BLOCK_FORMATS == formats.ENCODED_BLOCK_FORMATS == tuple(
+        n for n in formats.DEVICE_FORMATS if formats.get(n).is_block and n in enc)
+    assert formats.DECODED_BLOCK_FORMATS == tuple(
+        n for n in formats.DEVICE_FORMATS if formats.get(n).is_block and n in dec)
+    # the names of before, in native id order (a new block row adds its own after them)
+    assert ops.BLOCK_FORMATS[:7] == ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
+    assert set(formats.DECODED_BLOCK_FORMATS) == {*ops.BLOCK_FORMATS, "mxfp4"}
+    assert formats.get("f32").decodes and not formats.get("f32").encodes
+    assert not formats.get("i32").decodes and not formats.get("mxfp4").encodes
+    for fmt in formats.DECODED_BLOCK_FORMATS:
+        f = formats.get(fmt)
+        assert ops.dequantize(np.zeros(f.block_bytes, np.uint8), fmt).shape == (f.block_elems,)
+    for bad in ("f32", "mxfp4"):
+        with pytest.raises(ValueError, match=f"'{bad}' is not a block format; expected one of q8_0, q4_0, q4_k"):
+            ops.quantize(np.zeros(32, np.float32), bad)
+    with pytest.raises(ValueError, match="'bf16' is not a block format; expected one of q8_0, q4_0"):
+        ops.dequantize(np.zeros(4, np.uint8), "bf16")
+
+
 def test_kernels_refuse_a_source_their_row_does_not_list() -> None:
     # The quantizer never reads another type as one it knows (the old
     # "otherwise F16" fallbacks): a source outside the q8_0 row fails.

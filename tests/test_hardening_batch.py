@@ -17,11 +17,16 @@ import hf2q
 from hf2q import safetensors as st
 from hf2q.device import Device, FileReadError
 
+from _helpers import why_no_cuda
 
-def test_device_batch_names_the_failing_job(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_device_batch_names_the_failing_job(kind: str, tmp_path: Path) -> None:
+    if kind == "cuda" and why_no_cuda():
+        pytest.skip(f"no CUDA device: {why_no_cuda()}")
     f = tmp_path / "x.bin"
     f.write_bytes(np.arange(64, dtype=np.float32).tobytes())
-    dev = Device._isolated("host")
+    dev = Device._isolated(kind)
     a, b, c = dev.alloc((16,), "f32"), dev.alloc((16,), "f32"), dev.alloc((16,), "f32")
     wfd = os.open(f, os.O_WRONLY)
     try:

@@ -110,11 +110,32 @@ def test_closed_stdout_exits_quietly(case: str, unbuffered: bool, tiny: Path) ->
     assert rc == 141 and err == b"", (rc, err.decode(errors="replace"))
 
 
-def test_stdout_closed_altogether(tiny: Path) -> None:
-    """`hf2q inspect X >&-`: no stdout at all (Python's sys.stdout is None): no crash, no output."""
-    p = subprocess.run([*HF2Q, "inspect", tiny], stderr=subprocess.PIPE, timeout=60, env=ENV,
+@pytest.mark.parametrize("argv", [["inspect", "{tiny}"], ["inspect", "{tiny}", "--json"], ["--version"], ["--help"],
+                                  ["load", "{tiny}", "--device", "host", "--no-progress"]])
+def test_stdout_closed_altogether(argv: list[str], tiny: Path) -> None:
+    """`hf2q inspect X >&-`: no stdout at all (Python's sys.stdout is None). The output could not be
+    written: exit 1 (as GNU tools exit on a write error; was 0 having written nothing) with one short
+    line on stderr, no traceback."""
+    args = [a.format(tiny=tiny) for a in argv]
+    p = subprocess.run([*HF2Q, *args], stderr=subprocess.PIPE, timeout=60, env=ENV, preexec_fn=lambda: os.close(1))
+    err = p.stderr.decode()
+    assert p.returncode == 1, err
+    assert err.count("\n") == 1 and len(err) < 120 and "Traceback" not in err
+    assert err.startswith("hf2q") and "standard output is closed: the output could not be written" in err
+    if argv[0] in ("inspect", "load"):
+        assert err.startswith(f"hf2q {argv[0]}: error:")
+
+
+def test_stdout_closed_after_a_failure_keeps_its_status(tmp_path: Path) -> None:
+    """Bad input stays exit 2 (its message on stderr); under --json, whose error object could not be
+    written, one more line says so."""
+    missing = str(tmp_path / "missing")
+    p = subprocess.run([*HF2Q, "inspect", missing], stderr=subprocess.PIPE, timeout=60, env=ENV,
                        preexec_fn=lambda: os.close(1))
-    assert p.returncode == 0 and p.stderr == b""
+    assert p.returncode == 2 and p.stderr.decode().count("\n") == 1 and "standard output" not in p.stderr.decode()
+    p = subprocess.run([*HF2Q, "inspect", missing, "--json"], stderr=subprocess.PIPE, timeout=60, env=ENV,
+                       preexec_fn=lambda: os.close(1))
+    assert p.returncode == 2 and p.stderr.decode().count("\n") == 1 and "standard output is closed" in p.stderr.decode()
 
 
 # --------------------------------------------------------------------------- SIGINT

@@ -178,3 +178,27 @@ def test_demo_cache_dir_that_is_a_file_exits_2_with_one_line(tmp_path: Path) -> 
                    args=["demo", "--cache-dir", str(f), "--config", "tiny", "--no-verify"], timeout=60)
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "not a directory" in r.stderr.lower(), r.stderr
+    assert f"--cache-dir {f}: not a directory (a file is there); choose a folder with --cache-dir DIR or " \
+           "HF2Q_CACHE=DIR" in r.stderr
+
+
+def test_hf2q_cache_that_is_a_file_exits_2_like_cache_dir(tmp_path: Path) -> None:
+    """HF2Q_CACHE=<a regular file> was "File exists", exit 1; now what --cache-dir <file> gives, naming the
+    variable (--json: the usage error as its object)."""
+    import json
+    import os
+
+    f = tmp_path / "file"
+    f.write_text("x")
+    env = {**os.environ, "HF2Q_CACHE": str(f)}
+    for extra in ([], ["--json"]):
+        r = run_python("import sys; from hf2q.cli import main; sys.exit(main(sys.argv[1:]))",
+                       args=["demo", "--config", "tiny", "--no-verify", "--device", "host", *extra], timeout=60,
+                       env=env)
+        assert r.returncode == 2, r.stderr
+        msg = f"HF2Q_CACHE={f}: not a directory (a file is there); choose a folder with --cache-dir DIR or HF2Q_CACHE=DIR"
+        if extra:
+            assert r.stderr == "" and json.loads(r.stdout)["error"]["message"].endswith(msg), r.stdout
+        else:
+            assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr, r.stderr
+    assert f.read_text() == "x"

@@ -205,3 +205,82 @@ def test_values_in_the_file_say_step_file(dflash_ck: Path, tmp_path: Path) -> No
     with pytest.raises(NonFiniteError) as ei:
         dflash.load(d, Device._isolated("host"), progress=False, check_finite=True)
     assert ei.value.tensor == "fc.weight" and ei.value.step in ("file", None)
+
+
+@pytest.mark.parametrize(("dtype", "value"), [
+    ("q8_0", 3.4e38), ("q4_0", 3.4e38), ("q4_k", 3.4e38), ("q5_k", 3.4e38),
+    ("q6_k", 1e9),  # Q6_K's scale overflows from about 3e8 (beyond 1.8e19 ggml's fit collapses to zeros)
+    ("q8_0", 1e7),  # just past Q8_0's 8,321,040
+])
+def test_block_scale_that_overflows(dtype: str, value: float, tmp_path: Path) -> None:
+    """A finite f32 value too large for the block format: ggml (and the
+    default) store a float16 scale of +-Inf, so the buffer dequantizes to
+    Inf/NaN; check_finite refuses it for every block format, naming the
+    file, the tensor and the step."""
+    import warnings
+
+    import hf2q
+    from hf2q import ops
+
+    x = np.ones((2, 256), dtype=np.float32)
+    x[1, 5] = value
+    ck = _generic(tmp_path, {"w.weight": x})
+    w = _no_warnings()
+    try:
+        with pytest.raises(NonFiniteError) as ei:
+            hf2q.load(ck, Device._isolated("host"), dtype=dtype, progress=False, check_finite=True)
+    finally:
+        w.__exit__(None, None, None)
+    e = ei.value
+    assert e.tensor == "w.weight" and e.step == f"quantization f32->{dtype}"
+    assert e.path == str(ck / "model.safetensors") and str(e).startswith(f"{e.path}: non-finite weight in 'w.weight'")
+    assert "float16 scale" in str(e) and f"too large for {dtype}" in str(e)
+    block = hf2q.formats.get(dtype).block_elems
+    assert 256 <= e.index < 256 + block and e.multi_index == (1, e.index - 256)  # in the block holding x[1, 5]
+    assert e.value_class in ("nan", "+inf", "-inf")
+    with pytest.warns(hf2q.ScaleOverflowWarning, match=f"{dtype.upper()} block scale"):
+        m = hf2q.load(ck, Device._isolated("host"), dtype=dtype, progress=False)  # default: ggml's bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert m["w.weight"].numpy().tobytes() == ops.quantize(x, dtype).tobytes()
+        assert not np.isfinite(ops.dequantize(m["w.weight"].numpy(), dtype)).all()
+
+
+def test_block_scale_overflow_after_a_staged_conversion(tmp_path: Path) -> None:
+    """f64 1e38 fits f32 but not Q8_0: the staged write (Device.write) reports it as the quantization's."""
+    import hf2q
+
+    x = np.ones((2, 32), dtype=np.float64)
+    x[1, 5] = 1e38
+    ck = _generic(tmp_path, {"w.weight": x})
+    with pytest.raises(NonFiniteError) as ei:
+        hf2q.load(ck, Device._isolated("host"), dtype="q8_0", progress=False, check_finite=True)
+    assert ei.value.step == "quantization f32->q8_0" and ei.value.tensor == "w.weight"
+    assert ei.value.path == str(ck / "model.safetensors")
+
+
+@pytest.mark.parametrize("check_finite", [False, True])
+def test_finite_f64_that_does_not_fit_f32_before_q8_0(check_finite: bool, tmp_path: Path) -> None:
+    """f64 1e300 is finite in the file: it does not fit f32 on its way to Q8_0 (was "non-finite input",
+    step None)."""
+    import hf2q
+
+    x = np.ones((2, 32), dtype=np.float64)
+    x[1, 5] = 1e300
+    ck = _generic(tmp_path, {"w.weight": x})
+    w = _no_warnings()
+    try:
+        with pytest.raises(NonFiniteError) as ei:
+            hf2q.load(ck, Device._isolated("host"), dtype="q8_0", progress=False, check_finite=check_finite)
+    finally:
+        w.__exit__(None, None, None)
+    e = ei.value
+    assert e.step == "conversion f64->f32" and e.value_class == "+inf" and e.index == 37 and e.multi_index == (1, 5)
+    assert "non-finite input" not in str(e) and "the file's value is finite but does not fit f32" in str(e)
+    # a NaN in the file stays the file's
+    x[1, 5] = np.nan
+    (tmp_path / "nan").mkdir()
+    ck2 = _generic(tmp_path / "nan", {"w.weight": x})
+    with pytest.raises(NonFiniteError) as ei:
+        hf2q.load(ck2, Device._isolated("host"), dtype="q8_0", progress=False, check_finite=check_finite)
+    assert ei.value.step in (None, "file") and ei.value.value_class == "nan"

@@ -28,7 +28,11 @@ ZERO = {
     "blk.1.ids": np.zeros((0,), np.int32),
     "blk.1.mask": np.zeros((0, 2), np.uint8),
     "blk.2.real.weight": np.arange(2 * 64, dtype=np.float32).reshape(2, 64),
+    "blk.3.f8.weight": np.zeros((0, 256), ml_dtypes.float8_e4m3fn),  # FP8 kept (keep) / decoded (the others)
+    "blk.3.k.weight": np.zeros((0, 256), np.float32),  # whole 256-blocks: the k-quants apply
 }
+#: every dtype option of the generic family (hf2q.plan.CONVERT_DTYPES and keep)
+POLICIES = ["keep", "f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
 
 
 def raw_file(path: Path, tensors: dict[str, tuple[str, list[int], int]]) -> Path:
@@ -53,18 +57,33 @@ def zero_ck(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-@pytest.mark.parametrize("policy", ["keep", "f32", "bf16", "q8_0"])
+def test_the_options_are_the_familys() -> None:
+    from hf2q.models import family
+
+    assert tuple(POLICIES) == family("generic").impl().options[0].choices
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_generic_load_of_zero_element_tensors(policy: str, zero_ck: Path) -> None:
     """`ValueError: cannot allocate a zero-size buffer` traceback before."""
     dev = Device._isolated("host")
     m = hf2q.load(zero_ck, dev, dtype=policy, progress=False)
+    _, config = hf2q.models.read_config(zero_ck)
+    with hf2q.safetensors.open_checkpoint(zero_ck) as ckpt:
+        _, rep = hf2q.models.inspect(ckpt, config, dtype=policy)
+    assert rep["unloadable"] == []
     for name, x in ZERO.items():
         b = m[name]
         assert b.shape == x.shape, name
+        assert b.dtype == rep["device_dtypes"][name], name  # inspect says what load makes
         if x.size == 0:
             assert b.byte_len == 0 and b.numpy().size == 0 and b.to_host().size == 0
+    if policy == "keep":
+        assert m["blk.3.f8.weight"].dtype == "f8_e4m3"  # FP8 kept as it is
+    if policy in ("q4_k", "q5_k", "q6_k", "q4_0", "q8_0"):
+        assert m["blk.3.k.weight"].dtype == policy  # rows of whole blocks: the option's format
     real = m["blk.2.real.weight"]
-    if real.dtype != "q8_0":  # (0..127 are exact in bf16 too)
+    if not hf2q.formats.get(real.dtype).is_block:  # (0..127 are exact in bf16 too)
         assert np.array_equal(real.numpy().astype(np.float32), ZERO["blk.2.real.weight"])
     v = m.verify()
     assert v["buffers"] == len(ZERO)
@@ -124,7 +143,7 @@ def test_load_of_an_unrepresentable_zero_element_shape_is_refused_typed(tmp_path
     raw_file(d / "model.safetensors", {"a": ("F32", [0, 2**64 - 1], 0), "b": ("U8", [4], 4)})
     (d / "config.json").write_text("{}")
     dev = Device._isolated("host")
-    for policy in ("keep", "f32", "bf16", "q8_0"):
+    for policy in POLICIES:
         with pytest.raises(hf2q.SafetensorsError) as ei:
             hf2q.load(d, dev, dtype=policy, progress=False)
         assert ei.value.code == "NotRepresentable" and ei.value.tensor == "a" and "[0, 18446744073709551615]" in str(
@@ -133,10 +152,16 @@ def test_load_of_an_unrepresentable_zero_element_shape_is_refused_typed(tmp_path
     p = subprocess.run([sys.executable, "-m", "hf2q", "load", str(d), "--device", "host", "--json"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and json.loads(p.stdout)["error"]["code"] == "NotRepresentable"
-    p = subprocess.run([sys.executable, "-m", "hf2q", "inspect", str(d), "--json"], capture_output=True, text=True,
-                       timeout=60)
-    assert p.returncode == 0, p.stderr  # headers only: the shape is listed as it is
-    assert json.loads(p.stdout)["tensor_list"][0]["shape"] == [0, 2**64 - 1]
+    for policy in POLICIES:  # inspect agrees with load: listed, with no device dtype, as unloadable
+        p = subprocess.run([sys.executable, "-m", "hf2q", "inspect", str(d), "--json", "--dtype", policy],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr  # headers only: the shape is listed as it is
+        rep = json.loads(p.stdout)
+        assert rep["tensor_list"][0]["shape"] == [0, 2**64 - 1]
+        assert rep["tensor_list"][0]["device_dtype"] is None and rep["unloadable"] == ["a"], policy
+        assert rep["tensor_list"][1]["device_dtype"] == "u8" and rep["resident_bytes"] == 4
+    p = subprocess.run([sys.executable, "-m", "hf2q", "inspect", str(d)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "-> unloadable" in p.stdout.splitlines()[-2], p.stdout
 
 
 def test_model_families_refuse_zero_element_tensors_by_their_manifest(tmp_path: Path) -> None:

@@ -159,6 +159,8 @@ def test_gemma4_tiny_preset_loads(gemma: Path) -> None:
     (make_gemma4_checkpoint, "nope", ValueError),
     (make_gemma4_checkpoint, {"hidden_size": -1}, hf2q.ConfigError),
     (make_qwen35_moe_checkpoint, "nope", ValueError),
+    (make_qwen35_moe_checkpoint, {"hidden_size": -1}, hf2q.ConfigError),  # was a raw KeyError
+    (make_qwen35_moe_checkpoint, {"num_hidden_layers": 2}, hf2q.ConfigError),
     (make_dflash_checkpoint, "nope", ValueError),
     (make_dflash_checkpoint, {"hidden_size": 0}, hf2q.ConfigError),
 ])
@@ -195,6 +197,20 @@ resident: int = any_model.gpu_resident_bytes()
 threads: int = hf2q.get_num_threads()
 reveal_type(hf2q.load)
 reveal_type(hf2q.dflash.load)
+reveal_type(hf2q.torch.tensor)
+reveal_type(hf2q.transformers.from_pretrained)
+reveal_type(make_dflash_checkpoint)
+reveal_type(hf2q.testing.make_qwen35_moe_checkpoint)
+'''
+
+#: What mypy --strict must refuse: a misspelt lazy name is no Any, the makers have signatures.
+USER_ERRORS = '''
+import hf2q
+from hf2q.testing import make_gemma4_checkpoint
+
+hf2q.lod("x")
+make_gemma4_checkpoint()
+hf2q.testing.make_nothing("d")
 '''
 
 
@@ -205,14 +221,44 @@ def test_mypy_sees_the_lazy_api(tmp_path: Path) -> None:
     ``hf2q.load`` returns a LoadedModel."""
     pytest.importorskip("mypy")
     (tmp_path / "user.py").write_text(USER_CODE)
+    (tmp_path / "user_errors.py").write_text(USER_ERRORS)
     p = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "--cache-dir",
-                        str(tmp_path / ".mypy_cache"), "user.py"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300)
+                        str(tmp_path / ".mypy_cache"), "user.py", "user_errors.py"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
     errors = [ln for ln in out.splitlines() if ": error:" in ln]
-    assert errors == [], out
+    assert [ln for ln in errors if ln.startswith("user.py")] == [], out
     assert re.search(r'Revealed type is "def \(path:.*-> hf2q\.model\.LoadedModel"', out), out
     assert re.search(r'Revealed type is "def \(path:.*-> hf2q\.models\.dflash\.model\.DFlashModelTensors"', out), out
+    # hf2q.torch / hf2q.transformers and the hf2q.testing makers are typed, not Any
+    assert re.search(r'Revealed type is "def \(buf: hf2q\.device\.Buffer\) -> torch\.', out), out
+    assert re.search(r'Revealed type is "def \(path_or_repo: .*"', out), out
+    assert re.search(r'Revealed type is "def \(directory: .*-> pathlib\.Path"', out), out
+    assert re.search(r'Revealed type is "def \(dir: .*-> pathlib\.Path"', out), out
+    want = ['user_errors.py:5: error: Module has no attribute "lod"',
+            'user_errors.py:6: error: Missing positional argument "directory" in call to "make_gemma4_checkpoint"',
+            'user_errors.py:7: error: Module has no attribute "make_nothing"']
+    for w in want:
+        assert any(ln.startswith(w) for ln in errors), (w, out)
+    assert len(errors) == len(want), out
+
+
+def test_typing_helpers_stay_out_of_dir_and_imports_stay_lazy() -> None:
+    """dir(hf2q.testing) shows the makers, not ``Any`` / ``annotations``; a misspelt
+    name is an AttributeError at run time; ``import hf2q`` (and hf2q.testing)
+    imports neither torch nor transformers."""
+    names = dir(hf2q.testing)
+    assert {"make_dflash_checkpoint", "make_qwen35_moe_checkpoint", "make_gemma4_checkpoint"} <= set(names)
+    for helper in ("Any", "annotations", "TYPE_CHECKING", "_typing"):
+        assert helper not in names
+    with pytest.raises(AttributeError, match="has no attribute 'make_nothing'"):
+        hf2q.testing.make_nothing  # noqa: B018
+    with pytest.raises(AttributeError, match="module 'hf2q' has no attribute 'lod'"):
+        hf2q.lod  # type: ignore[attr-defined]  # noqa: B018
+    code = ("import sys, hf2q, hf2q.testing; hf2q.testing.make_dflash_checkpoint; "
+            "print(sorted(m for m in ('torch', 'transformers', 'hf2q.torch', 'hf2q.transformers') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
 
 
 # --------------------------------------------------------------------------- folders that are not what we expect
@@ -401,3 +447,26 @@ def test_one_skip_summary_line_per_reason(tmp_path: Path) -> None:
                         str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     skipped = [ln for ln in p.stdout.splitlines() if ln.startswith("SKIPPED")]
     assert skipped == ["SKIPPED [5] test_x.py: no such device here", "SKIPPED [1] test_x.py: another reason"], p.stdout
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_one_skip_summary_line_per_reason_across_files(workers: list[str], tmp_path: Path) -> None:
+    """The same reason in several files is one ``-ra`` line too, with the
+    total count and every file (``pytest -ra tests/test_cuda.py
+    tests/test_fp8_cuda.py tests/test_kquants_cuda.py`` printed the long CUDA
+    reason three times), with pytest-xdist's workers as without."""
+    if workers:
+        pytest.importorskip("xdist")
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    module_skip = "import pytest\npytestmark = pytest.mark.skipif(True, reason='no such device here')\n"
+    for name, n in (("test_a.py", 3), ("test_b.py", 2), ("test_c.py", 4)):
+        (tmp_path / name).write_text(module_skip + "".join(f"def test_{i}():\n    pass\n\n" for i in range(n)))
+    (tmp_path / "test_d.py").write_text(
+        "import pytest\n\ndef test_ok():\n    pass\n\n"
+        "def test_inside():\n    pytest.skip('no such device here')\n\n"
+        "@pytest.mark.skipif(True, reason='another reason')\ndef test_other():\n    pass\n")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider", "-p", "no:randomly",
+                        *workers, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    skipped = sorted(ln for ln in p.stdout.splitlines() if ln.startswith("SKIPPED"))
+    assert skipped == sorted(["SKIPPED [1] test_d.py: another reason",
+                              "SKIPPED [10] test_a.py, test_b.py, test_c.py, test_d.py: no such device here"]), p.stdout

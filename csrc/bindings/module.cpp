@@ -183,13 +183,18 @@ NB_MODULE(_core, m) {
   m.def(
       "format_table",
       [] {
-        std::vector<std::tuple<std::string, int, std::size_t, std::size_t, std::string, std::string, int>> rows;
+        std::vector<std::tuple<std::string, int, std::size_t, std::size_t, std::string, std::string, int, bool, bool>>
+            rows;
         for (const hf2q::FormatRow& r : hf2q::kFormats) {
-          rows.emplace_back(r.name, r.id, r.block_elems, r.block_bytes, r.numpy, r.safetensors, r.gguf_type);
+          const bool encodes = r.kernels != nullptr && r.kernels->encode != nullptr;
+          const bool decodes = r.kernels != nullptr && r.kernels->to_f32 != nullptr;
+          rows.emplace_back(r.name, r.id, r.block_elems, r.block_bytes, r.numpy, r.safetensors, r.gguf_type, encodes,
+                            decodes);
         }
         return rows;
       },
-      "The native format table: (name, id, block_elems, block_bytes, numpy, safetensors, gguf_type) rows.");
+      "The native format table: (name, id, block_elems, block_bytes, numpy, safetensors, gguf_type, encodes, "
+      "decodes) rows; encodes / decodes: the row's kernels have an encode / a to_f32.");
 
   m.def(
       "read_file",

@@ -33,6 +33,7 @@ if _typing.TYPE_CHECKING:  # the lazily imported names, for type checkers and ID
     import os
 
     from . import _core, dflash, formats, gemma4, hub, models, ops, qwen35, reference, safetensors, testing
+    from . import torch, transformers  # (imported at run time only when used: they import torch)
     from .device import Buffer, Device, FileReadError, Residency, VerifyReport, register_weight_buffer
     from .hub import HubError, HubNetworkError, RepoNotCachedError
     from . import export
@@ -77,14 +78,16 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
-def __getattr__(name: str) -> _typing.Any:
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'hf2q' has no attribute {name!r}")
-    module = _importlib.import_module(target[0])
-    value = module if target[1] is None else getattr(module, target[1])
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
+if not _typing.TYPE_CHECKING:  # hidden from type checkers: a misspelt name (hf2q.lod) is an error, not Any
+
+    def __getattr__(name: str) -> _typing.Any:
+        target = _LAZY.get(name)
+        if target is None:
+            raise AttributeError(f"module 'hf2q' has no attribute {name!r}")
+        module = _importlib.import_module(target[0])
+        value = module if target[1] is None else getattr(module, target[1])
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
 
 
 def __dir__() -> list[str]:

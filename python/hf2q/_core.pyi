@@ -101,8 +101,8 @@ class NativeDevice:
     def convert(self, dst: NativeBuffer, src: NativeBuffer) -> tuple[int, int]: ...
     def checksums(self, buf: NativeBuffer) -> npt.NDArray[np.uint32]: ...
 
-def format_table() -> list[tuple[str, int, int, int, str, str, int]]:
-    """(name, id, block_elems, block_bytes, numpy, safetensors, gguf_type) rows."""
+def format_table() -> list[tuple[str, int, int, int, str, str, int, bool, bool]]:
+    """(name, id, block_elems, block_bytes, numpy, safetensors, gguf_type, encodes, decodes) rows."""
 def can_convert(src: str, dst: str) -> bool: ...
 READ_CHUNK_BYTES: int
 

@@ -155,10 +155,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     width = max((len(r["name"]) for r in rows), default=4)
     dwidth = max((len(r["dtype"]) for r in rows), default=5)  # F8_E4M3 is wider than BF16
     dwidth = max(dwidth, 5)
+    unloadable = set(report.get("unloadable", ()))
     for r in rows:
         line = f"  {r['name']:<{width}}  {r['dtype']:<{dwidth}} {str(tuple(r['shape'])):<22} {r['bytes']:>14,}"
         if "device_dtype" in r:  # the device dtype column, then the GGUF tensor(s) it goes into
-            line += f"  -> {r['device_dtype'] or 'skipped':<7}"
+            none = "unloadable" if r["name"] in unloadable else "skipped"
+            line += f"  -> {r['device_dtype'] or none:<7}"
             if r.get("gguf_names"):
                 line += " " + ", ".join(r["gguf_names"])
         if r.get("scale"):
@@ -313,8 +315,10 @@ def demo_target(args: argparse.Namespace) -> tuple[Path, str]:
     if config not in DRAFTER_CONFIGS:
         raise ConfigError(f"unknown demo config {config!r}; known: {', '.join(sorted(DRAFTER_CONFIGS))}")
     base = Path(args.cache_dir) if args.cache_dir else demo_cache_dir()
-    if args.cache_dir and os.path.lexists(base) and not base.is_dir():  # bad input, exit 2 (issue 11)
-        raise UsageError(f"--cache-dir {base}: not a directory")
+    given = f"--cache-dir {base}" if args.cache_dir else f"HF2Q_CACHE={base}" if os.environ.get("HF2Q_CACHE") else ""
+    if given and os.path.lexists(base) and not base.is_dir():  # bad input, exit 2 (issues 11, 27)
+        raise UsageError(f"{given}: not a directory (a file is there); choose a folder with --cache-dir DIR or "
+                         "HF2Q_CACHE=DIR")
     name = "demo-gemma-4-26B-A4B-dflash" if config == DEFAULT_DEMO_CONFIG else f"demo-{config}-dflash"
     return base / name, config
 
@@ -548,10 +552,33 @@ class DemoCacheError(OSError):
 # =========================================================================== convert (GGUF: hf2q.export)
 
 
+#: The family options that ``--outtype`` sets when not given (hf2q.export's planner).
+_CONVERT_BY_OUTTYPE = ("expert_dtype", "dense_dtype")
+
+
+def _convert_options() -> dict[str, Any]:
+    """The family options ``convert`` offers, as each family declares them
+    (:class:`hf2q.models.base.Option`; ``mtp`` as ``--no-mtp``) and as far as
+    hf2q.export's writer of that family takes them: loader keyword ->
+    (option, the families whose conversion takes it), in registry order."""
+    from . import models
+    from .export import _FAMILIES  # family -> (..., the options its conversion takes)
+
+    out: dict[str, Any] = {}
+    for fam in models.FAMILIES:
+        row = _FAMILIES.get(fam.name)
+        if row is None:  # the generic family's conversion takes no option (hf2q.export.generic)
+            continue
+        impl = fam.impl()
+        for o in impl.options:
+            if o.name in row[3] and (o.cli or o.name == "mtp"):
+                out.setdefault(o.name, (o, []))[1].append(impl)
+    return out
+
+
 def _add_convert_parser(sub: Any) -> None:
     """Register ``convert`` (the GGUF writer, hf2q.export) on the subparsers."""
     from .export import OUTTYPES
-    from .recipes import RECIPES
 
     p = sub.add_parser(
         "convert", help="write the GGUF file llama.cpp's convert_hf_to_gguf.py writes (Qwen3.5/3.6 MoE, Gemma 4, "
@@ -565,15 +592,17 @@ def _add_convert_parser(sub: Any) -> None:
     p.add_argument("--outtype", choices=list(OUTTYPES), default="q8_0",
                    help="as for llama.cpp's converter: the type of the weight matrices (norms, routers and 1-D "
                         "tensors stay F32); default q8_0")
-    p.add_argument("--expert-dtype", choices=["q8_0", "bf16", "f32"],
-                   help="Qwen3.5/3.6 MoE, Gemma 4: the expert stacks' type (default: --outtype)")
-    p.add_argument("--dense-dtype", choices=["f32", "bf16", "q8_0"],
-                   help="Qwen3.5/3.6 MoE, Gemma 4: the other matrices' type (default: --outtype)")
-    p.add_argument("--no-mtp", action="store_true",
-                   help="Qwen3.5/3.6 MoE: leave the multi-token-prediction block out (the converter's --no-mtp)")
-    p.add_argument("--recipe", choices=list(RECIPES),
-                   help="the tensors llama-quantize would write for this file type from the converter's BF16 "
-                        "file, no importance matrix (Q4_K_M: q4_k_m); replaces --outtype and the dtype options")
+    opts = _convert_options()
+    for name, (opt, fams) in opts.items():
+        who = ", ".join(f.label for f in fams)
+        if name == "mtp":  # a Python-only bool (mtp=False): the converter's --no-mtp
+            p.add_argument("--no-mtp", dest="mtp", action="store_const", const=False,
+                           help=f"{who} only: leave the multi-token-prediction block out (the converter's --no-mtp)")
+            continue
+        default = "--outtype" if name in _CONVERT_BY_OUTTYPE else ("none" if opt.default is None else opt.default)
+        also = " and --outtype" if name == "recipe" else ""
+        p.add_argument(_flag(name), choices=list(opt.choices) if opt.choices is not None else None,
+                       help=f"{who} only: {opt.help}{also} (default {default})")
     p.add_argument("--name", help="general.name (default: the checkpoint folder's name, as the converter does)")
     p.add_argument("--force", action="store_true", help="replace OUT.gguf if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (drawn only on a terminal anyway)")
@@ -584,15 +613,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .export import convert
 
     path = resolve_source(args)
-    options: dict[str, Any] = {}
-    if args.expert_dtype:
-        options["expert_dtype"] = args.expert_dtype
-    if args.dense_dtype:
-        options["dense_dtype"] = args.dense_dtype
-    if args.no_mtp:
-        options["mtp"] = False
-    if args.recipe:
-        options["recipe"] = args.recipe
+    options = {k: getattr(args, k) for k in _convert_options() if getattr(args, k, None) is not None}
     try:
         summary = convert(path, args.out, args.outtype, force=args.force,
                           progress=not (args.no_progress or args.json), name=args.name or _convert_default_name(args),
@@ -1014,10 +1035,52 @@ def _broken_pipe(e: BaseException) -> bool:
     return isinstance(e, BrokenPipeError) or (isinstance(e, OSError) and e.errno == errno.EPIPE)
 
 
+class _NoStdout:
+    """sys.stdout while there is none (``hf2q inspect X >&-``: fd 1 closed,
+    Python's sys.stdout is None): takes what the command prints and
+    remembers that it had output it could not write."""
+
+    written = False
+
+    def write(self, text: str) -> int:
+        self.written = self.written or bool(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+#: Exit status when the command's output could not be written (stdout closed):
+#: what GNU tools give for a write error.
+EXIT_WRITE_ERROR = 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``hf2q`` command. Returns the exit status (see the README): 0, 2
-    for bad input, 1 for the machine's own failure, 130 when interrupted,
-    141 when stdout's reader went away (nothing printed then)."""
+    for bad input, 1 for the machine's own failure or when stdout is closed
+    and the command had output (``>&-``), 130 when interrupted, 141 when
+    stdout's reader went away (nothing printed then)."""
+    if sys.stdout is not None:
+        return _main_streams(argv)
+    sink = _NoStdout()
+    sys.stdout = sink  # type: ignore[assignment]
+    try:
+        try:
+            code = _main_streams(argv)
+        except SystemExit as e:  # argparse's --help / --version
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    finally:
+        sys.stdout = None  # type: ignore[assignment]
+    if not sink.written:
+        return code
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if a in COMMANDS), None)
+    if sys.stderr is not None:
+        print(f"hf2q{' ' + command if command else ''}: error: standard output is closed: the output could not be "
+              "written", file=sys.stderr)
+    return code or EXIT_WRITE_ERROR
+
+
+def _main_streams(argv: Sequence[str] | None) -> int:
     with _Streams():
         try:
             try:

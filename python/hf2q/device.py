@@ -506,7 +506,8 @@ class Device:
 
     @staticmethod
     def _check_result(result: tuple[int, int], shape: tuple[int, ...], name: str | None,
-                      src_view: np.ndarray | None = None, *, value_class: str = "") -> None:
+                      src_view: np.ndarray | None = None, *, value_class: str = "", buf: Buffer | None = None,
+                      src_dtype: str | None = None, check_finite: bool = False) -> None:
         first_bad, inf_scales = result
         if first_bad >= 0:
             multi = tuple(int(i) for i in np.unravel_index(first_bad, shape)) if len(shape) > 1 else None
@@ -518,21 +519,28 @@ class Device:
                 index=first_bad, multi_index=multi, value_class=cls, tensor=name,
             )
         if inf_scales:
+            fmt = buf.dtype if buf is not None else "q8_0"
+            if check_finite and buf is not None:
+                raise scale_overflow_error(buf.to_host(), fmt, shape, name, src_dtype)
             import warnings
 
             where = f"'{name}'" if name else "tensor"
             warnings.warn(
-                f"{where}: {inf_scales} Q8_0 block scale(s) overflow float16 and are stored as +Inf "
+                f"{where}: {inf_scales} {fmt.upper()} block scale(s) overflow float16 and are stored as +-Inf "
                 "(as ggml's reference quantizer does)",
                 ScaleOverflowWarning,
                 stacklevel=3,
             )
 
     def write(self, buf: Buffer, src: Any, *, offset: int = 0, src_dtype: str | None = None,
-              name: str | None = None) -> None:
+              name: str | None = None, check_finite: bool = False) -> None:
         """Write ``src`` into ``buf`` from logical element ``offset`` on,
         converting as needed (same dtype: raw copy; bf16/f16 -> f32;
-        f32/f16/bf16 -> q8_0, ``offset`` a multiple of 32)."""
+        f32/f16/bf16 -> q8_0, ``offset`` a multiple of 32). ``check_finite``:
+        a block scale that overflows float16 (finite input too large for the
+        block format) raises :class:`~hf2q.NonFiniteError` instead of the
+        :class:`~hf2q.ScaleOverflowWarning` (NaN/Inf input is refused by the
+        quantizers always)."""
         self._own(buf)
         offset = _offset(offset)
         flat, sdt, _ = self._source(src, src_dtype, buf.dtype)
@@ -541,13 +549,14 @@ class Device:
         # Non-finite positions are reported in the buffer's tensor, as for files.
         cls = _value_class(typed, first_bad) if first_bad >= 0 else ""
         self._check_result((first_bad + offset if first_bad >= 0 else -1, inf_scales), buf.shape, name,
-                           value_class=cls)
+                           value_class=cls, buf=buf, src_dtype=sdt, check_finite=check_finite)
 
     def upload(self, src: Any, to: str | None = None, shape: Sequence[int] | None = None, *,
-               src_dtype: str | None = None, name: str | None = None) -> Buffer:
+               src_dtype: str | None = None, name: str | None = None, check_finite: bool = False) -> Buffer:
         """A new buffer of dtype ``to`` holding ``src`` (a raw little-endian
         buffer or an ndarray of bf16/f16/f32). Decode and quantize kernels
-        write straight into the buffer; no staging array."""
+        write straight into the buffer; no staging array. ``check_finite``
+        as for :meth:`write`."""
         to = _dtype_name(to if to is not None else (_numpy_src(getattr(src, "dtype", None)) or "u8"))
         flat, sdt, src_shape = self._source(src, src_dtype, to)
         out_shape = _shape(shape) if shape is not None else src_shape
@@ -557,7 +566,8 @@ class Device:
         buf = self.alloc(out_shape, to)
         try:
             result = self._native.write(buf._native, 0, flat, sdt)
-            self._check_result(result, out_shape, name, _typed_view(flat, sdt))
+            self._check_result(result, out_shape, name, _typed_view(flat, sdt), buf=buf, src_dtype=sdt,
+                               check_finite=check_finite)
         except BaseException as e:
             del buf  # free now, not when the traceback's frames go
             raise _detached(e)
@@ -574,7 +584,9 @@ class Device:
         size or modification time changed during the read raises
         :class:`FileReadError`. ``check_finite``: raw copies and decodes of
         float data raise :class:`~hf2q.NonFiniteError` on a NaN/Inf element
-        too, found during the read (quantization always refuses them)."""
+        too, found during the read (quantization always refuses them), and a
+        quantization whose float16 block scale overflows (finite values too
+        large for the block format) raises it instead of warning."""
         self._own(buf)
         _dtype_name(src_dtype)
         offset = _offset(offset)
@@ -598,7 +610,8 @@ class Device:
                                   "modification time changed)")
             cls = _file_value_class(fd, file_offset, result[0], src_dtype) if result[0] >= 0 else ""
         first_bad = result[0] + offset if result[0] >= 0 else -1
-        self._check_result((first_bad, result[1]), buf.shape, name, value_class=cls)
+        self._check_result((first_bad, result[1]), buf.shape, name, value_class=cls, buf=buf, src_dtype=src_dtype,
+                           check_finite=check_finite)
 
     def write_from_file_segments(self, buf: Buffer, file: PathOrFd, segments: Sequence[tuple[int, int, int]],
                                  src_dtype: str, *, name: str | None = None, check_finite: bool = False) -> None:
@@ -622,7 +635,8 @@ class Device:
                 raise _file_error(file, name, "the file was modified while it was read (device, inode, size or "
                                   "modification time changed)")
             cls = _segment_value_class(fd, segs, result[0], src_dtype)
-        self._check_result(result, buf.shape, name, value_class=cls)
+        self._check_result(result, buf.shape, name, value_class=cls, buf=buf, src_dtype=src_dtype,
+                           check_finite=check_finite)
 
     def write_from_file_batch(self, jobs: Sequence[tuple[Buffer, PathOrFd, Sequence[tuple[int, int, int]], str, str | None]],
                               *, check_finite: bool = False) -> None:
@@ -675,7 +689,8 @@ class Device:
                                       "or modification time changed)")
             for (buf, _, segs, src_dtype, name), fd, result in zip(planned, fd_of, results):
                 cls = _segment_value_class(fd, segs, result[0], src_dtype)
-                self._check_result(tuple(result), buf.shape, name, value_class=cls)
+                self._check_result(tuple(result), buf.shape, name, value_class=cls, buf=buf, src_dtype=src_dtype,
+                                   check_finite=check_finite)
 
     def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
                          shape: Sequence[int], *, name: str | None = None, check_finite: bool = False) -> Buffer:
@@ -708,7 +723,7 @@ class Device:
                 cls = _value_class(one.view(fmt.storage_dtype), 0)
             else:
                 cls = ""
-            self._check_result(result, buf.shape, name, value_class=cls)
+            self._check_result(result, buf.shape, name, value_class=cls, buf=out)
         except BaseException as e:
             del out
             raise _detached(e)
@@ -779,6 +794,32 @@ def _offset(offset: int) -> int:
 
 def _source_nbytes(numel: int, src_dtype: str) -> int:
     return formats.get(src_dtype).storage_bytes(numel)
+
+
+def scale_overflow_error(stored: np.ndarray, fmt: str, shape: Sequence[int], name: str | None,
+                         src_dtype: str | None = None) -> NonFiniteError:
+    """The :class:`~hf2q.NonFiniteError` of a block-format tensor whose
+    quantizer stored a float16 block scale as +-Inf (finite input too large
+    for the format): the first element that decodes non-finite, its class,
+    and ``step`` ``"quantization SRC->FMT"``."""
+    from .ops import dequantize
+
+    fmt = formats.get(fmt).name
+    with np.errstate(all="ignore"):
+        y = dequantize(np.ascontiguousarray(stored).reshape(-1).view(np.uint8), fmt).reshape(-1)
+    bad = np.flatnonzero(~np.isfinite(y))
+    i = int(bad[0]) if bad.size else 0
+    cls = _value_class(y, i) if bad.size else "+inf"
+    shape = tuple(int(d) for d in shape)
+    multi = tuple(int(j) for j in np.unravel_index(i, shape)) if len(shape) > 1 else None
+    block = formats.get(fmt).block_elems
+    where = f" in '{name}'" if name else ""
+    pos = f" {multi}" if multi is not None else ""
+    step = f"quantization {formats.get(src_dtype).name}->{fmt}" if src_dtype else f"quantization to {fmt}"
+    return NonFiniteError(
+        f"non-finite weight{where} at flat index {i}{pos}: {cls} (made by the {step}: the float16 scale of its "
+        f"block of {block} overflows, the block's finite values being too large for {fmt}; ggml's quantizer "
+        f"stores the same Inf scale)", index=i, multi_index=multi, value_class=cls, tensor=name, step=step)
 
 
 def _value_class(view: np.ndarray | None, index: int) -> str:

@@ -72,7 +72,10 @@ class NonFiniteError(Hf2qError, ValueError):
     ``step`` says where it appeared: ``"file"`` (the checkpoint holds it),
     ``"transform"`` (a load-time transform made it, e.g. Qwen's
     ``-exp(A_log)``), ``"conversion SRC->DST"`` (a narrowing conversion
-    overflowed, e.g. ``f32->f16``), or None where not known.
+    overflowed, e.g. ``f32->f16``), ``"quantization SRC->FMT"`` (a block
+    format's float16 scale overflowed: finite values too large for the
+    format), or None where not known. ``path``: the checkpoint file holding
+    the element's source, when a load knows it.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class NonFiniteError(Hf2qError, ValueError):
         value_class: str = "nan",
         tensor: str | None = None,
         step: str | None = None,
+        path: str | None = None,
     ) -> None:
         super().__init__(message)
         self.index = index
@@ -91,6 +95,7 @@ class NonFiniteError(Hf2qError, ValueError):
         self.value_class = value_class
         self.tensor = tensor
         self.step = step
+        self.path = path
 
 
 class ScaleOverflowWarning(UserWarning):

@@ -34,6 +34,8 @@ __all__ = [
     "Format",
     "FORMATS",
     "DEVICE_FORMATS",
+    "ENCODED_BLOCK_FORMATS",
+    "DECODED_BLOCK_FORMATS",
     "get",
     "from_safetensors",
     "from_numpy",
@@ -74,6 +76,10 @@ class Format:
     safetensors: str
     #: ggml type id (-1 when GGUF has none)
     gguf_type: int
+    #: the row's kernels encode sources into it (a quantizer: ``sources_of`` lists them)
+    encodes: bool = False
+    #: the row's kernels decode it to float32 (``to_f32``)
+    decodes: bool = False
 
     @property
     def is_device(self) -> bool:
@@ -128,6 +134,12 @@ _BY_NUMPY: dict[str, Format] = {}
 for _f in FORMATS.values():
     if _f.numpy_name:
         _BY_NUMPY.setdefault(_f.numpy_name, _f)
+
+
+#: Block formats with an encoder, in native id order (what ``hf2q.ops.quantize`` takes).
+ENCODED_BLOCK_FORMATS: tuple[str, ...] = tuple(n for n in DEVICE_FORMATS if FORMATS[n].is_block and FORMATS[n].encodes)
+#: Block formats with a decoder, in native id order (what ``hf2q.ops.dequantize`` takes).
+DECODED_BLOCK_FORMATS: tuple[str, ...] = tuple(n for n in DEVICE_FORMATS if FORMATS[n].is_block and FORMATS[n].decodes)
 
 
 def get(dtype: str | Format) -> Format:

@@ -165,8 +165,10 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     since it was validated is a ``SafetensorsError`` (``FileChanged``) naming
     the file. ``check_finite``: NaN/Inf in entries copied or decoded as they
     are raise :class:`~hf2q.NonFiniteError` (found during the read;
-    quantization always refuses them). Off by default: the bytes are the
-    file's."""
+    quantization always refuses them), and so do values the load makes
+    non-finite: a transform's, a narrowing conversion's, a block format's
+    float16 scale that overflows (docs/RELIABILITY.md). Off by default: the
+    bytes are the file's (and ggml's, for an overflowing block scale)."""
     t0 = time.perf_counter()
     _check_representable(plan, ckpt)
     usage0 = process_usage()
@@ -218,6 +220,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     except BaseException as e:
         bufs.clear()
         bar.close()
+        if isinstance(e, NonFiniteError):
+            _name_file(e, plan, ckpt)
         raise detached(e)
     bar.close()
     seconds = time.perf_counter() - t0
@@ -234,15 +238,45 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     return model
 
 
+def _name_file(e: NonFiniteError, plan: LoadPlan, ckpt: Checkpoint) -> None:
+    """A NonFiniteError of a load names the checkpoint file that holds the
+    element's source (``e.path``, and the message starts with it, as the
+    loader's other errors do)."""
+    if e.path is not None or e.tensor is None:
+        return
+    src = e.tensor
+    if src not in ckpt and e.tensor in plan:
+        entry = plan[e.tensor]
+        whole = [p for p in entry.sources if p.rows is None and p.select is None
+                 and p.dest_offset <= e.index < p.dest_offset + p.numel]
+        pieces = whole or list(entry.sources)
+        src = pieces[0].tensor if pieces else src
+    if src in ckpt:
+        path = ckpt[src].path
+        if path is not None:
+            e.path = str(path)
+            e.args = (f"{path}: {e.args[0]}", *e.args[1:]) if e.args else (str(path),)
+
+
+def loadable_shape(shape: tuple[int, ...] | list[int]) -> bool:
+    """Whether a buffer of logical ``shape`` can be loaded: numpy's rule (as
+    ``read_array``), counted with the widest element (8 bytes), so that every
+    view of the buffer exists. The loader refuses the others before anything
+    is allocated; ``inspect`` lists them as unloadable."""
+    from .safetensors import numpy_representable
+
+    return numpy_representable(shape, 8)
+
+
 def _check_representable(plan: LoadPlan, ckpt: Checkpoint) -> None:
     """A zero-element tensor loads as an empty buffer; one whose shape no
     buffer view can hold (``[0, 2^64-1]``: numpy's rule, as ``read_array``)
     is refused before anything is allocated, naming the tensor."""
-    from .safetensors import NOT_REPRESENTABLE, REPRESENTABLE_RULE, numpy_representable
+    from .safetensors import NOT_REPRESENTABLE, REPRESENTABLE_RULE
     from .errors import SafetensorsError
 
     for entry in plan:
-        if not numpy_representable(entry.shape, 8):
+        if not loadable_shape(entry.shape):
             src = entry.sources[0].tensor if entry.sources else entry.name
             path = ckpt[src].path if src in ckpt else None
             raise SafetensorsError(f"{path}: tensor '{src}' of shape {list(entry.shape)} cannot be loaded: a buffer "
@@ -352,7 +386,12 @@ def _check_finite_array(a: np.ndarray, name: str, step: str = "file", shape: tup
         i += offset
         multi = tuple(int(j) for j in np.unravel_index(i, shape)) if len(shape) > 1 else None
         of = f" of {', '.join(repr(p.tensor) for p in sources)}" if sources else ""
-        made = "" if step == "file" else f" (made by the {step}{of}; the file's values are finite)"
+        if step == "file":
+            made = ""
+        elif step.startswith("conversion "):  # finite input that does not fit the narrower type
+            made = f" (made by the {step}{of}: the file's value is finite but does not fit {step.rsplit('->', 1)[-1]})"
+        else:
+            made = f" (made by the {step}{of}; the file's values are finite)"
         raise NonFiniteError(f"non-finite weight in '{name}' at flat index {i}: {cls}{made}", index=i,
                              multi_index=multi, value_class=cls, tensor=name, step=step)
 
@@ -386,7 +425,7 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
             y = entry.transform(arrays)
         if check_finite:
             _check_finite_array(y, entry.name, "transform", shape=tuple(entry.shape), sources=entry.sources)
-        buf = upload_array(device, y, entry.dtype, entry.shape, entry.name)
+        buf = upload_array(device, y, entry.dtype, entry.shape, entry.name, check_finite, entry)
         if check_finite:
             src = formats.from_numpy(y.dtype)
             if src is not None and (src, entry.dtype) in NARROWING:
@@ -491,7 +530,8 @@ def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, bu
                 _check_finite_array(chunk, piece.tensor)
             with np.errstate(all="ignore"):  # overflow: check_finite's to report (after the entry), not numpy's
                 out = np.ascontiguousarray(convert(chunk))
-            device.write(buf, out, offset=d0 + e0, name=entry.name)
+            _check_cast(chunk, out, entry, d0 + e0, (piece,), check_finite)
+            device.write(buf, out, offset=d0 + e0, name=entry.name, check_finite=check_finite)
 
 
 def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -510,13 +550,45 @@ def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
     return cast
 
 
-def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ...], name: str) -> Buffer:
+def _check_cast(src: np.ndarray, out: np.ndarray, entry: TensorPlan, offset: int, sources: tuple[Piece, ...],
+                check_finite: bool) -> None:
+    """A numpy conversion on the way to ``entry.dtype`` that made a finite
+    value non-finite (f64 ``1e300`` -> f32 ``inf`` before Q8_0) is the
+    conversion's: reported so (``step`` ``"conversion SRC->DST"``), not as
+    non-finite input. Checked with ``check_finite``, and always when the
+    destination quantizes (its quantizer refuses the Inf anyway); a value
+    already non-finite in ``src`` is left to the file's own check."""
+    if out is src or not (check_finite or formats.get(entry.dtype).is_block):
+        return
+    o = out.reshape(-1)
+    if o.dtype.kind not in "fc":
+        o = o.astype(np.float32)  # bfloat16 / float16 (kind 'V' for bfloat16): exact
+    bad = np.flatnonzero(~np.isfinite(o))
+    if not bad.size:
+        return
+    i = int(bad[0])
+    s = src.reshape(-1)
+    if not np.isfinite(s[i] if s.dtype.kind in "fc" else np.float32(s[i])):
+        return  # the file's own NaN/Inf: check_finite (or the quantizer) reports it as such
+    a = formats.from_numpy(src.dtype)
+    b = formats.from_numpy(out.dtype)
+    step = f"conversion {a.name if a else src.dtype}->{b.name if b else out.dtype}"
+    _check_finite_array(o[i:i + 1], entry.name, step, shape=tuple(entry.shape), offset=offset + i, sources=sources)
+
+
+def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ...], name: str,
+                 check_finite: bool = False, entry: TensorPlan | None = None) -> Buffer:
     """A new ``dtype`` buffer of logical ``shape`` holding the logical array
-    ``x``: native conversion when the device has one, else a numpy cast."""
+    ``x``: native conversion when the device has one, else a numpy cast
+    (``entry``: its overflow reported as :func:`_check_cast` says).
+    ``check_finite``: an overflowing block scale raises (Device.upload)."""
     src = formats.from_numpy(x.dtype)
     if src is None or not formats.can_convert(src, dtype):
-        x = _caster(dtype)(x)
-    return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name)
+        y = _caster(dtype)(x)
+        if entry is not None:
+            _check_cast(x, y, entry, 0, entry.sources, check_finite)
+        x = y
+    return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name, check_finite=check_finite)
 
 
 def _read_array(ckpt: Checkpoint, piece: Piece) -> np.ndarray:
@@ -614,6 +686,10 @@ def _scaled_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece
                              "scale is not finite (NaN encoding, non-finite scale, or overflow)", index=first,
                              multi_index=multi, value_class="nan", tensor=piece.tensor, step="fp8 scale")
     if inf_scales:
+        if check_finite:
+            from .device import scale_overflow_error
+
+            raise scale_overflow_error(buf.to_host(), entry.dtype, entry.shape, entry.name, piece.dtype)
         import warnings
 
         from .errors import ScaleOverflowWarning
@@ -731,6 +807,8 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
         begin = fmt.storage_bytes(piece.dest_offset)
         view = buf._native.numpy_view().reshape(-1).view(np.uint8)[begin:begin + fmt.storage_bytes(piece.numel)]
         _scaled_array(ckpt, piece, entry.dtype, check_finite, out=view.view(fmt.storage_dtype))
+        if check_finite and fmt.is_block:  # a block scale the decoder's quantizer overflowed
+            _check_block_scales(view, entry, piece)
         return
     arr, _ = _scaled_array(ckpt, piece, entry.dtype if direct else "f32", check_finite)
     if direct:
@@ -742,9 +820,26 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
     if piece.select is not None:
         flat = arr.reshape(-1)
         for d0, s0, n in piece.select.tolist():
-            device.write(buf, np.ascontiguousarray(cast(flat[s0:s0 + n])), offset=d0, name=entry.name)
+            device.write(buf, np.ascontiguousarray(cast(flat[s0:s0 + n])), offset=d0, name=entry.name,
+                         check_finite=check_finite)
         return
     if piece.rows is not None:
         start, stop = piece.rows
         arr = arr.reshape(piece.shape[0], piece.shape[1], -1)[:, start:stop]
-    device.write(buf, np.ascontiguousarray(cast(arr.reshape(-1))), offset=piece.dest_offset, name=entry.name)
+    device.write(buf, np.ascontiguousarray(cast(arr.reshape(-1))), offset=piece.dest_offset, name=entry.name,
+                 check_finite=check_finite)
+
+
+def _check_block_scales(stored: np.ndarray, entry: TensorPlan, piece: Piece) -> None:
+    """``check_finite`` on block-format bytes a decoder wrote itself (scaled
+    FP8 straight into Q8_0): a float16 block scale stored as +-Inf is a
+    :class:`~hf2q.NonFiniteError`, as the device's quantizers report it."""
+    fmt = formats.get(entry.dtype)
+    raw = np.ascontiguousarray(stored).reshape(-1).view(np.uint8)
+    scales = raw.reshape(-1, fmt.block_bytes)[:, :2].copy().view(np.uint16)  # Q8_0: the f16 scale leads each block
+    if np.any((scales & 0x7FFF) == 0x7C00):
+        from .device import scale_overflow_error
+
+        e = scale_overflow_error(raw, fmt.name, piece.shape, entry.name, piece.dtype)
+        e.index += piece.dest_offset
+        raise e

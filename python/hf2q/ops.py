@@ -47,8 +47,10 @@ __all__ = [
 ]
 
 _Q8 = formats.get("q8_0")
-#: The block formats :func:`quantize` / :func:`dequantize` handle.
-BLOCK_FORMATS: tuple[str, ...] = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
+#: The block formats :func:`quantize` / :func:`dequantize` handle: the format
+#: table's block rows whose kernels encode (:data:`hf2q.formats.ENCODED_BLOCK_FORMATS`).
+#: :func:`dequantize` also decodes the decode-only block rows (``"mxfp4"``).
+BLOCK_FORMATS: tuple[str, ...] = formats.ENCODED_BLOCK_FORMATS
 
 
 def _aligned(raw: np.ndarray, align: int) -> np.ndarray:
@@ -118,9 +120,9 @@ def quantize_q8_0(src: np.ndarray, out: np.ndarray | None = None, *, name: str |
     return result
 
 
-def _block_format(fmt: str) -> str:
+def _block_format(fmt: str, known: tuple[str, ...] = BLOCK_FORMATS) -> str:
     name = formats.get(fmt).name
-    if name not in BLOCK_FORMATS:
+    if name not in known:
         raise ValueError(f"{fmt!r} is not a block format; expected one of {', '.join(BLOCK_FORMATS)}")
     return name
 
@@ -170,7 +172,7 @@ def dequantize(blocks: Any, fmt: str, out: np.ndarray | None = None) -> np.ndarr
     bit-identical to ggml's ``dequantize_row_<fmt>``. ``blocks``: uint8 array whose last dimension is
     a multiple of the block's byte size, or a bytes-like object. Returns shape
     ``blocks.shape[:-1] + (last // block_bytes * block_elems,)``, or ``out``."""
-    fmt = "mxfp4" if formats.get(fmt).name == "mxfp4" else _block_format(fmt)  # mxfp4: decode only
+    fmt = _block_format(fmt, formats.DECODED_BLOCK_FORMATS)  # decode-only rows too (mxfp4)
     if fmt == "q8_0":
         return dequantize_q8_0(blocks, out)
     raw, shape = q8_source(blocks, fmt=fmt)

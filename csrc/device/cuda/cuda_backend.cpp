@@ -776,7 +776,15 @@ class CudaBackend final : public Backend {
         where.push_back(i);
       }
       std::vector<UploadResult> res(jobs.size());
-      if (!jobs.empty()) upload_jobs(jobs.data(), jobs.size(), res.data());
+      if (!jobs.empty()) {
+        try {
+          upload_jobs(jobs.data(), jobs.size(), res.data());
+        } catch (FileReadError& e) {
+          // The job whose read failed, as an index into `items` (as the host's batch says it).
+          e.job = e.job >= 0 && static_cast<std::size_t>(e.job) < where.size() ? static_cast<long>(where[e.job]) : -1;
+          throw;
+        }
+      }
       for (std::size_t k = 0; k < jobs.size(); ++k) out[where[k]] = res[k];
       begin = end;
     }
@@ -903,7 +911,12 @@ class CudaBackend final : public Backend {
             if (sk.mem != nullptr) {
               std::memcpy(host + at, sk.mem + off, len);
             } else {
-              pread_full(sk.fd, host + at, len, sk.file_offset + off);
+              try {
+                pread_full(sk.fd, host + at, len, sk.file_offset + off);
+              } catch (FileReadError& e) {
+                e.job = static_cast<long>(pc.job);  // this pipeline's job; read_file_batch maps it to the batch's
+                throw;
+              }
             }
             at += len;
           }

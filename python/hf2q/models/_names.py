@@ -38,13 +38,21 @@ LAYER_NAMES: Mapping[str, str] = {
 }
 
 
-def with_additions(shared: Mapping[str, str], additions: Mapping[str, str]) -> dict[str, str]:
+def with_additions(shared: Mapping[str, str], additions: Mapping[str, str], *,
+                   renames: Mapping[str, str] | None = None) -> dict[str, str]:
     """``shared`` plus a family's own names; a family never renames a shared
-    one (that would be a second source for the same fact)."""
+    one in ``additions`` (that would be a second source for the same fact).
+    ``renames``: the shared names a family's converter class calls
+    differently, said once and explicitly (each must be a shared name that
+    the rename changes)."""
     clash = sorted(k for k in additions if k in shared and additions[k] != shared[k])
     if clash:
         raise ValueError(f"a family renames shared tensor names: {', '.join(clash)}")
-    return {**shared, **additions}
+    renames = dict(renames or {})
+    stray = sorted(k for k in renames if k not in shared or renames[k] == shared[k])
+    if stray:
+        raise ValueError(f"renames of names the shared map does not hold, or holds already: {', '.join(stray)}")
+    return {**shared, **additions, **renames}
 
 
 #: llama.cpp's text-model filter: a name starting with one of these ...

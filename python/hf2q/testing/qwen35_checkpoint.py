@@ -409,12 +409,23 @@ def make_qwen35_moe_checkpoint(
     ``fp8_block`` (e.g. ``(128, 128)``): the checkpoint as Qwen's ``-FP8``
     repos store it (per-expert experts only): matrices in F8_E4M3 with BF16
     ``_scale_inv`` blocks, quantized as :mod:`hf2q.testing.fp8_checkpoint`
-    does, and their ``quantization_config``.
+    does, and their ``quantization_config``. A bad config raises before
+    anything is written (``ValueError`` for an unknown preset,
+    :class:`hf2q.ConfigError` naming the key for bad fields).
     """
     out = Path(dir)
     text = _text_config(config)
     cfg = qwen35_config_dict(text, multimodal=multimodal)
-    items = _layout(text, fused_gate_up=fused_gate_up, multimodal=multimodal, mtp=mtp)
+    # The loader's own parser first: a bad config is a typed ConfigError naming
+    # the key (as the Gemma 4 and DFlash makers raise), before anything is written.
+    from ..errors import ConfigError
+    from ..models.qwen35.config import Qwen35Config
+
+    Qwen35Config.from_dict(cfg, source=str(out / "config.json"))
+    try:
+        items = _layout(text, fused_gate_up=fused_gate_up, multimodal=multimodal, mtp=mtp)
+    except KeyError as e:  # a field the parser defaults but the layout needs
+        raise ConfigError(f"{out / 'config.json'}: {e.args[0]} is missing", key=str(e.args[0])) from None
     if fp8_block is not None:
         if fused_gate_up:
             raise ValueError("fp8_block: the FP8 form has per-expert experts (fused_gate_up=False)")

@@ -54,7 +54,13 @@ class DFlashFamily(ModelFamily):
     def parse_config(self, ckpt: Checkpoint, config: Mapping[str, Any] | None) -> DFlashConfig:
         return _config_of(ckpt, config)
 
-    def plan(self, ckpt: Checkpoint, config: DFlashConfig) -> LoadPlan:  # type: ignore[override]
+    def plan(self, ckpt: Checkpoint, config: Any, **options: Any) -> LoadPlan:
+        """The drafter's plan; a drafter takes no option (one given is a
+        TypeError naming it), and ``config`` is its :class:`DFlashConfig`."""
+        self.check_options(options)
+        if not isinstance(config, DFlashConfig):
+            raise TypeError(f"dflash: plan() needs a DFlashConfig (the family's parse_config), got "
+                            f"{type(config).__name__}")
         # The manifest check (names, dtypes, shapes against the config) first.
         return plan_dflash(DFlashWeights.load(ckpt, config))
 

@@ -79,8 +79,11 @@ class GenericFamily(ModelFamily):
     def inspect_checkpoint(self, ckpt: Checkpoint, *, config: Mapping[str, Any] | None,
                            **options: Any) -> dict[str, Any]:
         """Device dtypes and bytes under ``dtype``; tensors no device format can
-        hold are listed in ``unloadable`` (a load would refuse them, a plan too)."""
+        hold, or whose shape no buffer can (``[0, 2^64-1]``: the loader's
+        :func:`~hf2q.loader.loadable_shape`), are listed in ``unloadable``
+        with no device dtype (a load would refuse them, a plan too)."""
         from ... import formats
+        from ...loader import loadable_shape
         from .._quant import mxfp4_logical, scale_layouts
         from .plan import fp8_sources
 
@@ -104,7 +107,7 @@ class GenericFamily(ModelFamily):
                 out[name] = "mxfp4" if dtype == "keep" else device_dtype(lname + ".weight", "f32", lshape, dtype)
                 continue
             src = "f32" if dtype != "keep" and name in scaled.scales else formats.from_safetensors(info.dtype).name
-            out[name] = device_dtype(name, src, tuple(info.shape), dtype)
+            out[name] = device_dtype(name, src, tuple(info.shape), dtype) if loadable_shape(info.shape) else None
         nbytes = sum(formats.nbytes(mxfp4_logical(n, tuple(ckpt[n].shape))[1] if mxfp4 and n in scaled.scales
                                     else ckpt[n].shape, d) for n, d in out.items() if d is not None)
         report = {"gpu_resident_bytes": nbytes, "device_dtypes": out, "dtype": dtype,

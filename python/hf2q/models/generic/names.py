@@ -23,22 +23,19 @@ import re
 from collections.abc import Mapping
 
 from .._names import GLOBAL_NAMES, with_additions  # the whole-model names are the decoder families' too
+from .._names import LAYER_NAMES as _SHARED_LAYER_NAMES
 
 __all__ = ["GLOBAL_NAMES", "LAYER_NAMES", "RECIPE_LAYER_NAMES", "split_block", "expert_of", "llama_gguf_name",
            "known_gguf_name"]
 
-#: Per-layer tensors: suffix after ``model.layers.{b}.`` -> suffix after ``blk.{b}.``.
-LAYER_NAMES: Mapping[str, str] = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.o_proj.bias": "attn_output.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
-}
+#: Per-layer tensors: suffix after ``model.layers.{b}.`` -> suffix after ``blk.{b}.``:
+#: the shared map, the biases and the MoE router, and the one name the
+#: converter's llama-like classes give differently.
+LAYER_NAMES: Mapping[str, str] = with_additions(_SHARED_LAYER_NAMES, {
+    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.bias": "attn_output.bias",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+}, renames={"post_attention_layernorm.weight": "ffn_norm.weight"})
 
 #: :data:`LAYER_NAMES` and the other llama-like layouts llama-quantize decides by.
 RECIPE_LAYER_NAMES: Mapping[str, str] = with_additions(LAYER_NAMES, {

@@ -19,7 +19,7 @@ from typing import Any, Union
 
 from ...device import Buffer, Device
 from ...model import LoadedModel, check_layout
-from ...plan import destinations_by_source
+from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
 from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily, Option
@@ -144,6 +144,16 @@ def _config_of(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Qwen35Conf
     return Qwen35Config.from_dict(config, source=str(ckpt.directory / "config.json"))
 
 
+def _own_plan(plan: LoadPlan, method: str) -> Qwen35Plan:
+    """The protocol's methods take any LoadPlan; this family's need its own
+    (what its :meth:`Qwen35Family.plan` makes): refused with a TypeError
+    otherwise, never read as another family's."""
+    if not isinstance(plan, Qwen35Plan):
+        raise TypeError(f"qwen35moe: {method}() needs a Qwen3.5 MoE plan (Qwen35Plan, from the family's plan or "
+                        f"plan_checkpoint), got {type(plan).__name__} of family {plan.family!r}")
+    return plan
+
+
 class Qwen35Family(ModelFamily):
     name = "qwen35moe"
     description = "Qwen3.5 / Qwen3.6 MoE (experts in Q8_0 at load time)"
@@ -175,12 +185,14 @@ class Qwen35Family(ModelFamily):
         plan = plan_qwen35_moe(ckpt, config, dense_dtype="bf16", expert_dtype="bf16", mtp=mtp)
         return apply_recipe(plan, recipe, ModelFacts(plan.extra["blocks"], config.num_experts))
 
-    def model(self, device: Device, plan: Qwen35Plan, buffers: dict[str, Buffer]) -> Qwen35Model:  # type: ignore[override]
+    def model(self, device: Device, plan: LoadPlan, buffers: dict[str, Buffer]) -> Qwen35Model:
         # plan.config: the plan resolves what the file leaves out (mtp_num_hidden_layers)
+        plan = _own_plan(plan, "model")
         return Qwen35Model(device, plan.config, plan, buffers)
 
-    def target_heads(self, plan: Qwen35Plan) -> dict[str, Any]:  # type: ignore[override]
+    def target_heads(self, plan: LoadPlan) -> dict[str, Any]:
         """``token_embd.weight``; the LM head is ``output.weight``, or the embedding when tied."""
+        plan = _own_plan(plan, "target_heads")
         cfg = plan.config
         return {"embedding": "token_embd.weight",
                 "lm_head": "token_embd.weight" if plan.tied_output else "output.weight",
@@ -188,7 +200,8 @@ class Qwen35Family(ModelFamily):
                 "vocab_size": cfg.vocab_size, "embedding_rows": plan["token_embd.weight"].shape[0],
                 "num_layers": cfg.num_hidden_layers}
 
-    def describe(self, plan: Qwen35Plan, ckpt: Checkpoint) -> dict[str, Any]:  # type: ignore[override]
+    def describe(self, plan: LoadPlan, ckpt: Checkpoint) -> dict[str, Any]:
+        plan = _own_plan(plan, "describe")
         return {
             "planned_tensors": len(plan),
             "gpu_resident_bytes": plan.nbytes,
