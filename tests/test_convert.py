@@ -4,6 +4,7 @@ bytes never pass the budget; a batch per tensor writes the same file)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -165,3 +166,77 @@ def test_no_space_and_unwritable_folder_are_typed_errors(tmp_path, monkeypatch) 
         with pytest.raises(ConvertError, match="cannot create"):
             hf2q.convert(QWEN, ro / "m.gguf")
     assert [p.name for p in tmp_path.iterdir()] in ([], ["ro"])
+
+
+@pytest.mark.parametrize("window", [4096, 16 << 20])
+def test_direct_and_page_cache_output_write_the_same_file(tmp_path, monkeypatch, window) -> None:
+    """O_DIRECT output (windows of ``window`` bytes, several in flight) and
+    the page cache's writev give the same bytes; the report says which ran."""
+    ref = tmp_path / "ref.gguf"
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", False)
+    s = hf2q.convert(QWEN, ref, "q8_0")
+    assert s.extra["output_io"] == "page cache"
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", True)
+    monkeypatch.setattr(export, "DIRECT_WINDOW", window)
+    out = tmp_path / "d.gguf"
+    s = hf2q.convert(QWEN, out, "q8_0")
+    assert out.read_bytes() == ref.read_bytes() and out.stat().st_size == s.bytes
+    if hasattr(os, "O_DIRECT") and s.extra["output_io"] != "O_DIRECT":
+        pytest.skip(f"this file system refuses O_DIRECT ({tmp_path}); the page cache wrote it")
+    assert _leftovers(tmp_path) == []
+
+
+def test_direct_output_refused_with_einval_goes_through_the_page_cache(tmp_path, monkeypatch) -> None:
+    """A file system that takes O_DIRECT at open but refuses a write's
+    alignment (EINVAL): the same write is done through the page cache, and
+    every later one; the file is the same."""
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT here")
+    import fcntl
+
+    ref = tmp_path / "ref.gguf"
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", False)
+    hf2q.convert(QWEN, ref, "f32")
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", True)
+    monkeypatch.setattr(export, "DIRECT_WINDOW", 8192)
+    real = os.pwrite
+    refused = []
+
+    def pwrite(fd, data, off):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(off)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data, off)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    out = tmp_path / "m.gguf"
+    s = hf2q.convert(QWEN, out, "f32")
+    assert out.read_bytes() == ref.read_bytes() and s.extra["output_io"] == "page cache"
+    assert 1 <= len(refused) <= export.DIRECT_DEPTH
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_write_failure_is_a_typed_error_and_leaves_nothing(tmp_path, monkeypatch, direct) -> None:
+    """ENOSPC (or EIO) from a write midway: ConvertError naming the output,
+    no output and no temporary file, whichever path wrote."""
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", direct)
+    monkeypatch.setattr(export, "DIRECT_WINDOW", 8192)
+    monkeypatch.setattr(export, "BATCH_BYTES", 4096)
+    calls = {"n": 0}
+    real_pwrite, real_writev = os.pwrite, os.writev
+
+    def failing(real):
+        def f(*a):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*a)
+        return f
+
+    monkeypatch.setattr(os, "pwrite", failing(real_pwrite))
+    monkeypatch.setattr(os, "writev", failing(real_writev))
+    out = tmp_path / "m.gguf"
+    with pytest.raises(ConvertError, match="No space left") as e:
+        hf2q.convert(QWEN, out, "f32")
+    assert e.value.path == str(out) and calls["n"] >= 3
+    assert not out.exists() and _leftovers(tmp_path) == []

@@ -15,6 +15,7 @@ conversion leaves no file that looks finished.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import threading
@@ -25,6 +26,11 @@ from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 from .. import formats
 from ..errors import Hf2qError
@@ -50,6 +56,16 @@ BATCH_BYTES = 64 << 20
 #: Start the disk's writeback of every this many bytes written (see _Writer._start_writeback).
 WRITEBACK_BYTES = 64 << 20
 WRITEBACK_EARLY = os.environ.get("HF2Q_CONVERT_WRITEBACK", "1") != "0"
+#: Write the file with O_DIRECT where the file system takes it (Linux;
+#: ``HF2Q_CONVERT_DIRECT=0``: through the page cache): see _DirectSink.
+OUTPUT_DIRECT = os.environ.get("HF2Q_CONVERT_DIRECT", "1") != "0"
+#: O_DIRECT: bytes per write (a window), windows being written at once, and
+#: the offset / length alignment of every write (a multiple of any logical
+#: block size up to 4 KiB; a file system wanting more refuses with EINVAL,
+#: and the page cache takes over).
+DIRECT_WINDOW = 16 << 20
+DIRECT_DEPTH = 2
+DIRECT_ALIGN = 4096
 #: Elements rounded from F32 to F16 at a time (``--outtype f16``).
 HALF_CHUNK = 1 << 22
 
@@ -150,21 +166,209 @@ def _temp_name(out: Path) -> Path:
     return out.with_name(f".{out.name}.hf2q-{os.getpid()}-{threading.get_ident():x}.partial")
 
 
-class _Writer(threading.Thread):
-    """Writes queued batches (lists of buffers) in order; releases each
-    batch's bytes from the in-flight budget once written."""
+class _BufferedSink:
+    """Output through the page cache: ``writev`` of the buffers' bytes as
+    they are, writeback started every :data:`WRITEBACK_BYTES` (where
+    O_DIRECT is refused or turned off)."""
 
-    def __init__(self, fd: int, alignment: int, bar: Any) -> None:
-        super().__init__(name="hf2q-convert-writer", daemon=True)
+    direct = False
+
+    def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.written = 0
+        self.flushed = 0
+
+    def write(self, views: list[memoryview]) -> None:
+        while views:
+            n = os.writev(self.fd, views)
+            self.written += n
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            if views and n:
+                views[0] = views[0][n:]
+
+    def batch_done(self) -> None:
+        """Hand the bytes written so far to the disk now, asynchronously
+        (``POSIX_FADV_DONTNEED`` starts writeback of a range's dirty pages
+        and drops the clean ones): the final fsync has little left to do,
+        and the file does not fill the page cache. Best effort."""
+        if not WRITEBACK_EARLY or not hasattr(os, "posix_fadvise"):
+            return
+        start, end = self.flushed, self.written
+        if end - start < WRITEBACK_BYTES:
+            return
+        try:
+            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        self.flushed = end
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class _DirectSink:
+    """Output through ``O_DIRECT`` (Linux): the bytes are packed, in file
+    order, into page-aligned windows of :data:`DIRECT_WINDOW` bytes, and
+    each full window is written whole at its (aligned) file offset by one of
+    :data:`DIRECT_DEPTH` I/O threads while the next one is filled. The
+    kernel copies nothing into the page cache: on a VM that backs fresh
+    page-cache pages on first touch, that copy was most of a conversion's
+    CPU (docs/CONVERT.md, "Speed"). The last window is padded with zeros to
+    the alignment; the caller truncates the file to its size.
+
+    A write the kernel refuses with ``EINVAL`` (an alignment this file
+    system does not take) turns ``O_DIRECT`` off for the file and is done
+    again through the page cache (:attr:`direct` says which path ran);
+    any other failure (``ENOSPC``, ``EIO``) is raised by the next
+    :meth:`write` or by :meth:`close`, as ``OSError``."""
+
+    def __init__(self, fd: int) -> None:
+        import mmap
+
+        self.fd = fd
+        self.direct = True
+        self.written = 0
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._free: queue.Queue[Any] = queue.Queue()
+        self._mmaps = [mmap.mmap(-1, DIRECT_WINDOW) for _ in range(DIRECT_DEPTH + 1)]  # page-aligned
+        for m in self._mmaps:
+            self._free.put(np.frombuffer(m, dtype=np.uint8))
+        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._io = [threading.Thread(target=self._run, name=f"hf2q-convert-io-{i}", daemon=True)
+                    for i in range(DIRECT_DEPTH)]
+        for t in self._io:
+            t.start()
+        self._cur = self._free.get()
+        self._fill = 0
+        self._base = 0  # file offset of the current window
+
+    def write(self, views: list[memoryview]) -> None:
+        for v in views:
+            a = np.frombuffer(v, dtype=np.uint8)
+            pos, left = 0, len(a)
+            while left:
+                n = min(left, DIRECT_WINDOW - self._fill)
+                self._cur[self._fill:self._fill + n] = a[pos:pos + n]  # (numpy copies without the GIL)
+                self._fill += n
+                pos += n
+                left -= n
+                if self._fill == DIRECT_WINDOW:
+                    self._submit(DIRECT_WINDOW)
+            self.written += len(a)
+
+    def batch_done(self) -> None:
+        pass
+
+    def _submit(self, length: int) -> None:
+        if self.error is not None:
+            raise self.error
+        self._jobs.put((self._cur, length, self._base))
+        self._base += self._fill
+        self._cur, self._fill = None, 0
+        self._cur = self._free.get()  # waits for a window's write to finish
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Write what is left (zeros up to the alignment), wait for every
+        write; the first failure is raised."""
+        try:
+            if self._fill and self.error is None:
+                length = padded(self._fill, DIRECT_ALIGN)
+                self._cur[self._fill:length] = 0
+                self._submit(length)
+        finally:
+            self.abort()
+        if self.error is not None:
+            raise self.error
+
+    def abort(self) -> None:
+        """Stop the I/O threads once the writes queued are done."""
+        for _ in self._io:
+            self._jobs.put(None)
+        for t in self._io:
+            t.join()
+        self._io = []
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            win, length, off = job
+            try:
+                if self.error is None:
+                    self._pwrite(memoryview(win)[:length], off)
+            except BaseException as e:  # raised by the filling thread
+                with self._lock:
+                    if self.error is None:
+                        self.error = e
+            finally:
+                self._free.put(win)
+                del win, job
+
+    def _pwrite(self, view: memoryview, off: int) -> None:
+        while view:
+            try:
+                n = os.pwrite(self.fd, view, off)
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno != errno.EINVAL or not self._buffered_from_now():
+                    raise
+                continue  # again, through the page cache
+            if n == 0:
+                raise OSError(errno.EIO, "write returned 0 bytes")
+            view, off = view[n:], off + n
+
+    def _buffered_from_now(self) -> bool:
+        """O_DIRECT off for the file (an EINVAL: this file system wants
+        another alignment, or none of it); False if it already was off."""
+        with self._lock:
+            flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+            if not flags & os.O_DIRECT:
+                return self.direct  # another I/O thread turned it off: retry once
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+            self.direct = False
+            return True
+
+
+def _open_sink(fd: int) -> Any:
+    """The output path: O_DIRECT where the platform and the file system take
+    it (``fcntl(F_SETFL, O_DIRECT)``; ``HF2Q_CONVERT_DIRECT=0`` turns it off),
+    else the page cache."""
+    if OUTPUT_DIRECT and hasattr(os, "O_DIRECT") and fcntl is not None:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+        except OSError:
+            return _BufferedSink(fd)
+        return _DirectSink(fd)
+    return _BufferedSink(fd)
+
+
+class _Writer(threading.Thread):
+    """Writes queued batches (lists of buffers) in order through its sink;
+    releases each batch's bytes from the in-flight budget once written."""
+
+    def __init__(self, sink: Any, alignment: int, bar: Any) -> None:
+        super().__init__(name="hf2q-convert-writer", daemon=True)
+        self.sink = sink
         self.alignment = alignment
         self.bar = bar
         self.jobs: queue.Queue[Any] = queue.Queue()
         self.cond = threading.Condition()
         self.inflight = 0
         self.error: BaseException | None = None
-        self.written = 0
-        self.flushed = 0
+
+    @property
+    def written(self) -> int:
+        return self.sink.written
 
     def run(self) -> None:
         zeros = bytes(self.alignment)
@@ -181,7 +385,7 @@ class _Writer(threading.Thread):
                         if pad:
                             self._write_all([memoryview(zeros)[:pad]])
                         self.bar.update(n)
-                    self._start_writeback()
+                    self.sink.batch_done()
             except BaseException as e:  # handed to the main thread
                 self.error = e
             finally:
@@ -190,22 +394,6 @@ class _Writer(threading.Thread):
                 with self.cond:
                     self.inflight -= nbytes
                     self.cond.notify_all()
-
-    def _start_writeback(self) -> None:
-        """Hand the bytes written so far to the disk now, asynchronously
-        (``POSIX_FADV_DONTNEED`` starts writeback of a range's dirty pages
-        and drops the clean ones): the final fsync has little left to do,
-        and the file does not fill the page cache. Best effort."""
-        if not WRITEBACK_EARLY or not hasattr(os, "posix_fadvise"):
-            return
-        start, end = self.flushed, self.written
-        if end - start < WRITEBACK_BYTES:
-            return
-        try:
-            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        self.flushed = end
 
     def _write_tensor(self, b: Any, half: bool) -> int:
         """A buffer's bytes; ``half``: an F32 buffer rounded to F16 a
@@ -221,14 +409,7 @@ class _Writer(threading.Thread):
         return 2 * len(x)
 
     def _write_all(self, views: list[memoryview]) -> None:
-        while views:
-            n = os.writev(self.fd, views)
-            self.written += n
-            while views and n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            if views and n:
-                views[0] = views[0][n:]
+        self.sink.write(views)
 
     def reserve(self, nbytes: int, budget: int) -> None:
         with self.cond:
@@ -408,7 +589,8 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             raise ConvertError(f"{out_path}: cannot create {tmp.name} there: {e.strerror or e}",
                                path=out_path) from None
         bar = progress_bar(total, "hf2q convert", progress)
-        writer = _Writer(fd, ALIGNMENT, bar)
+        sink = _open_sink(fd)
+        writer = _Writer(sink, ALIGNMENT, bar)
         done = False
         try:
             writer._write_all([memoryview(head)])
@@ -424,6 +606,11 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                 del held
             writer.jobs.put(None)
             writer.join()
+            if writer.error is None:
+                try:
+                    sink.close()
+                except BaseException as e:
+                    writer.error = e
             if writer.error is not None:
                 err = writer.error
                 if isinstance(err, OSError):
@@ -443,6 +630,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                 writer.error = writer.error or KeyboardInterrupt()
                 writer.jobs.put(None)
                 writer.join()
+            sink.abort()
             bar.close()
             if fd >= 0:
                 os.close(fd)
@@ -454,7 +642,8 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     return ConvertSummary(output=str(out_path), family=fam.name, architecture=arch, outtype=outtype,
                           tensors=len(entries), bytes=total, data_bytes=sum(t.nbytes for t in infos),
                           source_bytes=plan.source_nbytes, seconds=time.perf_counter() - t0,
-                          extra={"kv_count": len(kv.items()), "tokenizer": tokenizer})
+                          extra={"kv_count": len(kv.items()), "tokenizer": tokenizer,
+                                 "output_io": "O_DIRECT" if sink.direct else "page cache"})
 
 
 def _generic_archs() -> list[str]:
