@@ -168,22 +168,25 @@ def test_no_space_and_unwritable_folder_are_typed_errors(tmp_path, monkeypatch) 
     assert [p.name for p in tmp_path.iterdir()] in ([], ["ro"])
 
 
-@pytest.mark.parametrize("window", [4096, 16 << 20])
-def test_direct_and_page_cache_output_write_the_same_file(tmp_path, monkeypatch, window) -> None:
-    """O_DIRECT output (windows of ``window`` bytes, several in flight) and
-    the page cache's writev give the same bytes; the report says which ran."""
+@pytest.mark.parametrize("batch", [1, 4096, 64 << 20])
+@pytest.mark.parametrize("outtype", ["q8_0", "f16"])
+def test_direct_and_page_cache_output_write_the_same_file(tmp_path, monkeypatch, batch, outtype) -> None:
+    """O_DIRECT output and the page cache give the same bytes, whatever the
+    windows (one tensor each: many windows share a page with the next; or
+    all in one); the report says which path ran. f16 rounds F32 buffers
+    into the window."""
     ref = tmp_path / "ref.gguf"
     monkeypatch.setattr(export, "OUTPUT_DIRECT", False)
-    s = hf2q.convert(QWEN, ref, "q8_0")
+    s = hf2q.convert(QWEN, ref, outtype)
     assert s.extra["output_io"] == "page cache"
     monkeypatch.setattr(export, "OUTPUT_DIRECT", True)
-    monkeypatch.setattr(export, "DIRECT_WINDOW", window)
+    monkeypatch.setattr(export, "BATCH_BYTES", batch)
     out = tmp_path / "d.gguf"
-    s = hf2q.convert(QWEN, out, "q8_0")
+    s = hf2q.convert(QWEN, out, outtype)
     assert out.read_bytes() == ref.read_bytes() and out.stat().st_size == s.bytes
+    assert _leftovers(tmp_path) == []
     if hasattr(os, "O_DIRECT") and s.extra["output_io"] != "O_DIRECT":
         pytest.skip(f"this file system refuses O_DIRECT ({tmp_path}); the page cache wrote it")
-    assert _leftovers(tmp_path) == []
 
 
 def test_direct_output_refused_with_einval_goes_through_the_page_cache(tmp_path, monkeypatch) -> None:
@@ -198,7 +201,7 @@ def test_direct_output_refused_with_einval_goes_through_the_page_cache(tmp_path,
     monkeypatch.setattr(export, "OUTPUT_DIRECT", False)
     hf2q.convert(QWEN, ref, "f32")
     monkeypatch.setattr(export, "OUTPUT_DIRECT", True)
-    monkeypatch.setattr(export, "DIRECT_WINDOW", 8192)
+    monkeypatch.setattr(export, "BATCH_BYTES", 8192)
     real = os.pwrite
     refused = []
 
@@ -218,23 +221,20 @@ def test_direct_output_refused_with_einval_goes_through_the_page_cache(tmp_path,
 @pytest.mark.parametrize("direct", [True, False])
 def test_write_failure_is_a_typed_error_and_leaves_nothing(tmp_path, monkeypatch, direct) -> None:
     """ENOSPC (or EIO) from a write midway: ConvertError naming the output,
-    no output and no temporary file, whichever path wrote."""
+    no output and no temporary file, whichever path wrote; the writes
+    queued after it are not done."""
     monkeypatch.setattr(export, "OUTPUT_DIRECT", direct)
-    monkeypatch.setattr(export, "DIRECT_WINDOW", 8192)
     monkeypatch.setattr(export, "BATCH_BYTES", 4096)
     calls = {"n": 0}
-    real_pwrite, real_writev = os.pwrite, os.writev
+    real = os.pwrite
 
-    def failing(real):
-        def f(*a):
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return real(*a)
-        return f
+    def failing(*a):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a)
 
-    monkeypatch.setattr(os, "pwrite", failing(real_pwrite))
-    monkeypatch.setattr(os, "writev", failing(real_writev))
+    monkeypatch.setattr(os, "pwrite", failing)
     out = tmp_path / "m.gguf"
     with pytest.raises(ConvertError, match="No space left") as e:
         hf2q.convert(QWEN, out, "f32")

@@ -76,6 +76,11 @@ struct BackendInfo {
   // loader's pread fault each page from inside its copy and locking after
   // (docs/RESIDENCY.md). False where a set is staged and committed (Metal).
   bool wire_at_register = false;
+  // Whether buffers may be placed at any byte offset of one allocation
+  // (Device::alloc_window): every backend call on such a buffer uses its
+  // CPU pointer, none the allocation's handle (host memory; not a Metal
+  // MTLBuffer, whose GPU work addresses the buffer object).
+  bool placement = false;
 };
 
 // How an upload turns source elements into buffer bytes (planned and checked

@@ -104,6 +104,7 @@ class HostBackend final : public Backend {
     info_.unified_memory = true;
     info_.max_sets = 1;
     info_.wire_at_register = true;  // mlock populates before the loader writes (docs/RESIDENCY.md)
+    info_.placement = true;         // every call uses the CPU pointer (Device::alloc_window)
   }
 
   const BackendInfo& info() const override { return info_; }

@@ -145,7 +145,8 @@ def residency_state(device: Device, buffers: Iterable[Buffer]) -> dict[str, Any]
 
 
 def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callable[[dict[str, Buffer]], M], *,
-            progress: bool = False, extra: dict[str, Any] | None = None, check_finite: bool = False) -> M:
+            progress: bool = False, extra: dict[str, Any] | None = None, check_finite: bool = False,
+            alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None) -> M:
     """Run ``plan`` against the open checkpoint ``ckpt`` on ``device``;
     ``make_model(buffers)`` builds the family's container (and runs its
     layout check) before the summary is attached as ``model.summary``.
@@ -166,7 +167,11 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     the file. ``check_finite``: NaN/Inf in entries copied or decoded as they
     are raise :class:`~hf2q.NonFiniteError` (found during the read;
     quantization always refuses them). Off by default: the bytes are the
-    file's."""
+    file's.
+
+    ``alloc(entries)``: the zero-filled buffers for those entries (their
+    shapes and dtypes), in place of the device's own allocations (``hf2q
+    convert`` places them in its output window)."""
     t0 = time.perf_counter()
     _check_representable(plan, ckpt)
     usage0 = process_usage()
@@ -186,7 +191,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     def flush() -> None:
         nonlocal pending_bytes
         if pending:
-            bufs.update(_fill_batch(device, ckpt, pending, check_finite))
+            bufs.update(_fill_batch(device, ckpt, pending, check_finite, alloc))
         for n in pending_sizes:
             bar.update(n)  # one update per tensor, batched or not
         pending.clear()
@@ -210,7 +215,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
             else:
                 # Read, transformed or staged now (small tensors); the batch
                 # pending around it keeps collecting.
-                bufs[entry.name] = _fill(device, ckpt, entry, check_finite)
+                bufs[entry.name] = _fill(device, ckpt, entry, check_finite, alloc)
                 bar.update(size)
         flush()
         bufs = {e.name: bufs[e.name] for e in plan}  # plan order, whatever order they were read in
@@ -250,13 +255,14 @@ def _check_representable(plan: LoadPlan, ckpt: Checkpoint) -> None:
 
 
 def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
-                check_finite: bool = False) -> dict[str, Buffer]:
+                check_finite: bool = False, alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None
+                ) -> dict[str, Buffer]:
     """A run of streamed entries: their buffers in one allocation call, their
     file bytes in one device call; all of them or none (on failure the
     buffers made so far are freed before the error leaves)."""
     pieces = [p for e in entries for p in e.sources]
     _check_unchanged(ckpt, pieces)
-    made = device.alloc_many([(e.shape, e.dtype) for e in entries])
+    made = alloc(entries) if alloc is not None else device.alloc_many([(e.shape, e.dtype) for e in entries])
     jobs: list[Any] = []
     b: Buffer | None = None
     try:
@@ -375,7 +381,8 @@ def _check_converted(buf: Buffer, entry: TensorPlan) -> None:
                             shape=tuple(entry.shape), sources=entry.sources)
 
 
-def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: bool = False) -> Buffer:
+def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: bool = False,
+          alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None) -> Buffer:
     _check_unchanged(ckpt, entry.sources)
     if entry.transform is not None:
         arrays = [_read_array(ckpt, p) for p in entry.sources]
@@ -386,7 +393,8 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
             y = entry.transform(arrays)
         if check_finite:
             _check_finite_array(y, entry.name, "transform", shape=tuple(entry.shape), sources=entry.sources)
-        buf = upload_array(device, y, entry.dtype, entry.shape, entry.name)
+        buf = upload_array(device, y, entry.dtype, entry.shape, entry.name,
+                           into=None if alloc is None else alloc([entry])[0])
         if check_finite:
             src = formats.from_numpy(y.dtype)
             if src is not None and (src, entry.dtype) in NARROWING:
@@ -397,7 +405,7 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
                     del buf
                     raise detached(e)
         return buf
-    buf = device.alloc(entry.shape, entry.dtype)
+    buf = device.alloc(entry.shape, entry.dtype) if alloc is None else alloc([entry])[0]
     try:
         streamed = []
         for piece in entry.sources:
@@ -507,13 +515,21 @@ def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
     return cast
 
 
-def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ...], name: str) -> Buffer:
+def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ...], name: str,
+                 into: Buffer | None = None) -> Buffer:
     """A new ``dtype`` buffer of logical ``shape`` holding the logical array
-    ``x``: native conversion when the device has one, else a numpy cast."""
+    ``x``: native conversion when the device has one, else a numpy cast.
+    ``into``: that buffer (zero-filled, of ``shape`` and ``dtype``) instead of a new one."""
     src = formats.from_numpy(x.dtype)
     if src is None or not formats.can_convert(src, dtype):
         x = _caster(dtype)(x)
-    return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name)
+    if into is None:
+        return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name)
+    if x.size != formats.numel(shape) or tuple(into.shape) != tuple(shape) or into.dtype != dtype:
+        raise ValueError(f"{name}: an array of {x.size} elements for a {dtype} buffer of shape {list(into.shape)}, "
+                         f"planned {list(shape)}")
+    device.write(into, np.ascontiguousarray(x).reshape(-1), name=name)
+    return into
 
 
 def _read_array(ckpt: Checkpoint, piece: Piece) -> np.ndarray:

@@ -59,13 +59,14 @@ WRITEBACK_EARLY = os.environ.get("HF2Q_CONVERT_WRITEBACK", "1") != "0"
 #: Write the file with O_DIRECT where the file system takes it (Linux;
 #: ``HF2Q_CONVERT_DIRECT=0``: through the page cache): see _DirectSink.
 OUTPUT_DIRECT = os.environ.get("HF2Q_CONVERT_DIRECT", "1") != "0"
-#: O_DIRECT: bytes per write (a window), windows being written at once, and
-#: the offset / length alignment of every write (a multiple of any logical
-#: block size up to 4 KiB; a file system wanting more refuses with EINVAL,
-#: and the page cache takes over).
-DIRECT_WINDOW = 16 << 20
+#: Windows being written at once (each by its own I/O thread), and the
+#: offset / length alignment of every write (a multiple of any logical block
+#: size up to 4 KiB; a file system wanting more refuses O_DIRECT writes with
+#: EINVAL, and the page cache takes over).
 DIRECT_DEPTH = 2
 DIRECT_ALIGN = 4096
+#: Through the page cache: writeback is started for windows of at least this many bytes.
+WRITEBACK_MIN = 1 << 20
 #: Elements rounded from F32 to F16 at a time (``--outtype f16``).
 HALF_CHUNK = 1 << 22
 
@@ -166,130 +167,100 @@ def _temp_name(out: Path) -> Path:
     return out.with_name(f".{out.name}.hf2q-{os.getpid()}-{threading.get_ident():x}.partial")
 
 
-class _BufferedSink:
-    """Output through the page cache: ``writev`` of the buffers' bytes as
-    they are, writeback started every :data:`WRITEBACK_BYTES` (where
-    O_DIRECT is refused or turned off)."""
+@dataclass
+class _Unit:
+    """One batch as executed and written: its entries, the file range
+    ``[start, end)`` its bytes fill (the header's too for the first one,
+    padding included), and where each entry's bytes go in the file."""
 
-    direct = False
+    entries: list[TensorPlan]
+    start: int
+    end: int
+    offsets: list[int]  # file offset of each entry's bytes
+    out_bytes: list[int]  # bytes each entry has in the file (an F16-rounded entry: half its F32 buffer)
+    last: bool = False  # the file's last window: written whole, padded to the alignment
 
-    def __init__(self, fd: int) -> None:
+    def window(self, align: int) -> tuple[int, int]:
+        """The window's file range: from the page before ``start`` (its first
+        bytes are the previous window's last, carried over) to ``end``
+        rounded up."""
+        return self.start // align * align, padded(self.end, align)
+
+
+def _layout(units: list[list[TensorPlan]], half: set[str], head_len: int) -> list[_Unit]:
+    """Where every unit's entries go in the file: back to back from the end
+    of the header, each padded to ALIGNMENT (a stack's parts are ALIGNMENT
+    multiples: no padding between them, _parts)."""
+    out: list[_Unit] = []
+    pos = head_len
+    for i, u in enumerate(units):
+        start = 0 if i == 0 else pos
+        offs, sizes = [], []
+        for e in u:
+            n = formats.nbytes(e.shape, "f16" if e.name in half else e.dtype)
+            offs.append(pos)
+            sizes.append(n)
+            pos = padded(pos + n, ALIGNMENT)
+        out.append(_Unit(u, start, pos, offs, sizes))
+    if not out:  # no tensors: the header alone
+        out.append(_Unit([], 0, head_len, [], []))
+    out[-1].last = True
+    return out
+
+
+class _Output:
+    """The file's bytes, written a window at a time with ``pwrite`` by
+    :data:`DIRECT_DEPTH` I/O threads, through ``O_DIRECT`` where the file
+    system takes it (Linux; ``HF2Q_CONVERT_DIRECT=0`` turns it off): the
+    kernel then copies nothing into the page cache, which on a VM that
+    backs fresh page-cache pages on first touch was most of a conversion's
+    CPU (docs/CONVERT.md, "Speed"). Every write starts and ends on a
+    :data:`DIRECT_ALIGN` boundary (the last one is padded with the window's
+    zeros; the caller truncates the file to its size), and no two overlap.
+
+    A write refused with ``EINVAL`` (an alignment the file system does not
+    take) turns ``O_DIRECT`` off for the file and is done again through the
+    page cache, and so is every later one (:attr:`direct` says which path
+    ran to the end); through the page cache each window's writeback starts
+    as soon as it is written (``POSIX_FADV_DONTNEED``). Any other failure
+    (``ENOSPC``, ``EIO``) is kept in :attr:`error` and raised by the next
+    :meth:`submit` or by :meth:`close`, as ``OSError``."""
+
+    def __init__(self, fd: int, release: Any) -> None:
         self.fd = fd
-        self.written = 0
-        self.flushed = 0
-
-    def write(self, views: list[memoryview]) -> None:
-        while views:
-            n = os.writev(self.fd, views)
-            self.written += n
-            while views and n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            if views and n:
-                views[0] = views[0][n:]
-
-    def batch_done(self) -> None:
-        """Hand the bytes written so far to the disk now, asynchronously
-        (``POSIX_FADV_DONTNEED`` starts writeback of a range's dirty pages
-        and drops the clean ones): the final fsync has little left to do,
-        and the file does not fill the page cache. Best effort."""
-        if not WRITEBACK_EARLY or not hasattr(os, "posix_fadvise"):
-            return
-        start, end = self.flushed, self.written
-        if end - start < WRITEBACK_BYTES:
-            return
-        try:
-            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        self.flushed = end
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-
-class _DirectSink:
-    """Output through ``O_DIRECT`` (Linux): the bytes are packed, in file
-    order, into page-aligned windows of :data:`DIRECT_WINDOW` bytes, and
-    each full window is written whole at its (aligned) file offset by one of
-    :data:`DIRECT_DEPTH` I/O threads while the next one is filled. The
-    kernel copies nothing into the page cache: on a VM that backs fresh
-    page-cache pages on first touch, that copy was most of a conversion's
-    CPU (docs/CONVERT.md, "Speed"). The last window is padded with zeros to
-    the alignment; the caller truncates the file to its size.
-
-    A write the kernel refuses with ``EINVAL`` (an alignment this file
-    system does not take) turns ``O_DIRECT`` off for the file and is done
-    again through the page cache (:attr:`direct` says which path ran);
-    any other failure (``ENOSPC``, ``EIO``) is raised by the next
-    :meth:`write` or by :meth:`close`, as ``OSError``."""
-
-    def __init__(self, fd: int) -> None:
-        import mmap
-
-        self.fd = fd
-        self.direct = True
+        self.release = release  # release(nbytes): a window's budget, once its write is done
+        self.direct = False
+        if OUTPUT_DIRECT and hasattr(os, "O_DIRECT") and fcntl is not None:
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+                self.direct = True
+            except OSError:
+                pass  # this file system has no O_DIRECT: the page cache
         self.written = 0
         self.error: BaseException | None = None
         self._lock = threading.Lock()
-        self._free: queue.Queue[Any] = queue.Queue()
-        self._mmaps = [mmap.mmap(-1, DIRECT_WINDOW) for _ in range(DIRECT_DEPTH + 1)]  # page-aligned
-        for m in self._mmaps:
-            self._free.put(np.frombuffer(m, dtype=np.uint8))
         self._jobs: queue.Queue[Any] = queue.Queue()
         self._io = [threading.Thread(target=self._run, name=f"hf2q-convert-io-{i}", daemon=True)
                     for i in range(DIRECT_DEPTH)]
         for t in self._io:
             t.start()
-        self._cur = self._free.get()
-        self._fill = 0
-        self._base = 0  # file offset of the current window
 
-    def write(self, views: list[memoryview]) -> None:
-        for v in views:
-            a = np.frombuffer(v, dtype=np.uint8)
-            pos, left = 0, len(a)
-            while left:
-                n = min(left, DIRECT_WINDOW - self._fill)
-                self._cur[self._fill:self._fill + n] = a[pos:pos + n]  # (numpy copies without the GIL)
-                self._fill += n
-                pos += n
-                left -= n
-                if self._fill == DIRECT_WINDOW:
-                    self._submit(DIRECT_WINDOW)
-            self.written += len(a)
-
-    def batch_done(self) -> None:
-        pass
-
-    def _submit(self, length: int) -> None:
+    def submit(self, window: Any, length: int, offset: int, budget: int) -> None:
+        """Write the first ``length`` bytes of ``window`` (a u8 Buffer, kept
+        alive until then) at ``offset``; ``release(budget)`` once done."""
         if self.error is not None:
             raise self.error
-        self._jobs.put((self._cur, length, self._base))
-        self._base += self._fill
-        self._cur, self._fill = None, 0
-        self._cur = self._free.get()  # waits for a window's write to finish
-        if self.error is not None:
-            raise self.error
+        self._jobs.put((window, length, offset, budget))
 
     def close(self) -> None:
-        """Write what is left (zeros up to the alignment), wait for every
-        write; the first failure is raised."""
-        try:
-            if self._fill and self.error is None:
-                length = padded(self._fill, DIRECT_ALIGN)
-                self._cur[self._fill:length] = 0
-                self._submit(length)
-        finally:
-            self.abort()
+        """Wait for every write; the first failure is raised."""
+        self.stop()
         if self.error is not None:
             raise self.error
 
-    def abort(self) -> None:
-        """Stop the I/O threads once the writes queued are done."""
+    def stop(self) -> None:
+        """Stop the I/O threads once the writes queued are done (or skipped
+        after a failure)."""
         for _ in self._io:
             self._jobs.put(None)
         for t in self._io:
@@ -301,17 +272,23 @@ class _DirectSink:
             job = self._jobs.get()
             if job is None:
                 return
-            win, length, off = job
+            window, length, off, budget = job
             try:
-                if self.error is None:
-                    self._pwrite(memoryview(win)[:length], off)
-            except BaseException as e:  # raised by the filling thread
+                if self.error is None and length:
+                    view = memoryview(window._storage_bytes(0, length))
+                    self._pwrite(view, off)
+                    del view
+                    with self._lock:
+                        self.written += length
+                    if not self.direct:
+                        self._start_writeback(off, length)
+            except BaseException as e:  # raised by the main thread
                 with self._lock:
                     if self.error is None:
                         self.error = e
             finally:
-                self._free.put(win)
-                del win, job
+                del window, job
+                self.release(budget)
 
     def _pwrite(self, view: memoryview, off: int) -> None:
         while view:
@@ -329,91 +306,102 @@ class _DirectSink:
 
     def _buffered_from_now(self) -> bool:
         """O_DIRECT off for the file (an EINVAL: this file system wants
-        another alignment, or none of it); False if it already was off."""
+        another alignment); False where it was off already (the EINVAL is
+        then the write's own)."""
         with self._lock:
             flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
             if not flags & os.O_DIRECT:
-                return self.direct  # another I/O thread turned it off: retry once
+                return False
             fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
             self.direct = False
             return True
 
-
-def _open_sink(fd: int) -> Any:
-    """The output path: O_DIRECT where the platform and the file system take
-    it (``fcntl(F_SETFL, O_DIRECT)``; ``HF2Q_CONVERT_DIRECT=0`` turns it off),
-    else the page cache."""
-    if OUTPUT_DIRECT and hasattr(os, "O_DIRECT") and fcntl is not None:
+    def _start_writeback(self, off: int, length: int) -> None:
+        """Hand a window written through the page cache to the disk now,
+        asynchronously (``POSIX_FADV_DONTNEED`` starts writeback of a
+        range's dirty pages and drops the clean ones): the final fsync has
+        little left to do, and the file does not fill the page cache. Best
+        effort."""
+        if not WRITEBACK_EARLY or not hasattr(os, "posix_fadvise") or length < WRITEBACK_MIN:
+            return
         try:
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+            os.posix_fadvise(self.fd, off, length, os.POSIX_FADV_DONTNEED)
         except OSError:
-            return _BufferedSink(fd)
-        return _DirectSink(fd)
-    return _BufferedSink(fd)
+            pass
 
 
 class _Writer(threading.Thread):
-    """Writes queued batches (lists of buffers) in order through its sink;
-    releases each batch's bytes from the in-flight budget once written."""
+    """Finishes each executed window in file order and hands it to the
+    output: the previous window's last partial page (``carry``) copied to
+    its start, the header into the first, F32 buffers rounded to F16 into
+    their place; then everything up to its own last partial page (all of
+    it, padded, for the last window) is written, and that page is carried
+    over. The in-flight budget is released as windows are written."""
 
-    def __init__(self, sink: Any, alignment: int, bar: Any) -> None:
+    def __init__(self, fd: int, head: bytes, bar: Any) -> None:
         super().__init__(name="hf2q-convert-writer", daemon=True)
-        self.sink = sink
-        self.alignment = alignment
+        self.head = head
         self.bar = bar
         self.jobs: queue.Queue[Any] = queue.Queue()
         self.cond = threading.Condition()
         self.inflight = 0
         self.error: BaseException | None = None
+        self.carry = b""
+        self.out = _Output(fd, self._release)
 
     @property
     def written(self) -> int:
-        return self.sink.written
+        return self.out.written
 
     def run(self) -> None:
-        zeros = bytes(self.alignment)
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            bufs, nbytes = job
+            unit, window, halves, budget = job
             try:
                 if self.error is None:
-                    while bufs:  # each buffer dropped once written (no loop variable keeps the last alive)
-                        n = self._write_tensor(*bufs.pop(0))
-                        pad = padded(n, self.alignment) - n
-                        if pad:
-                            self._write_all([memoryview(zeros)[:pad]])
-                        self.bar.update(n)
-                    self.sink.batch_done()
+                    self._finish(unit, window, halves, budget)
+                    budget = 0  # the output releases it
             except BaseException as e:  # handed to the main thread
                 self.error = e
             finally:
-                bufs.clear()
-                del job, bufs
-                with self.cond:
-                    self.inflight -= nbytes
-                    self.cond.notify_all()
+                halves.clear()
+                del job, window
+                if budget:
+                    self._release(budget)
 
-    def _write_tensor(self, b: Any, half: bool) -> int:
-        """A buffer's bytes; ``half``: an F32 buffer rounded to F16 a
-        chunk at a time. Returns the bytes written."""
-        if not half:
-            # the storage bytes as they are (no typed view: a bf16 one would import ml_dtypes)
-            view = memoryview(b._storage_bytes(0, b.byte_len))
-            self._write_all([view])
-            return len(view)
-        x = b.numpy().reshape(-1)
-        for i in range(0, len(x), HALF_CHUNK):
-            self._write_all([memoryview(x[i:i + HALF_CHUNK].astype(np.float16).view(np.uint8))])
-        return 2 * len(x)
+    def _finish(self, unit: _Unit, window: Any, halves: list[tuple[Any, int, int]], budget: int) -> None:
+        wstart, wend = unit.window(DIRECT_ALIGN)
+        win = window._storage_bytes(0, window.byte_len)
+        if unit.start == 0:
+            win[:len(self.head)] = np.frombuffer(self.head, dtype=np.uint8)
+        c = unit.start - wstart
+        if len(self.carry) != c:  # pragma: no cover - the layout makes them equal
+            raise AssertionError(f"carry of {len(self.carry)} bytes, window needs {c}")
+        win[:c] = np.frombuffer(self.carry, dtype=np.uint8)
+        while halves:  # each F32 buffer dropped once rounded
+            buf, off, n = halves.pop(0)
+            x = buf.numpy().reshape(-1)
+            dst = win[off - wstart:off - wstart + n].view(np.float16)
+            for i in range(0, len(x), HALF_CHUNK):
+                dst[i:i + HALF_CHUNK] = x[i:i + HALF_CHUNK]  # round to nearest even, as astype
+            del buf, x
+        cut = wend - wstart if unit.last else unit.end // DIRECT_ALIGN * DIRECT_ALIGN - wstart
+        self.carry = b"" if unit.last else win[cut:unit.end - wstart].tobytes()
+        del win
+        self.bar.update(unit.end - unit.start)
+        self.out.submit(window, cut, wstart, budget)
 
-    def _write_all(self, views: list[memoryview]) -> None:
-        self.sink.write(views)
+    def _release(self, nbytes: int) -> None:
+        with self.cond:
+            self.inflight -= nbytes
+            self.cond.notify_all()
 
     def reserve(self, nbytes: int, budget: int) -> None:
         with self.cond:
-            while self.inflight and self.inflight + nbytes > budget and self.error is None:
+            while self.inflight and self.inflight + nbytes > budget and self.error is None \
+                    and self.out.error is None:
                 self.cond.wait()
             self.inflight += nbytes
 
@@ -589,26 +577,46 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             raise ConvertError(f"{out_path}: cannot create {tmp.name} there: {e.strerror or e}",
                                path=out_path) from None
         bar = progress_bar(total, "hf2q convert", progress)
-        sink = _open_sink(fd)
-        writer = _Writer(sink, ALIGNMENT, bar)
+        layout = _layout(units, half, len(head))
+        if layout[-1].end != total:  # pragma: no cover - the header's offsets and the layout's agree
+            raise AssertionError(f"layout ends at {layout[-1].end}, the header says {total}")
+        writer = _Writer(fd, head, bar)
         done = False
         try:
-            writer._write_all([memoryview(head)])
-            bar.update(len(head))
             writer.start()
-            for batch in units:
-                nbytes = sum(e.nbytes for e in batch)
-                writer.reserve(nbytes, budget)
-                if writer.error is not None:
+            for unit in layout:
+                wstart, wend = unit.window(DIRECT_ALIGN)
+                placed = [(o - wstart, e.shape, e.dtype) for e, o in zip(unit.entries, unit.offsets)
+                          if e.name not in half]
+                extra_bytes = sum(e.nbytes for e in unit.entries if e.name in half)  # their F32 buffers
+                reserved = wend - wstart + extra_bytes
+                writer.reserve(reserved, budget)
+                if writer.error is not None or writer.out.error is not None:
+                    writer._release(reserved)
                     break
-                held = execute(LoadPlan(plan.family, batch, plan.config), ckpt, device, _Held)
-                writer.jobs.put(([(held.bufs[e.name], e.name in half) for e in batch], nbytes))
-                del held
+                window, bufs = device._alloc_window(wend - wstart, placed)
+                where = {e.name: b for e, b in zip((e for e in unit.entries if e.name not in half), bufs)}
+                del bufs
+
+                def alloc(es: list[TensorPlan], where: dict[str, Any] = where) -> list[Any]:
+                    return [where.pop(e.name) if e.name in where else device.alloc(e.shape, e.dtype) for e in es]
+
+                try:
+                    held = execute(LoadPlan(plan.family, unit.entries, plan.config), ckpt, device, _Held,
+                                   alloc=alloc) if unit.entries else _Held({})
+                except BaseException:
+                    writer._release(reserved)
+                    raise
+                halves = [(held.bufs[e.name], o, n) for e, o, n in zip(unit.entries, unit.offsets, unit.out_bytes)
+                          if e.name in half]
+                del held, where, alloc
+                writer.jobs.put((unit, window, halves, reserved))
+                del window, halves
             writer.jobs.put(None)
             writer.join()
             if writer.error is None:
                 try:
-                    sink.close()
+                    writer.out.close()
                 except BaseException as e:
                     writer.error = e
             if writer.error is not None:
@@ -616,8 +624,14 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                 if isinstance(err, OSError):
                     raise ConvertError(f"{out_path}: write failed: {err.strerror or err}", path=out_path) from None
                 raise err
-            if writer.written != total:
-                raise ConvertError(f"{out_path}: wrote {writer.written:,} bytes, planned {total:,}", path=out_path)
+            if writer.out.error is not None:
+                err = writer.out.error
+                raise ConvertError(f"{out_path}: write failed: {getattr(err, 'strerror', None) or err}",
+                                   path=out_path) from None
+            total_written = padded(total, DIRECT_ALIGN)
+            if writer.written != total_written:
+                raise ConvertError(f"{out_path}: wrote {writer.written:,} bytes, planned {total_written:,}",
+                                   path=out_path)
             os.ftruncate(fd, total)
             os.fsync(fd)
             os.close(fd)
@@ -630,7 +644,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                 writer.error = writer.error or KeyboardInterrupt()
                 writer.jobs.put(None)
                 writer.join()
-            sink.abort()
+            writer.out.stop()
             bar.close()
             if fd >= 0:
                 os.close(fd)
@@ -643,7 +657,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                           tensors=len(entries), bytes=total, data_bytes=sum(t.nbytes for t in infos),
                           source_bytes=plan.source_nbytes, seconds=time.perf_counter() - t0,
                           extra={"kv_count": len(kv.items()), "tokenizer": tokenizer,
-                                 "output_io": "O_DIRECT" if sink.direct else "page cache"})
+                                 "output_io": "O_DIRECT" if writer.out.direct else "page cache"})
 
 
 def _generic_archs() -> list[str]:
