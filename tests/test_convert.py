@@ -240,3 +240,55 @@ def test_write_failure_is_a_typed_error_and_leaves_nothing(tmp_path, monkeypatch
         hf2q.convert(QWEN, out, "f32")
     assert e.value.path == str(out) and calls["n"] >= 3
     assert not out.exists() and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("src,outtype", [(QWEN, "q8_0"), (QWEN, "f16"), (GEMMA, "bf16"), (GEMMA, "q8_0")])
+def test_unzeroed_windows_write_every_byte(tmp_path, monkeypatch, src, outtype) -> None:
+    """Windows are not zero-filled (a reused range keeps its old bytes):
+    with every window's memory poisoned before the loader runs, the file is
+    the same as from zero-filled windows, whatever the batches (padding,
+    page tails and the header's page are all written)."""
+    from hf2q.device import Device
+
+    ref = tmp_path / "ref.gguf"
+    monkeypatch.setattr(export, "WINDOW_UNZEROED", False)
+    hf2q.convert(src, ref, outtype)
+    real = Device._alloc_window
+    windows = []
+
+    def poisoned(self, length, specs, *, zero=True):
+        assert not zero
+        w, bufs = real(self, length, specs, zero=zero)
+        w._storage_bytes(0, w.alloc_len)[:] = 0xA5
+        windows.append(length)
+        return w, bufs
+
+    monkeypatch.setattr(Device, "_alloc_window", poisoned)
+    monkeypatch.setattr(export, "WINDOW_UNZEROED", True)
+    for batch in (1, 5000, 64 << 20):
+        monkeypatch.setattr(export, "BATCH_BYTES", batch)
+        out = tmp_path / f"{batch}.gguf"
+        hf2q.convert(src, out, outtype)
+        assert out.read_bytes() == ref.read_bytes(), batch
+    assert len(windows) > 10
+
+
+def test_a_buffer_its_pieces_do_not_cover_is_zeroed() -> None:
+    """_fully_written: pieces that leave a gap (or stop short) are not
+    trusted to write the whole buffer; _unwritten zeroes such a buffer and
+    the padding after each tensor, not the header."""
+    from hf2q.plan import Piece, TensorPlan
+
+    whole = TensorPlan("a", (4, 32), "f32", (Piece("s", "F32", (4, 32)),))
+    halves = TensorPlan("b", (4, 32), "f32", (Piece("s", "F32", (2, 32)), Piece("t", "F32", (2, 32), dest_offset=64)))
+    gap = TensorPlan("c", (4, 32), "f32", (Piece("s", "F32", (1, 32)), Piece("t", "F32", (2, 32), dest_offset=64)))
+    short = TensorPlan("d", (4, 32), "f32", (Piece("s", "F32", (3, 32)),))
+    assert export._fully_written(whole) and export._fully_written(halves)
+    assert not export._fully_written(gap) and not export._fully_written(short)
+    u = export._layout([[whole, gap]], set(), 100)[0]
+    assert u.offsets == [100, 640] and u.end == 1152 and u.last  # each tensor padded to 32 bytes
+    ws, we = u.window(4096)
+    assert (ws, we) == (0, 4096)
+    assert export._unwritten(u, ws, we - ws, 100, set()) == [(612, 4096)]  # whole's padding on, gap, tail
+    u = export._layout([[gap, whole]], set(), 100)[0]
+    assert export._unwritten(u, 0, 4096, 100, set()) == [(100, 640), (1152, 4096)]

@@ -141,6 +141,10 @@ class Backend {
   // Returns the CPU pointer; `*handle` receives the backend object (MTLBuffer).
   // Throws DeviceError.
   virtual void* allocate(std::size_t len, void** handle) = 0;
+  // The same where the caller writes every byte it reads (a converter's
+  // output window): the memory may hold anything, e.g. a reused range's old
+  // bytes, which spares zeroing it. Default: allocate (zero-filled).
+  virtual void* allocate_unzeroed(std::size_t len, void** handle) { return allocate(len, handle); }
   virtual void release(void* handle, void* ptr, std::size_t len) noexcept = 0;
   // Keep up to `bytes` of released memory for later allocations (a
   // converter's short-lived buffers, freed and made again every batch), and

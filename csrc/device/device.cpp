@@ -389,7 +389,7 @@ std::vector<std::shared_ptr<BufferImpl>> Device::alloc_many(const std::vector<Al
 }
 
 std::vector<std::shared_ptr<BufferImpl>> Device::alloc_window(std::size_t len,
-                                                             const std::vector<PlacedSpec>& specs) {
+                                                             const std::vector<PlacedSpec>& specs, bool zero) {
   if (!info().placement) {
     throw DeviceError("alloc_window: the " + info().kind + " device cannot place buffers inside one allocation");
   }
@@ -416,7 +416,7 @@ std::vector<std::shared_ptr<BufferImpl>> Device::alloc_window(std::size_t len,
   }
   count_injected_failure(alloc_len);
   void* handle = nullptr;
-  void* ptr = backend_->allocate(alloc_len, &handle);
+  void* ptr = zero ? backend_->allocate(alloc_len, &handle) : backend_->allocate_unzeroed(alloc_len, &handle);
   std::shared_ptr<MemoryBlock> block;
   try {
     block = std::make_shared<MemoryBlock>(shared_from_this(), ptr, handle, alloc_len);

@@ -462,16 +462,18 @@ class Device:
         _warn_notice(self._native)
         return [Buffer(n, self) for n in natives]
 
-    def _alloc_window(self, length: int, specs: Sequence[tuple[int, Sequence[int] | int, str]]
-                      ) -> tuple[Buffer, list[Buffer]]:
-        """One zero-filled allocation of ``length`` bytes and buffers of
-        ``(shape, dtype)`` placed in it at byte offsets (``hf2q convert``:
-        the tensors where the file has them, the window written out as it
-        is). Returns the window as a u8 buffer and the placed buffers; the
-        memory lives until the last of them is gone. Host devices only
-        (``DeviceError`` elsewhere); nothing is registered for residency."""
+    def _alloc_window(self, length: int, specs: Sequence[tuple[int, Sequence[int] | int, str]], *,
+                      zero: bool = True) -> tuple[Buffer, list[Buffer]]:
+        """One allocation of ``length`` bytes and buffers of ``(shape,
+        dtype)`` placed in it at byte offsets (``hf2q convert``: the tensors
+        where the file has them, the window written out as it is). Returns
+        the window as a u8 buffer and the placed buffers; the memory lives
+        until the last of them is gone. Zero-filled, or with ``zero=False``
+        holding anything (a reused range's old bytes: the caller writes every
+        byte it keeps). Host devices only (``DeviceError`` elsewhere);
+        nothing is registered for residency."""
         natives = self._native.alloc_window(int(length), [(int(off), list(_shape(shape)), _dtype_name(dtype))
-                                                          for off, shape, dtype in specs])
+                                                          for off, shape, dtype in specs], bool(zero))
         return Buffer(natives[0], self), [Buffer(n, self) for n in natives[1:]]
 
     def _own(self, buf: Buffer) -> None:

@@ -65,6 +65,9 @@ OUTPUT_DIRECT = os.environ.get("HF2Q_CONVERT_DIRECT", "1") != "0"
 #: EINVAL, and the page cache takes over).
 DIRECT_DEPTH = 2
 DIRECT_ALIGN = 4096
+#: Windows are not zero-filled first (reused memory keeps its old bytes):
+#: only the ranges nothing writes are zeroed (_unwritten).
+WINDOW_UNZEROED = True
 #: Through the page cache: writeback is started for windows of at least this many bytes.
 WRITEBACK_MIN = 1 << 20
 #: Elements rounded from F32 to F16 at a time (``--outtype f16``).
@@ -205,6 +208,48 @@ def _layout(units: list[list[TensorPlan]], half: set[str], head_len: int) -> lis
     if not out:  # no tensors: the header alone
         out.append(_Unit([], 0, head_len, [], []))
     out[-1].last = True
+    return out
+
+
+def _fully_written(e: TensorPlan) -> bool:
+    """Whether the loader writes every element of ``e``'s buffer: a
+    transform's result is the whole tensor (the loader checks its size);
+    otherwise the pieces' destination ranges (a shard's ranges, a row slice's
+    run, a whole source) must cover ``[0, numel)``. A placed buffer that is
+    not is zero-filled before the loader runs (its window is not)."""
+    if e.transform is not None:
+        return True
+    spans: list[tuple[int, int]] = []
+    for p in e.sources:
+        if p.select is not None:
+            spans.extend((int(d), int(d) + int(n)) for d, _, n in p.select.tolist())
+        else:
+            spans.append((p.dest_offset, p.dest_offset + p.numel))
+    end = 0
+    for a, b in sorted(spans):
+        if a > end:
+            return False
+        end = max(end, b)
+    return end >= formats.numel(e.shape)
+
+
+def _unwritten(unit: _Unit, wstart: int, wlen: int, head_len: int, half: set[str]) -> list[tuple[int, int]]:
+    """The byte ranges of a window nothing writes (padding, the last page's
+    tail, a buffer the loader may leave partly unwritten): zeroed before the
+    loader runs, as the file's bytes there are zeros. The writer copies in
+    the header (first window) or the carried page, and writes F16 roundings
+    whole."""
+    kept = [(0, head_len if unit.start == 0 else unit.start - wstart)]
+    for e, off, n in zip(unit.entries, unit.offsets, unit.out_bytes):
+        if e.name in half or _fully_written(e):
+            kept.append((off - wstart, off - wstart + n))
+    out, pos = [], 0
+    for a, b in sorted(kept):
+        if a > pos:
+            out.append((pos, a))
+        pos = max(pos, b)
+    if pos < wlen:
+        out.append((pos, wlen))
     return out
 
 
@@ -594,7 +639,12 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                 if writer.error is not None or writer.out.error is not None:
                     writer._release(reserved)
                     break
-                window, bufs = device._alloc_window(wend - wstart, placed)
+                window, bufs = device._alloc_window(wend - wstart, placed, zero=not WINDOW_UNZEROED)
+                if WINDOW_UNZEROED:  # a reused range holds old bytes: zeros where nothing writes
+                    win = window._storage_bytes(0, wend - wstart)
+                    for a, b in _unwritten(unit, wstart, wend - wstart, len(head), half):
+                        win[a:b] = 0
+                    del win
                 where = {e.name: b for e, b in zip((e for e in unit.entries if e.name not in half), bufs)}
                 del bufs
 
