@@ -292,3 +292,29 @@ def test_a_buffer_its_pieces_do_not_cover_is_zeroed() -> None:
     assert export._unwritten(u, ws, we - ws, 100, set()) == [(612, 4096)]  # whole's padding on, gap, tail
     u = export._layout([[gap, whole]], set(), 100)[0]
     assert export._unwritten(u, 0, 4096, 100, set()) == [(100, 640), (1152, 4096)]
+
+
+def test_qwen_convert_reads_bf16_as_bits_and_imports_no_ml_dtypes(tmp_path) -> None:
+    """The Qwen3.5 transforms take BF16 sources as raw bits (raw_bf16):
+    a conversion imports no ml_dtypes (about 0.6 s of CPU), and its file is
+    the one the typed path (check_finite reads bfloat16 arrays) writes."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "m.gguf"
+    code = ("import sys, hf2q; hf2q.convert(sys.argv[1], sys.argv[2], 'q8_0'); "
+            "print('ml_dtypes' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, str(QWEN), str(out)], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
+    import hf2q.loader as loader
+
+    ref = tmp_path / "typed.gguf"
+    real = loader.execute
+
+    def typed(*a, **k):
+        return real(*a, **{**k, "check_finite": True})
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(loader, "execute", typed)
+        hf2q.convert(QWEN, ref, "q8_0")
+    assert out.read_bytes() == ref.read_bytes()

@@ -551,9 +551,9 @@ class Device:
         offset = _offset(offset)
         flat, sdt, _ = self._source(src, src_dtype, buf.dtype)
         first_bad, inf_scales = self._native.write(buf._native, offset, flat, sdt)
-        typed = _typed_view(flat, sdt)
-        # Non-finite positions are reported in the buffer's tensor, as for files.
-        cls = _value_class(typed, first_bad) if first_bad >= 0 else ""
+        # Non-finite positions are reported in the buffer's tensor, as for files. (Typed only then: a
+        # bf16 view imports ml_dtypes.)
+        cls = _value_class(_typed_view(flat, sdt), first_bad) if first_bad >= 0 else ""
         self._check_result((first_bad + offset if first_bad >= 0 else -1, inf_scales), buf.shape, name,
                            value_class=cls)
 
@@ -571,7 +571,7 @@ class Device:
         buf = self.alloc(out_shape, to)
         try:
             result = self._native.write(buf._native, 0, flat, sdt)
-            self._check_result(result, out_shape, name, _typed_view(flat, sdt))
+            self._check_result(result, out_shape, name, _typed_view(flat, sdt) if result[0] >= 0 else None)
         except BaseException as e:
             del buf  # free now, not when the traceback's frames go
             raise _detached(e)

@@ -385,7 +385,11 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
           alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None) -> Buffer:
     _check_unchanged(ckpt, entry.sources)
     if entry.transform is not None:
-        arrays = [_read_array(ckpt, p) for p in entry.sources]
+        # A transform that takes BF16 as raw bits gets them so (no ml_dtypes
+        # import, about 0.6 s of CPU), unless the values are to be checked.
+        raw = not check_finite and getattr(entry.transform, "raw_bf16", False)
+        arrays = [_read_array(ckpt, p, raw_bf16=raw) for p in entry.sources]
+        bits = raw and any(a.dtype == np.uint16 and p.dtype.upper() == "BF16" for p, a in zip(entry.sources, arrays))
         if check_finite:
             for p, a in zip(entry.sources, arrays):
                 _check_finite_array(a, p.tensor)
@@ -393,6 +397,8 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
             y = entry.transform(arrays)
         if check_finite:
             _check_finite_array(y, entry.name, "transform", shape=tuple(entry.shape), sources=entry.sources)
+        if bits and y.dtype == np.uint16:  # BF16 bits, as the transform kept them
+            y = _bf16_bits(y, entry.dtype)
         buf = upload_array(device, y, entry.dtype, entry.shape, entry.name,
                            into=None if alloc is None else alloc([entry])[0])
         if check_finite:
@@ -520,26 +526,54 @@ def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ..
     """A new ``dtype`` buffer of logical ``shape`` holding the logical array
     ``x``: native conversion when the device has one, else a numpy cast.
     ``into``: that buffer (zero-filled, of ``shape`` and ``dtype``) instead of a new one."""
-    src = formats.from_numpy(x.dtype)
-    if src is None or not formats.can_convert(src, dtype):
-        x = _caster(dtype)(x)
+    src_dtype = None
+    if isinstance(x, _Bits):  # BF16 bits (_bf16_bits): the device converts them
+        x, src_dtype = x.view(np.ndarray), "bf16"
+    else:
+        src = formats.from_numpy(x.dtype)
+        if src is None or not formats.can_convert(src, dtype):
+            x = _caster(dtype)(x)
     if into is None:
-        return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name)
+        return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name, src_dtype=src_dtype)
     if x.size != formats.numel(shape) or tuple(into.shape) != tuple(shape) or into.dtype != dtype:
         raise ValueError(f"{name}: an array of {x.size} elements for a {dtype} buffer of shape {list(into.shape)}, "
                          f"planned {list(shape)}")
-    device.write(into, np.ascontiguousarray(x).reshape(-1), name=name)
+    device.write(into, np.ascontiguousarray(x).reshape(-1), src_dtype=src_dtype, name=name)
     return into
 
 
-def _read_array(ckpt: Checkpoint, piece: Piece) -> np.ndarray:
+def _read_array(ckpt: Checkpoint, piece: Piece, *, raw_bf16: bool = False) -> np.ndarray:
     """The whole source tensor: a transform selects its own part (``rows``
     and ``dest_offset`` place streamed pieces only). A scaled FP8 source is
     its float32 values (weight times scale), as llama.cpp's converter hands
-    them to its transforms."""
+    them to its transforms. ``raw_bf16``: a BF16 tensor as its uint16 bits
+    (the transforms that declare ``raw_bf16`` take them)."""
     if piece.scale is not None:
         return _scaled_array(ckpt, piece, "f32")[0]
+    if raw_bf16:
+        from .safetensors import numpy_representable
+
+        info = ckpt[piece.tensor]
+        if str(info.dtype).upper() == "BF16" and numpy_representable(info.shape, 2):
+            arr = np.empty(info.shape, dtype=np.uint16)
+            ckpt.read_into(piece.tensor, arr)
+            return arr
     return ckpt.read_array(piece.tensor)
+
+
+class _Bits(np.ndarray):
+    """A uint16 array that holds BF16 bits (upload_array uploads it as bf16)."""
+
+
+def _bf16_bits(y: np.ndarray, dtype: str) -> np.ndarray:
+    """A transform's uint16 result holding BF16 bits: marked so where the
+    device converts bf16 into ``dtype`` natively, else as ml_dtypes'
+    bfloat16 (the numpy cast path)."""
+    if formats.can_convert("bf16", dtype):
+        return np.ascontiguousarray(y).view(_Bits)
+    from ._arrays import bf16
+
+    return y.view(bf16())
 
 
 def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False,
