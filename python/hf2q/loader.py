@@ -556,7 +556,7 @@ def _read_array(ckpt: Checkpoint, piece: Piece, *, raw_bf16: bool = False) -> np
         info = ckpt[piece.tensor]
         if str(info.dtype).upper() == "BF16" and numpy_representable(info.shape, 2):
             arr = np.empty(info.shape, dtype=np.uint16)
-            ckpt.read_into(piece.tensor, arr)
+            ckpt.file_for(piece.tensor).read_slice_into(piece.tensor, 0, arr)  # the whole tensor
             return arr
     return ckpt.read_array(piece.tensor)
 
