@@ -2,10 +2,12 @@
 writes, streamed from the load plan to disk (docs/CONVERT.md).
 
 The plan a family makes for a load (same tensors, same bytes as the
-converter's) is executed a batch at a time on the host device; each batch's
-buffers are written to the file in the converter's order while the next
-batch is read and converted, then freed. The header (key/values, tensor
-infos) is written first: every size is known from the plan. Host memory
+converter's) is executed a batch at a time on the host device, each batch
+into an output window laid out as its part of the file (the tensors' buffers
+placed at their file offsets, in the converter's order); each window is
+written as it is (``O_DIRECT`` where the file system takes it) while the
+next batch is read and converted, then freed. The header (key/values, tensor
+infos) is encoded first: every size is known from the plan. Host memory
 stays within :data:`MEMORY_BUDGET` plus the largest tensor.
 
 The file is written under a temporary name in the output's folder, fsynced
@@ -47,17 +49,18 @@ PathLike = Union[str, "os.PathLike[str]"]
 #: ``--outtype`` values (llama.cpp's converter's names).
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 #: Converted bytes held in host memory at once, besides one tensor larger
-#: than :data:`BATCH_BYTES` (the batch being read plus the one being written;
+#: than :data:`BATCH_BYTES` (the output windows being read into and those
+#: not yet written;
 #: a stack of per-expert tensors is read and written in parts of whole
 #: experts of at most BATCH_BYTES, so it is no such tensor).
 MEMORY_BUDGET = 192 << 20
 #: Output bytes per batch (a larger tensor is a batch of its own).
 BATCH_BYTES = 64 << 20
-#: Start the disk's writeback of every this many bytes written (see _Writer._start_writeback).
-WRITEBACK_BYTES = 64 << 20
+#: Through the page cache: start the disk's writeback of each window as it
+#: is written (_Output._start_writeback; ``HF2Q_CONVERT_WRITEBACK=0``: not).
 WRITEBACK_EARLY = os.environ.get("HF2Q_CONVERT_WRITEBACK", "1") != "0"
 #: Write the file with O_DIRECT where the file system takes it (Linux;
-#: ``HF2Q_CONVERT_DIRECT=0``: through the page cache): see _DirectSink.
+#: ``HF2Q_CONVERT_DIRECT=0``: through the page cache): see _Output.
 OUTPUT_DIRECT = os.environ.get("HF2Q_CONVERT_DIRECT", "1") != "0"
 #: Windows being written at once (each by its own I/O thread), and the
 #: offset / length alignment of every write (a multiple of any logical block
