@@ -23,10 +23,14 @@ checkpoint is read once first so that every case reads from the page cache):
      --converter), vocabulary step stubbed (no tokenizer here), once, in a
      fresh process with torch; its peak RSS too. Skipped without --converter.
 
-``--profile``: one more hf2q run in this process, timing its phases: planning
-and header, the loader's reads + BF16 -> Q8_0 conversion (``execute``), the
-writer thread's ``writev`` calls, the time the main thread waits for the
-writer (the memory budget), and the final fsync.
+``--profile``: one more hf2q run in this process, timing its phases: the
+loader's reads + BF16 -> Q8_0 conversion into the output windows
+(``execute``), the I/O threads' ``pwrite`` calls (summed over the threads:
+they overlap each other and the conversion), the time the main thread waits
+for the writes (the memory budget), and the final fsync.
+
+Each hf2q run starts with no output file, as each ``cp`` does (replacing the
+previous run's 1.8 GB file cost hf2q about 0.3 s inside its rename).
 
 Targets (issue 25): hf2q >= 0.8x cp's speed; >= 20x the converter's; peak
 RSS - baseline <= 256 MiB + the largest tensor. The machine may be shared:
@@ -61,7 +65,8 @@ s = hf2q.convert(sys.argv[1], sys.argv[2], "q8_0", force=True)
 t = time.perf_counter() - t0
 c1 = os.times()
 print(json.dumps({"seconds": t, "bytes": s.bytes, "tensors": s.tensors, "vmhwm": hwm(), "baseline": base,
-                  "user": c1.user - c0.user, "sys": c1.system - c0.system}))
+                  "user": c1.user - c0.user, "sys": c1.system - c0.system, "output_io": s.extra["output_io"],
+                  "load": open("/proc/loadavg").read().split()[0]}))
 """
 
 _CONVERTER = CHILD_HWM + """
@@ -104,8 +109,8 @@ def profile(ckpt: Path, out: Path) -> dict[str, float]:
     import hf2q.export as ex
     import hf2q.loader as ld
 
-    acc = {"execute_s": 0.0, "writev_s": 0.0, "wait_for_writer_s": 0.0, "fsync_s": 0.0}
-    real = (ld.execute, ex._Writer._write_all, ex._Writer.reserve, os.fsync)
+    acc = {"execute_s": 0.0, "pwrite_s": 0.0, "wait_for_writer_s": 0.0, "fsync_s": 0.0}
+    real = (ld.execute, ex._Output._pwrite, ex._Writer.reserve, os.fsync)
 
     def timed(key: str, f: Any) -> Any:
         def g(*a: Any, **k: Any) -> Any:
@@ -117,7 +122,7 @@ def profile(ckpt: Path, out: Path) -> dict[str, float]:
         return g
 
     ld.execute = timed("execute_s", real[0])
-    ex._Writer._write_all = timed("writev_s", real[1])
+    ex._Output._pwrite = timed("pwrite_s", real[1])
     ex._Writer.reserve = timed("wait_for_writer_s", real[2])
     os.fsync = timed("fsync_s", real[3])
     try:
@@ -128,7 +133,7 @@ def profile(ckpt: Path, out: Path) -> dict[str, float]:
         acc["wall_s"] = time.perf_counter() - t0
         acc["user_s"], acc["sys_s"] = c1.user - c0.user, c1.system - c0.system
     finally:
-        ld.execute, ex._Writer._write_all, ex._Writer.reserve, os.fsync = real
+        ld.execute, ex._Output._pwrite, ex._Writer.reserve, os.fsync = real
         out.unlink(missing_ok=True)
     return acc
 
@@ -164,10 +169,12 @@ def main() -> int:
     out_dir = args.out_dir or ckpt
     warm_page_cache(ckpt / "model.safetensors")
     ours_out = out_dir / "bench-hf2q.gguf"
-    runs, cps = [], []
+    runs, cps, cp_loads = [], [], []
     for _ in range(args.repeat):  # interleaved: both see the same machine load
+        ours_out.unlink(missing_ok=True)  # as cp's destination: not replaced inside the timing
         runs.append(subprocess_json(_HF2Q, str(ckpt), str(ours_out)))
         cps.append(cp_time(runs[-1]["bytes"], out_dir))
+        cp_loads.append(float(open("/proc/loadavg").read().split()[0]))
     best = min(runs, key=lambda r: r["seconds"])
     size = best["bytes"]
     t_cp, med_cp = min(cps), statistics.median(cps)
@@ -183,7 +190,9 @@ def main() -> int:
     ]
     result = {"layers": args.layers, "output_bytes": size, "tensors": best["tensors"], "checkpoint_made_s": made,
               "hf2q_runs_s": [r["seconds"] for r in runs], "hf2q_cpu_s": [r["user"] + r["sys"] for r in runs],
-              "cp_runs_s": cps, "cp_s": t_cp,
+              "hf2q_user_sys_s": [(r["user"], r["sys"]) for r in runs],
+              "hf2q_loadavg": [float(r["load"]) for r in runs], "output_io": best["output_io"],
+              "cp_runs_s": cps, "cp_loadavg": cp_loads, "cp_s": t_cp,
               "hf2q_vs_cp": t_cp / best["seconds"], "hf2q_vs_cp_median": med_cp / med,
               "peak_rss_over_baseline_MB": max(r["vmhwm"] - r["baseline"] for r in runs) / 1e6,
               "rss_bound_MB": ((256 << 20) + largest) / 1e6}
@@ -206,6 +215,10 @@ def main() -> int:
     else:
         print_table(f"q8_0 GGUF of {ckpt} ({size:,} bytes, {best['tensors']} tensors)", rows,
                     ["case", "seconds", "GB/s", "user_s", "sys_s", "peak_rss_MB", "baseline_MB"])
+        print("\nhf2q runs (s, user, sys, load average): " + ", ".join(
+            f"{r['seconds']:.2f} {r['user']:.2f}/{r['sys']:.2f} @{r['load']}" for r in runs)
+            + f"; output {best['output_io']}")
+        print("cp + sync runs (s, load average): " + ", ".join(f"{t:.2f} @{l:.2f}" for t, l in zip(cps, cp_loads)))
         print(f"\npeak RSS over baseline {result['peak_rss_over_baseline_MB']:.0f} MB "
               f"(bound {result['rss_bound_MB']:.0f} MB)")
         if args.profile:

@@ -4,6 +4,7 @@ bytes never pass the budget; a batch per tensor writes the same file)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -205,3 +206,155 @@ def test_no_space_and_unwritable_folder_are_typed_errors(tmp_path, monkeypatch) 
         with pytest.raises(ConvertError, match="cannot create"):
             hf2q.convert(QWEN, ro / "m.gguf")
     assert [p.name for p in tmp_path.iterdir()] in ([], ["ro"])
+
+
+@pytest.mark.parametrize("batch", [1, 4096, 64 << 20])
+@pytest.mark.parametrize("outtype", ["q8_0", "f16"])
+def test_direct_and_page_cache_output_write_the_same_file(tmp_path, monkeypatch, batch, outtype) -> None:
+    """O_DIRECT output and the page cache give the same bytes, whatever the
+    windows (one tensor each: many windows share a page with the next; or
+    all in one); the report says which path ran. f16 rounds F32 buffers
+    into the window."""
+    ref = tmp_path / "ref.gguf"
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", False)
+    s = hf2q.convert(QWEN, ref, outtype)
+    assert s.extra["output_io"] == "page cache"
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", True)
+    monkeypatch.setattr(export, "BATCH_BYTES", batch)
+    out = tmp_path / "d.gguf"
+    s = hf2q.convert(QWEN, out, outtype)
+    assert out.read_bytes() == ref.read_bytes() and out.stat().st_size == s.bytes
+    assert _leftovers(tmp_path) == []
+    if hasattr(os, "O_DIRECT") and s.extra["output_io"] != "O_DIRECT":
+        pytest.skip(f"this file system refuses O_DIRECT ({tmp_path}); the page cache wrote it")
+
+
+def test_direct_output_refused_with_einval_goes_through_the_page_cache(tmp_path, monkeypatch) -> None:
+    """A file system that takes O_DIRECT at open but refuses a write's
+    alignment (EINVAL): the same write is done through the page cache, and
+    every later one; the file is the same."""
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT here")
+    import fcntl
+
+    ref = tmp_path / "ref.gguf"
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", False)
+    hf2q.convert(QWEN, ref, "f32")
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", True)
+    monkeypatch.setattr(export, "BATCH_BYTES", 8192)
+    real = os.pwrite
+    refused = []
+
+    def pwrite(fd, data, off):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(off)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data, off)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    out = tmp_path / "m.gguf"
+    s = hf2q.convert(QWEN, out, "f32")
+    assert out.read_bytes() == ref.read_bytes() and s.extra["output_io"] == "page cache"
+    assert 1 <= len(refused) <= export.DIRECT_DEPTH
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_write_failure_is_a_typed_error_and_leaves_nothing(tmp_path, monkeypatch, direct) -> None:
+    """ENOSPC (or EIO) from a write midway: ConvertError naming the output,
+    no output and no temporary file, whichever path wrote; the writes
+    queued after it are not done."""
+    monkeypatch.setattr(export, "OUTPUT_DIRECT", direct)
+    monkeypatch.setattr(export, "BATCH_BYTES", 4096)
+    calls = {"n": 0}
+    real = os.pwrite
+
+    def failing(*a):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a)
+
+    monkeypatch.setattr(os, "pwrite", failing)
+    out = tmp_path / "m.gguf"
+    with pytest.raises(ConvertError, match="No space left") as e:
+        hf2q.convert(QWEN, out, "f32")
+    assert e.value.path == str(out) and calls["n"] >= 3
+    assert not out.exists() and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("src,outtype", [(QWEN, "q8_0"), (QWEN, "f16"), (GEMMA, "bf16"), (GEMMA, "q8_0")])
+def test_unzeroed_windows_write_every_byte(tmp_path, monkeypatch, src, outtype) -> None:
+    """Windows are not zero-filled (a reused range keeps its old bytes):
+    with every window's memory poisoned before the loader runs, the file is
+    the same as from zero-filled windows, whatever the batches (padding,
+    page tails and the header's page are all written)."""
+    from hf2q.device import Device
+
+    ref = tmp_path / "ref.gguf"
+    monkeypatch.setattr(export, "WINDOW_UNZEROED", False)
+    hf2q.convert(src, ref, outtype)
+    real = Device._alloc_window
+    windows = []
+
+    def poisoned(self, length, specs, *, zero=True):
+        assert not zero
+        w, bufs = real(self, length, specs, zero=zero)
+        w._storage_bytes(0, w.alloc_len)[:] = 0xA5
+        windows.append(length)
+        return w, bufs
+
+    monkeypatch.setattr(Device, "_alloc_window", poisoned)
+    monkeypatch.setattr(export, "WINDOW_UNZEROED", True)
+    for batch in (1, 5000, 64 << 20):
+        monkeypatch.setattr(export, "BATCH_BYTES", batch)
+        out = tmp_path / f"{batch}.gguf"
+        hf2q.convert(src, out, outtype)
+        assert out.read_bytes() == ref.read_bytes(), batch
+    assert len(windows) > 10
+
+
+def test_a_buffer_its_pieces_do_not_cover_is_zeroed() -> None:
+    """_fully_written: pieces that leave a gap (or stop short) are not
+    trusted to write the whole buffer; _unwritten zeroes such a buffer and
+    the padding after each tensor, not the header."""
+    from hf2q.plan import Piece, TensorPlan
+
+    whole = TensorPlan("a", (4, 32), "f32", (Piece("s", "F32", (4, 32)),))
+    halves = TensorPlan("b", (4, 32), "f32", (Piece("s", "F32", (2, 32)), Piece("t", "F32", (2, 32), dest_offset=64)))
+    gap = TensorPlan("c", (4, 32), "f32", (Piece("s", "F32", (1, 32)), Piece("t", "F32", (2, 32), dest_offset=64)))
+    short = TensorPlan("d", (4, 32), "f32", (Piece("s", "F32", (3, 32)),))
+    assert export._fully_written(whole) and export._fully_written(halves)
+    assert not export._fully_written(gap) and not export._fully_written(short)
+    u = export._layout([[whole, gap]], set(), 100)[0]
+    assert u.offsets == [100, 640] and u.end == 1152 and u.last  # each tensor padded to 32 bytes
+    ws, we = u.window(4096)
+    assert (ws, we) == (0, 4096)
+    assert export._unwritten(u, ws, we - ws, 100, set()) == [(612, 4096)]  # whole's padding on, gap, tail
+    u = export._layout([[gap, whole]], set(), 100)[0]
+    assert export._unwritten(u, 0, 4096, 100, set()) == [(100, 640), (1152, 4096)]
+
+
+def test_qwen_convert_reads_bf16_as_bits_and_imports_no_ml_dtypes(tmp_path) -> None:
+    """The Qwen3.5 transforms take BF16 sources as raw bits (raw_bf16):
+    a conversion imports no ml_dtypes (about 0.6 s of CPU), and its file is
+    the one the typed path (check_finite reads bfloat16 arrays) writes."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "m.gguf"
+    code = ("import sys, hf2q; hf2q.convert(sys.argv[1], sys.argv[2], 'q8_0'); "
+            "print('ml_dtypes' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, str(QWEN), str(out)], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
+    import hf2q.loader as loader
+
+    ref = tmp_path / "typed.gguf"
+    real = loader.execute
+
+    def typed(*a, **k):
+        return real(*a, **{**k, "check_finite": True})
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(loader, "execute", typed)
+        hf2q.convert(QWEN, ref, "q8_0")
+    assert out.read_bytes() == ref.read_bytes()

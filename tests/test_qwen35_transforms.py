@@ -414,4 +414,8 @@ def test_transform_tensor_consume(tiny_dirs) -> None:
             if all(a.dtype == BF16 for a in srcs):
                 raw = transform_tensor(t, [a.copy().view(np.uint16) for a in srcs], c, consume=True)
                 assert np.array_equal(raw.view(np.uint8), want.view(np.uint8)), t.gguf_name
+                # raw_bf16 (the loader's reads): BF16 bits stay uint16, the widening transforms read them exactly
+                bits = transform_tensor(t, [a.copy().view(np.uint16) for a in srcs], c, consume=True, raw_bf16=True)
+                assert bits.dtype == (np.uint16 if want.dtype == BF16 else want.dtype), t.gguf_name
+                assert np.array_equal(bits.view(np.uint8), want.view(np.uint8)), t.gguf_name
         assert moved >= 3 * 4  # qkv, z, a, b (and conv1d, A_log, dt_bias) of the 3 linear layers, in place

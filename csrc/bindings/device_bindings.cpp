@@ -178,6 +178,19 @@ void bind_device(nb::module_& m) {
             return d.alloc_many(v);
           },
           "specs"_a)
+      .def(
+          "alloc_window",
+          [](Device& d, std::size_t len,
+             const std::vector<std::tuple<std::size_t, std::vector<std::int64_t>, std::string>>& specs, bool zero) {
+            std::vector<Device::PlacedSpec> v;
+            v.reserve(specs.size());
+            for (const auto& [off, shape, dtype] : specs) {
+              v.push_back(Device::PlacedSpec{off, shape, hf2q::device::dtype_from_name(dtype)});
+            }
+            hf2q::bindings::ReleaseGil nogil;
+            return d.alloc_window(len, v, zero);
+          },
+          "len"_a, "specs"_a, "zero"_a = true)
       .def("register_buffer", [](Device& d, BufferImpl& b) { hf2q::bindings::ReleaseGil nogil; return d.register_buffer(b); }, "buf"_a)
       .def("is_registered", &Device::is_registered, "buf"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())
       .def("is_locked", &Device::is_locked, "buf"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())

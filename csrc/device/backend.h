@@ -76,6 +76,11 @@ struct BackendInfo {
   // loader's pread fault each page from inside its copy and locking after
   // (docs/RESIDENCY.md). False where a set is staged and committed (Metal).
   bool wire_at_register = false;
+  // Whether buffers may be placed at any byte offset of one allocation
+  // (Device::alloc_window): every backend call on such a buffer uses its
+  // CPU pointer, none the allocation's handle (host memory; not a Metal
+  // MTLBuffer, whose GPU work addresses the buffer object).
+  bool placement = false;
 };
 
 // How an upload turns source elements into buffer bytes (planned and checked
@@ -136,6 +141,10 @@ class Backend {
   // Returns the CPU pointer; `*handle` receives the backend object (MTLBuffer).
   // Throws DeviceError.
   virtual void* allocate(std::size_t len, void** handle) = 0;
+  // The same where the caller writes every byte it reads (a converter's
+  // output window): the memory may hold anything, e.g. a reused range's old
+  // bytes, which spares zeroing it. Default: allocate (zero-filled).
+  virtual void* allocate_unzeroed(std::size_t len, void** handle) { return allocate(len, handle); }
   virtual void release(void* handle, void* ptr, std::size_t len) noexcept = 0;
   // Keep up to `bytes` of released memory for later allocations (a
   // converter's short-lived buffers, freed and made again every batch), and

@@ -388,6 +388,56 @@ std::vector<std::shared_ptr<BufferImpl>> Device::alloc_many(const std::vector<Al
   return out;
 }
 
+std::vector<std::shared_ptr<BufferImpl>> Device::alloc_window(std::size_t len,
+                                                             const std::vector<PlacedSpec>& specs, bool zero) {
+  if (!info().placement) {
+    throw DeviceError("alloc_window: the " + info().kind + " device cannot place buffers inside one allocation");
+  }
+  // Every spec checked before anything is allocated.
+  std::vector<std::size_t> byte_lens(specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    byte_lens[i] = tensor_byte_len(specs[i].dtype, specs[i].shape);
+    std::size_t end = 0;
+    if (!ops::checked_add(specs[i].byte_offset, byte_lens[i], &end) || end > len) {
+      throw std::invalid_argument("alloc_window: buffer " + std::to_string(i) + " (" + std::to_string(byte_lens[i]) +
+                                  " bytes at offset " + std::to_string(specs[i].byte_offset) +
+                                  ") does not lie within the window of " + std::to_string(len) + " bytes");
+    }
+  }
+  const std::size_t page = info().page_size;
+  std::size_t padded = 0;
+  if (!ops::checked_add(len == 0 ? std::size_t{1} : len, page - 1, &padded)) {
+    throw std::overflow_error("window size overflows");
+  }
+  const std::size_t alloc_len = padded / page * page;
+  if (info().max_buffer_len != 0 && alloc_len > info().max_buffer_len) {
+    throw DeviceError("window of " + mib(alloc_len) + " exceeds the device's maximum buffer length of " +
+                      mib(info().max_buffer_len));
+  }
+  count_injected_failure(alloc_len);
+  void* handle = nullptr;
+  void* ptr = zero ? backend_->allocate(alloc_len, &handle) : backend_->allocate_unzeroed(alloc_len, &handle);
+  std::shared_ptr<MemoryBlock> block;
+  try {
+    block = std::make_shared<MemoryBlock>(shared_from_this(), ptr, handle, alloc_len);
+  } catch (...) {
+    backend_->release(handle, ptr, alloc_len);
+    throw;
+  }
+  auto* base = static_cast<std::uint8_t*>(ptr);
+  std::vector<std::shared_ptr<BufferImpl>> out;
+  out.reserve(specs.size() + 1);
+  out.push_back(std::make_shared<BufferImpl>(shared_from_this(), DType::U8,
+                                             std::vector<std::int64_t>{static_cast<std::int64_t>(len)}, len,
+                                             alloc_len, ptr, handle, block));
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    std::uint8_t* p = base + specs[i].byte_offset;
+    out.push_back(std::make_shared<BufferImpl>(shared_from_this(), specs[i].dtype, specs[i].shape, byte_lens[i],
+                                               byte_lens[i], p, p, block));
+  }
+  return out;
+}
+
 int Device::choose_set_locked(std::size_t len) {
   const std::size_t cap = info().set_cap_bytes;
   for (std::size_t i = 0; i < sets_.size(); ++i) {

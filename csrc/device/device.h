@@ -112,6 +112,26 @@ class Device : public std::enable_shared_from_this<Device> {
     DType dtype;
   };
   std::vector<std::shared_ptr<BufferImpl>> alloc_many(const std::vector<AllocSpec>& specs);
+  // One allocation of `len` bytes (a converter's output window,
+  // laid out as the file region it becomes) and buffers placed in it at
+  // the given byte offsets, so that the loader writes each tensor where
+  // the file has it and the window is written out as it is (hf2q convert,
+  // docs/CONVERT.md). Returns the window itself as a u8 buffer of `len`
+  // bytes first, then one buffer per spec; the memory is released when the
+  // last of them is freed. Placed buffers may overlap only where the caller
+  // means them to (nothing here checks); each must lie within the window.
+  // Only where BackendInfo::placement holds (DeviceError elsewhere); none
+  // is registered for residency (a window lives for one batch). `zero`:
+  // zero-filled as alloc() makes buffers; false: it may hold anything (a
+  // reused range's old bytes), for a caller that writes every byte it
+  // keeps (Backend::allocate_unzeroed).
+  struct PlacedSpec {
+    std::size_t byte_offset;
+    std::vector<std::int64_t> shape;
+    DType dtype;
+  };
+  std::vector<std::shared_ptr<BufferImpl>> alloc_window(std::size_t len, const std::vector<PlacedSpec>& specs,
+                                                        bool zero = true);
 
   // Residency. register_buffer is idempotent; returns whether the buffer is
   // (now) in a set.

@@ -104,6 +104,7 @@ class HostBackend final : public Backend {
     info_.unified_memory = true;
     info_.max_sets = 1;
     info_.wire_at_register = true;  // mlock populates before the loader writes (docs/RESIDENCY.md)
+    info_.placement = true;         // every call uses the CPU pointer (Device::alloc_window)
   }
 
   const BackendInfo& info() const override { return info_; }
@@ -112,7 +113,13 @@ class HostBackend final : public Backend {
     for (const Kept& k : kept_) ::munmap(k.ptr, k.len);
   }
 
-  void* allocate(std::size_t len, void** handle) override {
+  void* allocate(std::size_t len, void** handle) override { return take(len, handle, true); }
+
+  // A reused range keeps its old bytes (fresh memory is zero anyway).
+  void* allocate_unzeroed(std::size_t len, void** handle) override { return take(len, handle, false); }
+
+ private:
+  void* take(std::size_t len, void** handle, bool zero) {
     if (reuse_limit_.load() == 0) return map(len, handle);
     std::uint8_t* p = nullptr;
     std::vector<Kept> drop;
@@ -154,7 +161,7 @@ class HostBackend final : public Backend {
       }
     }
     for (const Kept& k : drop) ::munmap(k.ptr, k.len);
-    if (p != nullptr) {
+    if (p != nullptr && zero) {
       // Zero-filled as fresh memory is: its pages are present, so this is a
       // memset, not a page fault per page.
       try {
@@ -163,7 +170,7 @@ class HostBackend final : public Backend {
         ::munmap(p, len);
         throw;
       }
-    } else {
+    } else if (p == nullptr) {
       p = static_cast<std::uint8_t*>(map(len, handle));
       populate(p, len);  // before the loader writes it: one pass, not a fault per page inside its copy
     }
@@ -173,6 +180,8 @@ class HostBackend final : public Backend {
     *handle = p;
     return p;
   }
+
+ public:
 
   void release(void*, void* ptr, std::size_t len) noexcept override {
     if (reuse_ever_.load()) {  // (a buffer made while reuse was on may outlive it)

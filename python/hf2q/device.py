@@ -462,6 +462,20 @@ class Device:
         _warn_notice(self._native)
         return [Buffer(n, self) for n in natives]
 
+    def _alloc_window(self, length: int, specs: Sequence[tuple[int, Sequence[int] | int, str]], *,
+                      zero: bool = True) -> tuple[Buffer, list[Buffer]]:
+        """One allocation of ``length`` bytes and buffers of ``(shape,
+        dtype)`` placed in it at byte offsets (``hf2q convert``: the tensors
+        where the file has them, the window written out as it is). Returns
+        the window as a u8 buffer and the placed buffers; the memory lives
+        until the last of them is gone. Zero-filled, or with ``zero=False``
+        holding anything (a reused range's old bytes: the caller writes every
+        byte it keeps). Host devices only (``DeviceError`` elsewhere);
+        nothing is registered for residency."""
+        natives = self._native.alloc_window(int(length), [(int(off), list(_shape(shape)), _dtype_name(dtype))
+                                                          for off, shape, dtype in specs], bool(zero))
+        return Buffer(natives[0], self), [Buffer(n, self) for n in natives[1:]]
+
     def _own(self, buf: Buffer) -> None:
         if not isinstance(buf, Buffer):
             raise TypeError(f"expected an hf2q.Buffer, got {type(buf).__name__}")
@@ -545,9 +559,9 @@ class Device:
         offset = _offset(offset)
         flat, sdt, _ = self._source(src, src_dtype, buf.dtype)
         first_bad, inf_scales = self._native.write(buf._native, offset, flat, sdt)
-        typed = _typed_view(flat, sdt)
-        # Non-finite positions are reported in the buffer's tensor, as for files.
-        cls = _value_class(typed, first_bad) if first_bad >= 0 else ""
+        # Non-finite positions are reported in the buffer's tensor, as for files. (Typed only then: a
+        # bf16 view imports ml_dtypes.)
+        cls = _value_class(_typed_view(flat, sdt), first_bad) if first_bad >= 0 else ""
         self._check_result((first_bad + offset if first_bad >= 0 else -1, inf_scales), buf.shape, name,
                            value_class=cls, buf=buf, src_dtype=sdt, check_finite=check_finite)
 
@@ -566,8 +580,8 @@ class Device:
         buf = self.alloc(out_shape, to)
         try:
             result = self._native.write(buf._native, 0, flat, sdt)
-            self._check_result(result, out_shape, name, _typed_view(flat, sdt), buf=buf, src_dtype=sdt,
-                               check_finite=check_finite)
+            self._check_result(result, out_shape, name, _typed_view(flat, sdt) if result[0] >= 0 else None,
+                               buf=buf, src_dtype=sdt, check_finite=check_finite)
         except BaseException as e:
             del buf  # free now, not when the traceback's frames go
             raise _detached(e)

@@ -145,7 +145,8 @@ def residency_state(device: Device, buffers: Iterable[Buffer]) -> dict[str, Any]
 
 
 def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callable[[dict[str, Buffer]], M], *,
-            progress: bool = False, extra: dict[str, Any] | None = None, check_finite: bool = False) -> M:
+            progress: bool = False, extra: dict[str, Any] | None = None, check_finite: bool = False,
+            alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None) -> M:
     """Run ``plan`` against the open checkpoint ``ckpt`` on ``device``;
     ``make_model(buffers)`` builds the family's container (and runs its
     layout check) before the summary is attached as ``model.summary``.
@@ -168,7 +169,11 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     quantization always refuses them), and so do values the load makes
     non-finite: a transform's, a narrowing conversion's, a block format's
     float16 scale that overflows (docs/RELIABILITY.md). Off by default: the
-    bytes are the file's (and ggml's, for an overflowing block scale)."""
+    bytes are the file's (and ggml's, for an overflowing block scale).
+
+    ``alloc(entries)``: the zero-filled buffers for those entries (their
+    shapes and dtypes), in place of the device's own allocations (``hf2q
+    convert`` places them in its output window)."""
     t0 = time.perf_counter()
     _check_representable(plan, ckpt)
     usage0 = process_usage()
@@ -188,7 +193,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     def flush() -> None:
         nonlocal pending_bytes
         if pending:
-            bufs.update(_fill_batch(device, ckpt, pending, check_finite))
+            bufs.update(_fill_batch(device, ckpt, pending, check_finite, alloc))
         for n in pending_sizes:
             bar.update(n)  # one update per tensor, batched or not
         pending.clear()
@@ -212,7 +217,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
             else:
                 # Read, transformed or staged now (small tensors); the batch
                 # pending around it keeps collecting.
-                bufs[entry.name] = _fill(device, ckpt, entry, check_finite)
+                bufs[entry.name] = _fill(device, ckpt, entry, check_finite, alloc)
                 bar.update(size)
         flush()
         bufs = {e.name: bufs[e.name] for e in plan}  # plan order, whatever order they were read in
@@ -284,13 +289,14 @@ def _check_representable(plan: LoadPlan, ckpt: Checkpoint) -> None:
 
 
 def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
-                check_finite: bool = False) -> dict[str, Buffer]:
+                check_finite: bool = False, alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None
+                ) -> dict[str, Buffer]:
     """A run of streamed entries: their buffers in one allocation call, their
     file bytes in one device call; all of them or none (on failure the
     buffers made so far are freed before the error leaves)."""
     pieces = [p for e in entries for p in e.sources]
     _check_unchanged(ckpt, pieces)
-    made = device.alloc_many([(e.shape, e.dtype) for e in entries])
+    made = alloc(entries) if alloc is not None else device.alloc_many([(e.shape, e.dtype) for e in entries])
     jobs: list[Any] = []
     b: Buffer | None = None
     try:
@@ -414,10 +420,15 @@ def _check_converted(buf: Buffer, entry: TensorPlan) -> None:
                             shape=tuple(entry.shape), sources=entry.sources)
 
 
-def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: bool = False) -> Buffer:
+def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: bool = False,
+          alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None) -> Buffer:
     _check_unchanged(ckpt, entry.sources)
     if entry.transform is not None:
-        arrays = [_read_array(ckpt, p) for p in entry.sources]
+        # A transform that takes BF16 as raw bits gets them so (no ml_dtypes
+        # import, about 0.6 s of CPU), unless the values are to be checked.
+        raw = not check_finite and getattr(entry.transform, "raw_bf16", False)
+        arrays = [_read_array(ckpt, p, raw_bf16=raw) for p in entry.sources]
+        bits = raw and any(a.dtype == np.uint16 and p.dtype.upper() == "BF16" for p, a in zip(entry.sources, arrays))
         if check_finite:
             for p, a in zip(entry.sources, arrays):
                 _check_finite_array(a, p.tensor)
@@ -425,7 +436,10 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
             y = entry.transform(arrays)
         if check_finite:
             _check_finite_array(y, entry.name, "transform", shape=tuple(entry.shape), sources=entry.sources)
-        buf = upload_array(device, y, entry.dtype, entry.shape, entry.name, check_finite, entry)
+        if bits and y.dtype == np.uint16:  # BF16 bits, as the transform kept them
+            y = _bf16_bits(y, entry.dtype)
+        buf = upload_array(device, y, entry.dtype, entry.shape, entry.name, check_finite, entry,
+                           into=None if alloc is None else alloc([entry])[0])
         if check_finite:
             src = formats.from_numpy(y.dtype)
             if src is not None and (src, entry.dtype) in NARROWING:
@@ -436,7 +450,7 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
                     del buf
                     raise detached(e)
         return buf
-    buf = device.alloc(entry.shape, entry.dtype)
+    buf = device.alloc(entry.shape, entry.dtype) if alloc is None else alloc([entry])[0]
     try:
         streamed = []
         scaled_run = _scaled_run_on_device(device, entry)
@@ -550,55 +564,65 @@ def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
     return cast
 
 
-def _check_cast(src: np.ndarray, out: np.ndarray, entry: TensorPlan, offset: int, sources: tuple[Piece, ...],
-                check_finite: bool) -> None:
-    """A numpy conversion on the way to ``entry.dtype`` that made a finite
-    value non-finite (f64 ``1e300`` -> f32 ``inf`` before Q8_0) is the
-    conversion's: reported so (``step`` ``"conversion SRC->DST"``), not as
-    non-finite input. Checked with ``check_finite``, and always when the
-    destination quantizes (its quantizer refuses the Inf anyway); a value
-    already non-finite in ``src`` is left to the file's own check."""
-    if out is src or not (check_finite or formats.get(entry.dtype).is_block):
-        return
-    o = out.reshape(-1)
-    if o.dtype.kind not in "fc":
-        o = o.astype(np.float32)  # bfloat16 / float16 (kind 'V' for bfloat16): exact
-    bad = np.flatnonzero(~np.isfinite(o))
-    if not bad.size:
-        return
-    i = int(bad[0])
-    s = src.reshape(-1)
-    if not np.isfinite(s[i] if s.dtype.kind in "fc" else np.float32(s[i])):
-        return  # the file's own NaN/Inf: check_finite (or the quantizer) reports it as such
-    a = formats.from_numpy(src.dtype)
-    b = formats.from_numpy(out.dtype)
-    step = f"conversion {a.name if a else src.dtype}->{b.name if b else out.dtype}"
-    _check_finite_array(o[i:i + 1], entry.name, step, shape=tuple(entry.shape), offset=offset + i, sources=sources)
-
-
 def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ...], name: str,
-                 check_finite: bool = False, entry: TensorPlan | None = None) -> Buffer:
+                 check_finite: bool = False, entry: TensorPlan | None = None, into: Buffer | None = None) -> Buffer:
     """A new ``dtype`` buffer of logical ``shape`` holding the logical array
     ``x``: native conversion when the device has one, else a numpy cast
     (``entry``: its overflow reported as :func:`_check_cast` says).
-    ``check_finite``: an overflowing block scale raises (Device.upload)."""
-    src = formats.from_numpy(x.dtype)
-    if src is None or not formats.can_convert(src, dtype):
-        y = _caster(dtype)(x)
-        if entry is not None:
-            _check_cast(x, y, entry, 0, entry.sources, check_finite)
-        x = y
-    return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name, check_finite=check_finite)
+    ``check_finite``: an overflowing block scale raises (Device.upload).
+    ``into``: that buffer (zero-filled, of ``shape`` and ``dtype``) instead of a new one."""
+    src_dtype = None
+    if isinstance(x, _Bits):  # BF16 bits (_bf16_bits): the device converts them
+        x, src_dtype = x.view(np.ndarray), "bf16"
+    else:
+        src = formats.from_numpy(x.dtype)
+        if src is None or not formats.can_convert(src, dtype):
+            y = _caster(dtype)(x)
+            if entry is not None:
+                _check_cast(x, y, entry, 0, entry.sources, check_finite)
+            x = y
+    if into is None:
+        return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name, src_dtype=src_dtype,
+                             check_finite=check_finite)
+    if x.size != formats.numel(shape) or tuple(into.shape) != tuple(shape) or into.dtype != dtype:
+        raise ValueError(f"{name}: an array of {x.size} elements for a {dtype} buffer of shape {list(into.shape)}, "
+                         f"planned {list(shape)}")
+    device.write(into, np.ascontiguousarray(x).reshape(-1), src_dtype=src_dtype, name=name, check_finite=check_finite)
+    return into
 
 
-def _read_array(ckpt: Checkpoint, piece: Piece) -> np.ndarray:
+def _read_array(ckpt: Checkpoint, piece: Piece, *, raw_bf16: bool = False) -> np.ndarray:
     """The whole source tensor: a transform selects its own part (``rows``
     and ``dest_offset`` place streamed pieces only). A scaled FP8 source is
     its float32 values (weight times scale), as llama.cpp's converter hands
-    them to its transforms."""
+    them to its transforms. ``raw_bf16``: a BF16 tensor as its uint16 bits
+    (the transforms that declare ``raw_bf16`` take them)."""
     if piece.scale is not None:
         return _scaled_array(ckpt, piece, "f32")[0]
+    if raw_bf16:
+        from .safetensors import numpy_representable
+
+        info = ckpt[piece.tensor]
+        if str(info.dtype).upper() == "BF16" and numpy_representable(info.shape, 2):
+            arr = np.empty(info.shape, dtype=np.uint16)
+            ckpt.file_for(piece.tensor).read_slice_into(piece.tensor, 0, arr)  # the whole tensor
+            return arr
     return ckpt.read_array(piece.tensor)
+
+
+class _Bits(np.ndarray):
+    """A uint16 array that holds BF16 bits (upload_array uploads it as bf16)."""
+
+
+def _bf16_bits(y: np.ndarray, dtype: str) -> np.ndarray:
+    """A transform's uint16 result holding BF16 bits: marked so where the
+    device converts bf16 into ``dtype`` natively, else as ml_dtypes'
+    bfloat16 (the numpy cast path)."""
+    if formats.can_convert("bf16", dtype):
+        return np.ascontiguousarray(y).view(_Bits)
+    from ._arrays import bf16
+
+    return y.view(bf16())
 
 
 def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False,

@@ -2,10 +2,12 @@
 writes, streamed from the load plan to disk (docs/CONVERT.md).
 
 The plan a family makes for a load (same tensors, same bytes as the
-converter's) is executed a batch at a time on the host device; each batch's
-buffers are written to the file in the converter's order while the next
-batch is read and converted, then freed. The header (key/values, tensor
-infos) is written first: every size is known from the plan. Host memory
+converter's) is executed a batch at a time on the host device, each batch
+into an output window laid out as its part of the file (the tensors' buffers
+placed at their file offsets, in the converter's order); each window is
+written as it is (``O_DIRECT`` where the file system takes it) while the
+next batch is read and converted, then freed. The header (key/values, tensor
+infos) is encoded first: every size is known from the plan. Host memory
 stays within :data:`MEMORY_BUDGET` plus the largest tensor.
 
 The file is written under a temporary name in the output's folder, fsynced
@@ -15,6 +17,7 @@ conversion leaves no file that looks finished.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import threading
@@ -25,6 +28,11 @@ from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 from .. import formats
 from ..errors import Hf2qError
@@ -41,15 +49,30 @@ PathLike = Union[str, "os.PathLike[str]"]
 #: ``--outtype`` values (llama.cpp's converter's names).
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 #: Converted bytes held in host memory at once, besides one tensor larger
-#: than :data:`BATCH_BYTES` (the batch being read plus the one being written;
+#: than :data:`BATCH_BYTES` (the output windows being read into and those
+#: not yet written;
 #: a stack of per-expert tensors is read and written in parts of whole
 #: experts of at most BATCH_BYTES, so it is no such tensor).
 MEMORY_BUDGET = 192 << 20
 #: Output bytes per batch (a larger tensor is a batch of its own).
 BATCH_BYTES = 64 << 20
-#: Start the disk's writeback of every this many bytes written (see _Writer._start_writeback).
-WRITEBACK_BYTES = 64 << 20
+#: Through the page cache: start the disk's writeback of each window as it
+#: is written (_Output._start_writeback; ``HF2Q_CONVERT_WRITEBACK=0``: not).
 WRITEBACK_EARLY = os.environ.get("HF2Q_CONVERT_WRITEBACK", "1") != "0"
+#: Write the file with O_DIRECT where the file system takes it (Linux;
+#: ``HF2Q_CONVERT_DIRECT=0``: through the page cache): see _Output.
+OUTPUT_DIRECT = os.environ.get("HF2Q_CONVERT_DIRECT", "1") != "0"
+#: Windows being written at once (each by its own I/O thread), and the
+#: offset / length alignment of every write (a multiple of any logical block
+#: size up to 4 KiB; a file system wanting more refuses O_DIRECT writes with
+#: EINVAL, and the page cache takes over).
+DIRECT_DEPTH = 2
+DIRECT_ALIGN = 4096
+#: Windows are not zero-filled first (reused memory keeps its old bytes):
+#: only the ranges nothing writes are zeroed (_unwritten).
+WINDOW_UNZEROED = True
+#: Through the page cache: writeback is started for windows of at least this many bytes.
+WRITEBACK_MIN = 1 << 20
 #: Elements rounded from F32 to F16 at a time (``--outtype f16``).
 HALF_CHUNK = 1 << 22
 
@@ -150,89 +173,283 @@ def _temp_name(out: Path) -> Path:
     return out.with_name(f".{out.name}.hf2q-{os.getpid()}-{threading.get_ident():x}.partial")
 
 
-class _Writer(threading.Thread):
-    """Writes queued batches (lists of buffers) in order; releases each
-    batch's bytes from the in-flight budget once written."""
+@dataclass
+class _Unit:
+    """One batch as executed and written: its entries, the file range
+    ``[start, end)`` its bytes fill (the header's too for the first one,
+    padding included), and where each entry's bytes go in the file."""
 
-    def __init__(self, fd: int, alignment: int, bar: Any) -> None:
-        super().__init__(name="hf2q-convert-writer", daemon=True)
+    entries: list[TensorPlan]
+    start: int
+    end: int
+    offsets: list[int]  # file offset of each entry's bytes
+    out_bytes: list[int]  # bytes each entry has in the file (an F16-rounded entry: half its F32 buffer)
+    last: bool = False  # the file's last window: written whole, padded to the alignment
+
+    def window(self, align: int) -> tuple[int, int]:
+        """The window's file range: from the page before ``start`` (its first
+        bytes are the previous window's last, carried over) to ``end``
+        rounded up."""
+        return self.start // align * align, padded(self.end, align)
+
+
+def _layout(units: list[list[TensorPlan]], half: set[str], head_len: int) -> list[_Unit]:
+    """Where every unit's entries go in the file: back to back from the end
+    of the header, each padded to ALIGNMENT (a stack's parts are ALIGNMENT
+    multiples: no padding between them, _parts)."""
+    out: list[_Unit] = []
+    pos = head_len
+    for i, u in enumerate(units):
+        start = 0 if i == 0 else pos
+        offs, sizes = [], []
+        for e in u:
+            n = formats.nbytes(e.shape, "f16" if e.name in half else e.dtype)
+            offs.append(pos)
+            sizes.append(n)
+            pos = padded(pos + n, ALIGNMENT)
+        out.append(_Unit(u, start, pos, offs, sizes))
+    if not out:  # no tensors: the header alone
+        out.append(_Unit([], 0, head_len, [], []))
+    out[-1].last = True
+    return out
+
+
+def _fully_written(e: TensorPlan) -> bool:
+    """Whether the loader writes every element of ``e``'s buffer: a
+    transform's result is the whole tensor (the loader checks its size);
+    otherwise the pieces' destination ranges (a shard's ranges, a row slice's
+    run, a whole source) must cover ``[0, numel)``. A placed buffer that is
+    not is zero-filled before the loader runs (its window is not)."""
+    if e.transform is not None:
+        return True
+    spans: list[tuple[int, int]] = []
+    for p in e.sources:
+        if p.select is not None:
+            spans.extend((int(d), int(d) + int(n)) for d, _, n in p.select.tolist())
+        else:
+            spans.append((p.dest_offset, p.dest_offset + p.numel))
+    end = 0
+    for a, b in sorted(spans):
+        if a > end:
+            return False
+        end = max(end, b)
+    return end >= formats.numel(e.shape)
+
+
+def _unwritten(unit: _Unit, wstart: int, wlen: int, head_len: int, half: set[str]) -> list[tuple[int, int]]:
+    """The byte ranges of a window nothing writes (padding, the last page's
+    tail, a buffer the loader may leave partly unwritten): zeroed before the
+    loader runs, as the file's bytes there are zeros. The writer copies in
+    the header (first window) or the carried page, and writes F16 roundings
+    whole."""
+    kept = [(0, head_len if unit.start == 0 else unit.start - wstart)]
+    for e, off, n in zip(unit.entries, unit.offsets, unit.out_bytes):
+        if e.name in half or _fully_written(e):
+            kept.append((off - wstart, off - wstart + n))
+    out, pos = [], 0
+    for a, b in sorted(kept):
+        if a > pos:
+            out.append((pos, a))
+        pos = max(pos, b)
+    if pos < wlen:
+        out.append((pos, wlen))
+    return out
+
+
+class _Output:
+    """The file's bytes, written a window at a time with ``pwrite`` by
+    :data:`DIRECT_DEPTH` I/O threads, through ``O_DIRECT`` where the file
+    system takes it (Linux; ``HF2Q_CONVERT_DIRECT=0`` turns it off): the
+    kernel then copies nothing into the page cache, which on a VM that
+    backs fresh page-cache pages on first touch was most of a conversion's
+    CPU (docs/CONVERT.md, "Speed"). Every write starts and ends on a
+    :data:`DIRECT_ALIGN` boundary (the last one is padded with the window's
+    zeros; the caller truncates the file to its size), and no two overlap.
+
+    A write refused with ``EINVAL`` (an alignment the file system does not
+    take) turns ``O_DIRECT`` off for the file and is done again through the
+    page cache, and so is every later one (:attr:`direct` says which path
+    ran to the end); through the page cache each window's writeback starts
+    as soon as it is written (``POSIX_FADV_DONTNEED``). Any other failure
+    (``ENOSPC``, ``EIO``) is kept in :attr:`error` and raised by the next
+    :meth:`submit` or by :meth:`close`, as ``OSError``."""
+
+    def __init__(self, fd: int, release: Any) -> None:
         self.fd = fd
-        self.alignment = alignment
+        self.release = release  # release(nbytes): a window's budget, once its write is done
+        self.direct = False
+        if OUTPUT_DIRECT and hasattr(os, "O_DIRECT") and fcntl is not None:
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+                self.direct = True
+            except OSError:
+                pass  # this file system has no O_DIRECT: the page cache
+        self.written = 0
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._io = [threading.Thread(target=self._run, name=f"hf2q-convert-io-{i}", daemon=True)
+                    for i in range(DIRECT_DEPTH)]
+        for t in self._io:
+            t.start()
+
+    def submit(self, window: Any, length: int, offset: int, budget: int) -> None:
+        """Write the first ``length`` bytes of ``window`` (a u8 Buffer, kept
+        alive until then) at ``offset``; ``release(budget)`` once done."""
+        if self.error is not None:
+            raise self.error
+        self._jobs.put((window, length, offset, budget))
+
+    def close(self) -> None:
+        """Wait for every write; the first failure is raised."""
+        self.stop()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        """Stop the I/O threads once the writes queued are done (or skipped
+        after a failure)."""
+        for _ in self._io:
+            self._jobs.put(None)
+        for t in self._io:
+            t.join()
+        self._io = []
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            window, length, off, budget = job
+            try:
+                if self.error is None and length:
+                    view = memoryview(window._storage_bytes(0, length))
+                    self._pwrite(view, off)
+                    del view
+                    with self._lock:
+                        self.written += length
+                    if not self.direct:
+                        self._start_writeback(off, length)
+            except BaseException as e:  # raised by the main thread
+                with self._lock:
+                    if self.error is None:
+                        self.error = e
+            finally:
+                del window, job
+                self.release(budget)
+
+    def _pwrite(self, view: memoryview, off: int) -> None:
+        while view:
+            try:
+                n = os.pwrite(self.fd, view, off)
+            except InterruptedError:
+                continue
+            except OSError as e:
+                if e.errno != errno.EINVAL or not self._buffered_from_now():
+                    raise
+                continue  # again, through the page cache
+            if n == 0:
+                raise OSError(errno.EIO, "write returned 0 bytes")
+            view, off = view[n:], off + n
+
+    def _buffered_from_now(self) -> bool:
+        """O_DIRECT off for the file (an EINVAL: this file system wants
+        another alignment); False where it was off already (the EINVAL is
+        then the write's own)."""
+        with self._lock:
+            flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+            if not flags & os.O_DIRECT:
+                return False
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+            self.direct = False
+            return True
+
+    def _start_writeback(self, off: int, length: int) -> None:
+        """Hand a window written through the page cache to the disk now,
+        asynchronously (``POSIX_FADV_DONTNEED`` starts writeback of a
+        range's dirty pages and drops the clean ones): the final fsync has
+        little left to do, and the file does not fill the page cache. Best
+        effort."""
+        if not WRITEBACK_EARLY or not hasattr(os, "posix_fadvise") or length < WRITEBACK_MIN:
+            return
+        try:
+            os.posix_fadvise(self.fd, off, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
+class _Writer(threading.Thread):
+    """Finishes each executed window in file order and hands it to the
+    output: the previous window's last partial page (``carry``) copied to
+    its start, the header into the first, F32 buffers rounded to F16 into
+    their place; then everything up to its own last partial page (all of
+    it, padded, for the last window) is written, and that page is carried
+    over. The in-flight budget is released as windows are written."""
+
+    def __init__(self, fd: int, head: bytes, bar: Any) -> None:
+        super().__init__(name="hf2q-convert-writer", daemon=True)
+        self.head = head
         self.bar = bar
         self.jobs: queue.Queue[Any] = queue.Queue()
         self.cond = threading.Condition()
         self.inflight = 0
         self.error: BaseException | None = None
-        self.written = 0
-        self.flushed = 0
+        self.carry = b""
+        self.out = _Output(fd, self._release)
+
+    @property
+    def written(self) -> int:
+        return self.out.written
 
     def run(self) -> None:
-        zeros = bytes(self.alignment)
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            bufs, nbytes = job
+            unit, window, halves, budget = job
             try:
                 if self.error is None:
-                    while bufs:  # each buffer dropped once written (no loop variable keeps the last alive)
-                        n = self._write_tensor(*bufs.pop(0))
-                        pad = padded(n, self.alignment) - n
-                        if pad:
-                            self._write_all([memoryview(zeros)[:pad]])
-                        self.bar.update(n)
-                    self._start_writeback()
+                    self._finish(unit, window, halves, budget)
+                    budget = 0  # the output releases it
             except BaseException as e:  # handed to the main thread
                 self.error = e
             finally:
-                bufs.clear()
-                del job, bufs
-                with self.cond:
-                    self.inflight -= nbytes
-                    self.cond.notify_all()
+                halves.clear()
+                del job, window
+                if budget:
+                    self._release(budget)
 
-    def _start_writeback(self) -> None:
-        """Hand the bytes written so far to the disk now, asynchronously
-        (``POSIX_FADV_DONTNEED`` starts writeback of a range's dirty pages
-        and drops the clean ones): the final fsync has little left to do,
-        and the file does not fill the page cache. Best effort."""
-        if not WRITEBACK_EARLY or not hasattr(os, "posix_fadvise"):
-            return
-        start, end = self.flushed, self.written
-        if end - start < WRITEBACK_BYTES:
-            return
-        try:
-            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        self.flushed = end
+    def _finish(self, unit: _Unit, window: Any, halves: list[tuple[Any, int, int]], budget: int) -> None:
+        wstart, wend = unit.window(DIRECT_ALIGN)
+        win = window._storage_bytes(0, window.byte_len)
+        if unit.start == 0:
+            win[:len(self.head)] = np.frombuffer(self.head, dtype=np.uint8)
+        c = unit.start - wstart
+        if len(self.carry) != c:  # pragma: no cover - the layout makes them equal
+            raise AssertionError(f"carry of {len(self.carry)} bytes, window needs {c}")
+        win[:c] = np.frombuffer(self.carry, dtype=np.uint8)
+        while halves:  # each F32 buffer dropped once rounded
+            buf, off, n = halves.pop(0)
+            x = buf.numpy().reshape(-1)
+            dst = win[off - wstart:off - wstart + n].view(np.float16)
+            for i in range(0, len(x), HALF_CHUNK):
+                dst[i:i + HALF_CHUNK] = x[i:i + HALF_CHUNK]  # round to nearest even, as astype
+            del buf, x
+        cut = wend - wstart if unit.last else unit.end // DIRECT_ALIGN * DIRECT_ALIGN - wstart
+        self.carry = b"" if unit.last else win[cut:unit.end - wstart].tobytes()
+        del win
+        self.bar.update(unit.end - unit.start)
+        self.out.submit(window, cut, wstart, budget)
 
-    def _write_tensor(self, b: Any, half: bool) -> int:
-        """A buffer's bytes; ``half``: an F32 buffer rounded to F16 a
-        chunk at a time. Returns the bytes written."""
-        if not half:
-            # the storage bytes as they are (no typed view: a bf16 one would import ml_dtypes)
-            view = memoryview(b._storage_bytes(0, b.byte_len))
-            self._write_all([view])
-            return len(view)
-        x = b.numpy().reshape(-1)
-        for i in range(0, len(x), HALF_CHUNK):
-            self._write_all([memoryview(x[i:i + HALF_CHUNK].astype(np.float16).view(np.uint8))])
-        return 2 * len(x)
-
-    def _write_all(self, views: list[memoryview]) -> None:
-        while views:
-            n = os.writev(self.fd, views)
-            self.written += n
-            while views and n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            if views and n:
-                views[0] = views[0][n:]
+    def _release(self, nbytes: int) -> None:
+        with self.cond:
+            self.inflight -= nbytes
+            self.cond.notify_all()
 
     def reserve(self, nbytes: int, budget: int) -> None:
         with self.cond:
-            while self.inflight and self.inflight + nbytes > budget and self.error is None:
+            while self.inflight and self.inflight + nbytes > budget and self.error is None \
+                    and self.out.error is None:
                 self.cond.wait()
             self.inflight += nbytes
 
@@ -408,29 +625,66 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             raise ConvertError(f"{out_path}: cannot create {tmp.name} there: {e.strerror or e}",
                                path=out_path) from None
         bar = progress_bar(total, "hf2q convert", progress)
-        writer = _Writer(fd, ALIGNMENT, bar)
+        layout = _layout(units, half, len(head))
+        if layout[-1].end != total:  # pragma: no cover - the header's offsets and the layout's agree
+            raise AssertionError(f"layout ends at {layout[-1].end}, the header says {total}")
+        writer = _Writer(fd, head, bar)
         done = False
         try:
-            writer._write_all([memoryview(head)])
-            bar.update(len(head))
             writer.start()
-            for batch in units:
-                nbytes = sum(e.nbytes for e in batch)
-                writer.reserve(nbytes, budget)
-                if writer.error is not None:
+            for unit in layout:
+                wstart, wend = unit.window(DIRECT_ALIGN)
+                placed = [(o - wstart, e.shape, e.dtype) for e, o in zip(unit.entries, unit.offsets)
+                          if e.name not in half]
+                extra_bytes = sum(e.nbytes for e in unit.entries if e.name in half)  # their F32 buffers
+                reserved = wend - wstart + extra_bytes
+                writer.reserve(reserved, budget)
+                if writer.error is not None or writer.out.error is not None:
+                    writer._release(reserved)
                     break
-                held = execute(LoadPlan(plan.family, batch, plan.config), ckpt, device, _Held)
-                writer.jobs.put(([(held.bufs[e.name], e.name in half) for e in batch], nbytes))
-                del held
+                window, bufs = device._alloc_window(wend - wstart, placed, zero=not WINDOW_UNZEROED)
+                if WINDOW_UNZEROED:  # a reused range holds old bytes: zeros where nothing writes
+                    win = window._storage_bytes(0, wend - wstart)
+                    for a, b in _unwritten(unit, wstart, wend - wstart, len(head), half):
+                        win[a:b] = 0
+                    del win
+                where = {e.name: b for e, b in zip((e for e in unit.entries if e.name not in half), bufs)}
+                del bufs
+
+                def alloc(es: list[TensorPlan], where: dict[str, Any] = where) -> list[Any]:
+                    return [where.pop(e.name) if e.name in where else device.alloc(e.shape, e.dtype) for e in es]
+
+                try:
+                    held = execute(LoadPlan(plan.family, unit.entries, plan.config), ckpt, device, _Held,
+                                   alloc=alloc) if unit.entries else _Held({})
+                except BaseException:
+                    writer._release(reserved)
+                    raise
+                halves = [(held.bufs[e.name], o, n) for e, o, n in zip(unit.entries, unit.offsets, unit.out_bytes)
+                          if e.name in half]
+                del held, where, alloc
+                writer.jobs.put((unit, window, halves, reserved))
+                del window, halves
             writer.jobs.put(None)
             writer.join()
+            if writer.error is None:
+                try:
+                    writer.out.close()
+                except BaseException as e:
+                    writer.error = e
             if writer.error is not None:
                 err = writer.error
                 if isinstance(err, OSError):
                     raise ConvertError(f"{out_path}: write failed: {err.strerror or err}", path=out_path) from None
                 raise err
-            if writer.written != total:
-                raise ConvertError(f"{out_path}: wrote {writer.written:,} bytes, planned {total:,}", path=out_path)
+            if writer.out.error is not None:
+                err = writer.out.error
+                raise ConvertError(f"{out_path}: write failed: {getattr(err, 'strerror', None) or err}",
+                                   path=out_path) from None
+            total_written = padded(total, DIRECT_ALIGN)
+            if writer.written != total_written:
+                raise ConvertError(f"{out_path}: wrote {writer.written:,} bytes, planned {total_written:,}",
+                                   path=out_path)
             os.ftruncate(fd, total)
             os.fsync(fd)
             os.close(fd)
@@ -443,6 +697,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                 writer.error = writer.error or KeyboardInterrupt()
                 writer.jobs.put(None)
                 writer.join()
+            writer.out.stop()
             bar.close()
             if fd >= 0:
                 os.close(fd)
@@ -454,7 +709,8 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     return ConvertSummary(output=str(out_path), family=fam.name, architecture=arch, outtype=outtype,
                           tensors=len(entries), bytes=total, data_bytes=sum(t.nbytes for t in infos),
                           source_bytes=plan.source_nbytes, seconds=time.perf_counter() - t0,
-                          extra={"kv_count": len(kv.items()), "tokenizer": tokenizer})
+                          extra={"kv_count": len(kv.items()), "tokenizer": tokenizer,
+                                 "output_io": "O_DIRECT" if writer.out.direct else "page cache"})
 
 
 def _generic_archs() -> list[str]:

@@ -211,6 +211,9 @@ class _Transform:
     reorders in place, no second copy)."""
 
     __slots__ = ("cfg", "pt")
+    #: BF16 sources may come as raw uint16 bits (the loader then reads no
+    #: bfloat16 arrays, and imports no ml_dtypes); a uint16 result is BF16 bits.
+    raw_bf16 = True
 
     def __init__(self, cfg: Qwen35Config) -> None:
         self.cfg = cfg
@@ -218,7 +221,7 @@ class _Transform:
 
     def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
         assert self.pt is not None
-        return transform_tensor(self.pt, arrays, self.cfg, consume=True)
+        return transform_tensor(self.pt, arrays, self.cfg, consume=True, raw_bf16=True)
 
 
 @dataclass

@@ -260,13 +260,18 @@ def stack_experts_reference(arrays: Sequence[np.ndarray]) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- planned tensors
-def as_source_array(arr: np.ndarray, dtype: str) -> np.ndarray:
+def as_source_array(arr: np.ndarray, dtype: str, *, raw_bf16: bool = False) -> np.ndarray:
     """View a source array as its checkpoint dtype (``"BF16"``/``"F16"``/``"F32"``):
-    raw ``uint16`` bits become bfloat16/float16, typed arrays must match."""
+    raw ``uint16`` bits become bfloat16/float16, typed arrays must match.
+    ``raw_bf16``: BF16 bits stay ``uint16`` (no ml_dtypes import)."""
     if dtype not in SOURCE_DTYPES:
         raise TypeError(f"unsupported source dtype {dtype!r}")
-    want = formats.from_safetensors(dtype).storage_dtype
     a = np.asarray(arr)
+    if raw_bf16 and dtype == "BF16" and a.dtype == U16:
+        return a
+    if dtype == "BF16" and is_bf16(a.dtype):  # (without looking up the storage dtype: no import)
+        return a
+    want = formats.from_safetensors(dtype).storage_dtype
     if a.dtype == want:
         return a
     if a.dtype == U16 and want.itemsize == 2:
@@ -274,8 +279,13 @@ def as_source_array(arr: np.ndarray, dtype: str) -> np.ndarray:
     raise TypeError(f"source array has dtype {a.dtype}, the checkpoint says {dtype}")
 
 
+def _bits_to_f32(x: np.ndarray) -> np.ndarray:
+    """BF16 bits (uint16) -> float32, exactly (``bits << 16``, as ml_dtypes' cast)."""
+    return (x.astype(np.uint32) << 16).view(F32)
+
+
 def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen35Config, *,
-                     consume: bool = False) -> np.ndarray:
+                     consume: bool = False, raw_bf16: bool = False) -> np.ndarray:
     """The final logical array of ``pt`` from its sources' arrays (in ``pt.sources`` order).
 
     Applies ``pt.transforms`` in order and checks the result has ``pt.shape``.
@@ -287,13 +297,19 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
     writeable source where they are instead of into a copy: the same result,
     without a second array of the tensor's size (``in_proj_qkv``,
     ``in_proj_z`` and ``out_proj`` are 16-32 MiB at the real shapes).
+
+    ``raw_bf16=True``: BF16 sources given as uint16 bits stay bits (the
+    loader's reads: no ml_dtypes import); the reorders move them as they
+    are, the widening transforms read them exactly, and a result that is
+    still uint16 holds BF16 bits.
     """
     if len(arrays) != len(pt.sources):
         raise ValueError(f"{pt.gguf_name}: {len(pt.sources)} sources, got {len(arrays)} arrays")
     srcs = []
     for piece, a in zip(pt.sources, arrays):
         # A scaled FP8 source arrives decoded (weight times scale, float32: docs/FP8.md).
-        a = as_source_array(a, "F32" if getattr(piece, "scale", None) is not None else piece.dtype)
+        a = as_source_array(a, "F32" if getattr(piece, "scale", None) is not None else piece.dtype,
+                            raw_bf16=raw_bf16)
         if tuple(a.shape) != tuple(piece.shape):
             raise ValueError(f"{pt.gguf_name}: source {piece.name} has shape {a.shape}, planned {piece.shape}")
         srcs.append(a)
@@ -310,7 +326,7 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
             order = sorted(range(len(srcs)), key=lambda i: pt.sources[i].expert)  # type: ignore[arg-type, return-value]
             x = stack_experts_reference([srcs[i] for i in order])
         elif tag == T.NORM_PLUS_ONE:
-            x = norm_plus_one(x)
+            x = norm_plus_one(_bits_to_f32(x) if raw_bf16 and x.dtype == U16 else x)
         elif tag == T.SQUEEZE_CONV1D:
             x = squeeze_conv1d(x)
         elif tag == T.REORDER_V_QKV:
@@ -325,7 +341,7 @@ def transform_tensor(pt: PlannedTensor, arrays: Sequence[np.ndarray], cfg: Qwen3
         elif tag == T.REORDER_V_COLS:
             x = reorder_out_proj(x, nk, nv, dv, in_place=_own(x, consume))
         elif tag == T.NEG_EXP:
-            x = a_log_to_ssm_a(x)
+            x = a_log_to_ssm_a(_bits_to_f32(x) if raw_bf16 and x.dtype == U16 else x)
         else:  # pragma: no cover - the plan only emits known tags
             raise ValueError(f"{pt.gguf_name}: unknown transform {tag!r}")
     assert x is not None
