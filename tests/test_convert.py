@@ -196,8 +196,10 @@ def test_no_space_and_unwritable_folder_are_typed_errors(tmp_path, monkeypatch) 
         f_bavail, f_frsize = 10, 4096
 
     monkeypatch.setattr(os, "statvfs", lambda p: Tiny())
-    with pytest.raises(ConvertError, match="free on its file system"):
+    with pytest.raises(ConvertError, match="free on its file system") as e:
         hf2q.convert(QWEN, tmp_path / "m.gguf")
+    # The machine's limit, not bad input: a system failure (the CLI's exit 1), as ENOSPC mid-write.
+    assert e.value.system_failure and e.value.system_errno == errno.ENOSPC
     monkeypatch.undo()
     if os.geteuid() != 0:  # root writes anywhere
         ro = tmp_path / "ro"
@@ -279,6 +281,7 @@ def test_write_failure_is_a_typed_error_and_leaves_nothing(tmp_path, monkeypatch
     with pytest.raises(ConvertError, match="No space left") as e:
         hf2q.convert(QWEN, out, "f32")
     assert e.value.path == str(out) and calls["n"] >= 3
+    assert e.value.system_failure and e.value.system_errno == errno.ENOSPC  # the CLI's exit 1
     assert not out.exists() and _leftovers(tmp_path) == []
 
 

@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 from .. import formats
-from ..errors import Hf2qError
+from ..errors import Hf2qError, mark_system_failure
 from ..plan import LoadPlan, TensorPlan
 from . import metadata as md
 from .gguf import ALIGNMENT, GGUFEncodeError, TensorInfo, encode_header, padded
@@ -616,14 +616,16 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         except (AttributeError, OSError):
             free = None
         if free is not None and free < total:
-            raise ConvertError(f"{out_path}: {total:,} bytes to write, {free:,} free on its file system",
-                               path=out_path)
+            # The machine's limit, not the input's: exit 1 (README, "Exit status"), as ENOSPC mid-write.
+            raise mark_system_failure(
+                ConvertError(f"{out_path}: {total:,} bytes to write, {free:,} free on its file system",
+                             path=out_path), OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
         tmp = _temp_name(out_path)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as e:
-            raise ConvertError(f"{out_path}: cannot create {tmp.name} there: {e.strerror or e}",
-                               path=out_path) from None
+            raise mark_system_failure(ConvertError(f"{out_path}: cannot create {tmp.name} there: {e.strerror or e}",
+                                                   path=out_path), e) from None
         bar = progress_bar(total, "hf2q convert", progress)
         layout = _layout(units, half, len(head))
         if layout[-1].end != total:  # pragma: no cover - the header's offsets and the layout's agree
@@ -675,12 +677,14 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             if writer.error is not None:
                 err = writer.error
                 if isinstance(err, OSError):
-                    raise ConvertError(f"{out_path}: write failed: {err.strerror or err}", path=out_path) from None
+                    raise mark_system_failure(
+                        ConvertError(f"{out_path}: write failed: {err.strerror or err}", path=out_path), err) from None
                 raise err
             if writer.out.error is not None:
                 err = writer.out.error
-                raise ConvertError(f"{out_path}: write failed: {getattr(err, 'strerror', None) or err}",
-                                   path=out_path) from None
+                raise mark_system_failure(
+                    ConvertError(f"{out_path}: write failed: {getattr(err, 'strerror', None) or err}", path=out_path),
+                    err) from None
             total_written = padded(total, DIRECT_ALIGN)
             if writer.written != total_written:
                 raise ConvertError(f"{out_path}: wrote {writer.written:,} bytes, planned {total_written:,}",
