@@ -564,6 +564,32 @@ def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
     return cast
 
 
+def _check_cast(src: np.ndarray, out: np.ndarray, entry: TensorPlan, offset: int, sources: tuple[Piece, ...],
+                check_finite: bool) -> None:
+    """A numpy conversion on the way to ``entry.dtype`` that made a finite
+    value non-finite (f64 ``1e300`` -> f32 ``inf`` before Q8_0) is the
+    conversion's: reported so (``step`` ``"conversion SRC->DST"``), not as
+    non-finite input. Checked with ``check_finite``, and always when the
+    destination quantizes (its quantizer refuses the Inf anyway); a value
+    already non-finite in ``src`` is left to the file's own check."""
+    if out is src or not (check_finite or formats.get(entry.dtype).is_block):
+        return
+    o = out.reshape(-1)
+    if o.dtype.kind not in "fc":
+        o = o.astype(np.float32)  # bfloat16 / float16 (kind 'V' for bfloat16): exact
+    bad = np.flatnonzero(~np.isfinite(o))
+    if not bad.size:
+        return
+    i = int(bad[0])
+    s = src.reshape(-1)
+    if not np.isfinite(s[i] if s.dtype.kind in "fc" else np.float32(s[i])):
+        return  # the file's own NaN/Inf: check_finite (or the quantizer) reports it as such
+    a = formats.from_numpy(src.dtype)
+    b = formats.from_numpy(out.dtype)
+    step = f"conversion {a.name if a else src.dtype}->{b.name if b else out.dtype}"
+    _check_finite_array(o[i:i + 1], entry.name, step, shape=tuple(entry.shape), offset=offset + i, sources=sources)
+
+
 def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ...], name: str,
                  check_finite: bool = False, entry: TensorPlan | None = None, into: Buffer | None = None) -> Buffer:
     """A new ``dtype`` buffer of logical ``shape`` holding the logical array
