@@ -484,3 +484,21 @@ def test_device_decoded_expert_run_names_the_expert_with_a_nan(monkeypatch, tmp_
         qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="q8_0", progress=False)
     assert e.value.tensor == target and e.value.index == 37, (e.value.tensor, e.value.index)
     assert runs and max(runs) > 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_scale_values_read_in_one_pread_equal_the_general_reader(tmp_path, dtype) -> None:
+    # The GPU stack path reads each expert's scale with one pread (the general reader
+    # costs ~0.1 ms a tensor): the values must be the general reader's, NaN/Inf bits too.
+    from safetensors.numpy import save_file
+
+    from hf2q import loader
+    from hf2q.safetensors import open_checkpoint
+
+    v = np.array([1.5, -2.25e-3, np.inf, -np.inf, np.nan, 0.0, -0.0, 6.0e-8, 3.0e4], dtype=np.float32)
+    arr = v.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    save_file({"a.weight_scale_inv": arr.reshape(3, 3), "pad": np.zeros(3, np.uint8)}, str(tmp_path / "model.safetensors"))
+    with open_checkpoint(tmp_path) as ck:
+        got = loader._scale_values(ck, "a.weight_scale_inv", ck["a.weight_scale_inv"].dtype)
+        want = ck.read_array("a.weight_scale_inv").reshape(-1).astype(np.float32)
+    assert got.dtype == np.float32 and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
