@@ -114,10 +114,10 @@ def test_unmapped_tensor_refused(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*partial"))
 
 
-def test_recipe_refused_with_what_takes_it(tmp_path: Path) -> None:
-    # The generic family's GGUF writer takes no recipe (hf2q.load does): the TypeError says
-    # so and lists what it takes, "none" (an empty list before).
+def test_options_the_generic_writer_does_not_take_are_refused(tmp_path: Path) -> None:
+    # The generic family's GGUF writer takes a recipe (tests/test_convert_recipe_files.py) and
+    # nothing else: the TypeError names the option and what it takes.
     src = GENERIC / "qwen3"
-    with pytest.raises(TypeError, match=r"takes no option\(s\) recipe \(hf2q.load takes a recipe.*it takes none"):
-        hf2q.convert(src, tmp_path / "out.gguf", "q8_0", recipe="q4_k_m")
+    with pytest.raises(TypeError, match=r"takes no option\(s\) expert_dtype; it takes recipe"):
+        hf2q.convert(src, tmp_path / "out.gguf", "q8_0", expert_dtype="q4_k")
     assert not list(tmp_path.iterdir())

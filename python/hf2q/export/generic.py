@@ -29,6 +29,10 @@ The converter's rules, restated:
   ``*.weight_scale``) and activation scales are not tensors of the file. FP8
   weights without a ``quantization_config`` and without scales are cast to
   F32 exactly, as the converter casts them.
+
+``recipe`` (llama-quantize's file types, :mod:`hf2q.recipes`): the plan of
+the converter's ``--outtype bf16`` file with each tensor's type chosen as
+``llama-quantize`` chooses it from that file.
 """
 
 from __future__ import annotations
@@ -45,8 +49,11 @@ from ..models.generic.names import GLOBAL_NAMES, LAYER_NAMES, expert_of, split_b
 from ..plan import LoadPlan, Piece, TensorPlan
 from . import metadata as md
 
-__all__ = ["ARCHITECTURES", "gguf_architecture", "plan_generic_gguf", "write_kv", "write_tokenizer", "GenericGGUF"]
+__all__ = ["ARCHITECTURES", "gguf_architecture", "plan_generic_gguf", "write_kv", "write_tokenizer", "GenericGGUF",
+           "OPTIONS"]
 
+#: The options the generic family's GGUF writer takes (``hf2q convert``).
+OPTIONS = ("recipe",)
 #: FP8 formats read without a scale (no ``quantization_config``): cast to F32 exactly, as the converter does.
 _BARE_FP8 = ("f8_e4m3", "f8_e5m2")
 
@@ -170,9 +177,14 @@ def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
                       options: dict[str, Any]) -> tuple[LoadPlan, GenericGGUF]:
     """The GGUF tensors of a Llama / Mistral / Qwen3 / Qwen3-MoE checkpoint
     for ``outtype`` (``f32``, ``bf16`` or ``q8_0``), in the converter's
-    per-tensor order (the file's order is :func:`~hf2q.export.order.converter_order`)."""
-    if options:
-        raise TypeError(f"the generic family's GGUF conversion takes no option(s) {', '.join(sorted(options))}")
+    per-tensor order (the file's order is :func:`~hf2q.export.order.converter_order`).
+    ``options``: ``recipe`` (module doc)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"the generic family's GGUF conversion takes no option(s) {', '.join(unknown)}")
+    recipe = options.get("recipe")
+    if recipe is not None:
+        return _recipe_plan(ckpt, config, recipe)
     arch, h = _hparams(config)
     scaled = _scaled(ckpt, config, arch)
     n_head, n_kv = h["num_attention_heads"], h["num_key_value_heads"]
@@ -238,6 +250,24 @@ def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
         extra["quantization"] = scaled.scheme.describe()
     return LoadPlan("generic", entries, cfg, skipped=tuple(sorted(scaled.consumed | scaled.dropped)),
                     extra=extra), cfg
+
+
+def _recipe_plan(ckpt: Any, config: Mapping[str, Any], recipe: str) -> tuple[LoadPlan, GenericGGUF]:
+    """The converter's ``--outtype bf16`` plan with each tensor's type as
+    llama-quantize chooses it for ``recipe`` from that file: by GGUF name and
+    shape, the block count, the expert count (``expert_count``, 0 for a dense
+    model) and llama.cpp's 70B rule (a ``llama`` of 80 blocks, not 8 experts,
+    whose KV heads are fewer than its heads)."""
+    from ..recipes import ModelFacts, apply_recipe
+
+    plan, cfg = plan_generic_gguf(ckpt, config, "bf16", {})
+    h = cfg.hparams
+    n_expert = md._find(h, ["num_local_experts", "num_experts", "n_routed_experts"])
+    n_expert = n_expert if isinstance(n_expert, int) and not isinstance(n_expert, bool) else 0
+    # llama.cpp's models/llama.cpp: 80 blocks, not 8 experts, grouped-query attention -> LLM_TYPE_70B.
+    is_70b = (cfg.architecture == "llama" and cfg.num_hidden_layers == 80 and n_expert != 8
+              and h["num_key_value_heads"] != h["num_attention_heads"])
+    return apply_recipe(plan, recipe, ModelFacts(cfg.num_hidden_layers, n_expert, is_70b)), cfg
 
 
 def write_kv(kv: md.KVList, config: Mapping[str, Any], cfg: GenericGGUF, outtype: str) -> None:
