@@ -5,18 +5,23 @@ converting it to the outtype, and writes no scale tensor.
 
 1. Against llama.cpp's converter: the tiny Qwen3 FP8 checkpoints of
    tests/data/fp8/ (scripts/make_golden_fp8.py) and what the converter wrote
-   for them (tensors in file order: names, types, shapes, bytes; its
-   architecture key/values and ``general.file_type``). The committed golden
-   data holds no other key/value (those checkpoints have no tokenizer), so:
-2. Whole files: an FP8 checkpoint gives the same file, byte for byte (every
-   key/value, every tensor), as the F32 checkpoint holding its dequantized
-   values, written by numpy here as the converter's ``dequant_simple`` computes
-   them, which hf2q reads through the already-checked F32 path
-   (test_convert_generic.py); Llama (Q/K permutation after the decode) and
-   Qwen3-MoE (expert stacks of FP8 pieces) included."""
+   for them: its tensors (converted.json / .npz: names in file order, types,
+   shapes, bytes) and its whole file (converted_file.json, ``--files``:
+   every key/value, type and order, every tensor info and offset, each
+   tensor's SHA-256), as tests/test_convert_generic.py checks the BF16
+   checkpoints' files (no tokenizer here: the converter's vocabulary step was
+   stubbed, and hf2q writes none without tokenizer.json).
+2. Whole files, byte for byte, where no converter file is committed: an FP8
+   checkpoint gives the same file (every key/value, every tensor) as the F32
+   checkpoint holding its dequantized values, written by numpy here as the
+   converter's ``dequant_simple`` computes them, which hf2q reads through the
+   already-checked F32 path; Llama (Q/K permutation after the decode),
+   Qwen3-MoE (expert stacks of FP8 pieces), compressed-tensors block and
+   tensor strategies included."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -60,7 +65,7 @@ def test_fp8_convert_equals_the_converters_tensors(tmp_path: Path, variant: str,
     want = meta["outtypes"][outtype]
     out = tmp_path / "o.gguf"
     s = hf2q.convert(FP8 / variant / "hf", out, outtype)
-    assert s.architecture == want["architecture"] == "qwen3"
+    assert s.architecture == want["architecture"] == "qwen3" and "quantization" in s.extra
     r = gguf.GGUFReader(out)
     # Same tensors in the converter's order; no *_scale_inv / *.weight_scale among them.
     assert [t.name for t in r.tensors] == [t["name"] for t in want["tensors"]]
@@ -75,6 +80,44 @@ def test_fp8_convert_equals_the_converters_tensors(tmp_path: Path, variant: str,
             assert np.float32(ours[key]) == np.float32(v), key
         else:
             assert ours[key] == v, key
+
+
+NAMING_KEYS = {"general.name"}  # the converter's guess from the folder name ("hf" -> "Hf"): docs/CONVERT.md
+CONVERTER_ONLY = {"general.size_label", "general.basename", "general.finetune", "general.version",
+                  "general.organization", "general.license", "general.tags", "general.languages"}
+
+
+@pytest.mark.parametrize("outtype", OUTTYPES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fp8_convert_equals_the_converters_whole_file(tmp_path: Path, variant: str, outtype: str) -> None:
+    want = json.loads((FP8 / variant / "converted_file.json").read_text())["outtypes"][outtype]
+    out = tmp_path / "o.gguf"
+    hf2q.convert(FP8 / variant / "hf", out, outtype)
+    r = gguf.GGUFReader(out)
+    assert int(r.alignment) == want["alignment"]
+    assert [t.name for t in r.tensors] == [t["name"] for t in want["tensors"]]
+    for t, w in zip(r.tensors, want["tensors"]):
+        assert (t.tensor_type.name, [int(x) for x in reversed(t.shape.tolist())]) == (w["type"], w["shape"]), t.name
+        assert int(t.data_offset) - int(r.data_offset) == w["offset"], t.name
+        data = np.asarray(t.data).view(np.uint8).reshape(-1).tobytes()
+        assert hashlib.sha256(data).hexdigest() == w["sha256"], f"{t.name}: bytes differ from the converter's"
+    ours = {}
+    for key, f in r.fields.items():
+        if not key.startswith("GGUF."):
+            v = f.contents()
+            ours[key] = (f.types[0].name, f.types[1].name if len(f.types) > 1 else None,
+                         v.tolist() if isinstance(v, np.ndarray) else v)
+    theirs = {kv["key"]: (kv["type"], kv.get("sub_type"), kv["value"]) for kv in want["kv"]}
+    assert set(theirs) - set(ours) - CONVERTER_ONLY == set() and set(ours) - set(theirs) == set()
+    for key, (t, sub, v) in ours.items():
+        assert (t, sub) == theirs[key][:2], key
+        if key in NAMING_KEYS:
+            continue
+        if t == "FLOAT32":
+            assert np.float32(v) == np.float32(theirs[key][2]), key
+        else:
+            assert v == theirs[key][2], key
+    assert list(ours) == [k for k in theirs if k in ours], "key order differs from the converter's"
 
 
 def _dequantized_f32(src: Path, dst: Path) -> Path:
@@ -154,6 +197,17 @@ def test_fp8_file_is_its_dequantized_checkpoints_file(tmp_path: Path, case: str,
     assert a.read_bytes() == b.read_bytes()
     names = [t.name for t in gguf.GGUFReader(a).tensors]
     assert not any("scale" in n for n in names)
+
+
+def test_fp8_with_a_recipe_is_its_dequantized_checkpoints_bf16_rounding(tmp_path: Path) -> None:
+    """A recipe quantizes what llama-quantize reads: the converter's BF16 file,
+    in which each FP8 weight times its scale is rounded to BF16."""
+    src = _fp8(tmp_path, "qwen3_moe", block=(32, 32), scale_dtype="f32")
+    ref = _dequantized_f32(src, tmp_path / "f32" / "qwen3_moe")
+    a, b = tmp_path / "fp8.gguf", tmp_path / "f32.gguf"
+    hf2q.convert(src, a, recipe="q4_k_m", name="same")
+    hf2q.convert(ref, b, recipe="q4_k_m", name="same")
+    assert a.read_bytes() == b.read_bytes()
 
 
 def test_bare_fp8_is_cast_exactly(tmp_path: Path) -> None:
