@@ -121,3 +121,20 @@ def test_options_the_generic_writer_does_not_take_are_refused(tmp_path: Path) ->
     with pytest.raises(TypeError, match=r"takes no option\(s\) expert_dtype; it takes recipe"):
         hf2q.convert(src, tmp_path / "out.gguf", "q8_0", expert_dtype="q4_k")
     assert not list(tmp_path.iterdir())
+
+
+def test_qwen3_moe_num_experts_is_num_local_experts(tmp_path: Path) -> None:
+    """Published Qwen3-MoE configs say ``num_experts`` (transformers 5 writes
+    ``num_local_experts``; its Qwen3MoeConfig maps one to the other, and the
+    converter reads the mapped value): the same file either way, not the
+    default of 128 experts."""
+    import shutil
+
+    d = tmp_path / "qwen3_moe"
+    shutil.copytree(GENERIC / "qwen3_moe", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_experts"] = cfg.pop("num_local_experts")
+    (d / "config.json").write_text(json.dumps(cfg))
+    hf2q.convert(GENERIC / "qwen3_moe", tmp_path / "a.gguf")
+    hf2q.convert(d, tmp_path / "b.gguf")
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()

@@ -112,6 +112,10 @@ def _hparams(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
         if not isinstance(h.get(k), int) or isinstance(h.get(k), bool) or h[k] <= 0:
             raise md.ConfigError(f"config.json: {k} must be a positive integer, got {h.get(k)!r}", key=k)
+    if arch == "qwen3moe" and h.get("num_local_experts") is None and h.get("num_experts") is not None:
+        # transformers' Qwen3MoeConfig maps num_experts (published configs: Qwen3-30B-A3B's) to
+        # num_local_experts, which the converter then reads; the default below is for neither.
+        h["num_local_experts"] = h["num_experts"]
     for k, v in defaults.items():
         if k == "rope_theta":
             continue
