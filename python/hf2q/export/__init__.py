@@ -552,8 +552,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     (which tensors take it; norms, routers and small tensors stay F32).
     ``options``: the family's own (``expert_dtype``, ``dense_dtype``,
     ``mtp`` for Qwen3.5 MoE) refine it; ``recipe="q4_k_m"`` (q4_k_s, q5_k_m,
-    q6_k, q8_0) replaces both: the tensors llama-quantize writes for that file
-    type from the BF16 file (docs/KQUANTS.md). ``force``: replace an existing
+    q6_k, q8_0) replaces both (every family): the file llama-quantize writes
+    for that file type from the converter's BF16 file (docs/CONVERT.md,
+    "Recipes"; docs/KQUANTS.md). FP8 checkpoints are decoded with their
+    scales as the converter does (docs/FP8.md). ``force``: replace an existing
     ``out``. ``name``: ``general.name`` (default: the checkpoint folder's
     name, as the converter does). Supported: Qwen3.5/3.6 MoE
     (``qwen35moe``), Gemma 4 (``gemma4``) and, of the generic family,
