@@ -49,9 +49,16 @@ Variants:
 The vocabulary step is stubbed as in scripts/make_golden.py (no tokenizer
 files; no tensor depends on them).
 
+``--files``: for the generic family's variants (``qwen3_*``), the
+converter's whole file instead, from the committed ``hf/`` (not remade):
+``converted_file.json``, every key/value and tensor info and each tensor's
+SHA-256 for each outtype (scripts/make_golden_gguf.py's ``describe``), read
+by tests/test_convert_generic_fp8.py to compare ``hf2q convert``'s whole
+file.
+
 Usage (an environment with hf2q, torch 2.13.0+cpu and transformers 5.24.0)::
 
-    python scripts/make_golden_fp8.py [--converter DIR] [--only VARIANT ...]
+    python scripts/make_golden_fp8.py [--converter DIR] [--only VARIANT ...] [--files]
 """
 
 from __future__ import annotations
@@ -200,15 +207,43 @@ def hf_names(conv_dir: Path, hf: Path, arch: str, n_blocks: int) -> dict[str, st
     return out
 
 
+def whole_files(conv_dir: Path, mg: Any, only: list[str] | None) -> None:
+    """``converted_file.json`` of each generic variant (module doc, ``--files``)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from make_golden_gguf import describe  # noqa: PLC0415
+
+    for name, (base, _, extra, _) in VARIANTS.items():
+        if base != "qwen3" or (only and name not in only):
+            continue
+        hf = OUT / name / "hf"
+        out: dict[str, Any] = {"variant": name, "checkpoint": str(hf.relative_to(REPO)),
+                               "converter": f"llama.cpp convert_hf_to_gguf.py from llama-cpp-python "
+                                            f"{mg.LLAMA_CPP_PYTHON} (vocabulary step stubbed: no tokenizer)",
+                               "outtypes": {}}
+        with tempfile.TemporaryDirectory() as tmp:
+            for ot in OUTTYPES:
+                g = Path(tmp) / f"{ot}.gguf"
+                convert(conv_dir, hf, ot, g, extra)
+                mg._reset_converter_state()
+                out["outtypes"][ot] = describe(g)
+        (OUT / name / "converted_file.json").write_text(json.dumps(out, indent=1) + "\n")
+        print(f"{name}: whole files for {', '.join(OUTTYPES)}", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--converter", type=Path, default=None,
                     help="directory holding convert_hf_to_gguf.py (default: fetched as scripts/make_golden.py does)")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "hf2q-golden")
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--files", action="store_true",
+                    help="the converter's whole file of the committed generic variants (converted_file.json)")
     args = ap.parse_args()
     mg = _golden_module()
     conv_dir = args.converter or mg.fetch_converter(args.cache)
+    if args.files:
+        whole_files(conv_dir, mg, args.only)
+        return
     from hf2q.testing.fp8_checkpoint import fp8_checkpoint, mxfp4_checkpoint
 
     import numpy as np

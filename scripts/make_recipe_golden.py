@@ -21,6 +21,14 @@ rows are multiples of 256, so that Q4_K / Q5_K / Q6_K are really chosen):
    first 16 hex digits of the SHA-256 of its bytes (the bytes themselves
    would be too large to commit; the hashes pin them).
 
+With ``--files``: tests/data/kquants/recipes_files.json, llama-quantize's
+whole output file (its SHA-256, its key order, every tensor's name, numpy
+shape, type and SHA-256 prefix in file order) for each recipe, from ``hf2q
+convert --outtype bf16`` of each variant above and of the generic family's
+llama-like checkpoints (tests/_recipe_variants.py ``GENERIC_CONVERT``): what
+``hf2q convert --recipe`` must write byte for byte
+(tests/test_convert_recipe_files.py).
+
 With ``--full-size``: tests/data/kquants/recipes_full_size.json, the types
 (only: no bytes) llama-quantize --dry-run gives every tensor of the
 published Qwen3.6-35B-A3B and gemma-4-26B-A4B configs (40 + 1 MTP / 30
@@ -32,7 +40,7 @@ written with gguf-py's writer under llama.cpp's names.
 
 Usage (any environment with hf2q installed, gguf-py and a llama.cpp build)::
 
-    python scripts/make_recipe_golden.py --llama-quantize /path/to/llama-quantize [--full-size]
+    python scripts/make_recipe_golden.py --llama-quantize /path/to/llama-quantize [--full-size | --files]
 """
 
 from __future__ import annotations
@@ -51,10 +59,11 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "data" / "kquants" / "recipes.json"
 HASH_DIGITS = 16
 sys.path.insert(0, str(REPO / "tests"))
-from _recipe_variants import (FULL_SIZE, GENERIC_FULL, RECIPES_FTYPE, VARIANTS, full_size_plan,  # noqa: E402
-                              generic_full_size_plan, materialize)
+from _recipe_variants import (FULL_SIZE, GENERIC_CONVERT, GENERIC_FULL, RECIPES_FTYPE, VARIANTS,  # noqa: E402
+                              full_size_plan, generic_full_size_plan, materialize, materialize_generic)
 
 OUT_FULL = REPO / "tests" / "data" / "kquants" / "recipes_full_size.json"
+OUT_FILES = REPO / "tests" / "data" / "kquants" / "recipes_files.json"
 _LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s+(\S+), size =.*?(?:\((\S+)\))?\s*$")
 
 
@@ -198,15 +207,72 @@ def quantized_tensors(path: Path) -> list[tuple[str, list[int], int, str]]:
              hashlib.sha256(bytes(t.data.tobytes())).hexdigest()[:HASH_DIGITS]) for t in r.tensors]
 
 
+def whole_files(llama_quantize: str) -> None:
+    """recipes_files.json (module doc, ``--files``)."""
+    import gguf
+
+    import hf2q
+
+    doc: dict[str, Any] = {"tool": "llama-quantize (llama-cpp-python 0.3.36 sdist, vendor/llama.cpp), Release, "
+                                   "-ffp-contract=off, GGML_NATIVE=OFF, 1 thread; input: hf2q convert --outtype bf16 "
+                                   "(general.name: the checkpoint folder's name)",
+                           "recipes": RECIPES_FTYPE, "variants": {}}
+    names = [*VARIANTS, *GENERIC_CONVERT]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            ckpt = (materialize(name, Path(tmp) / name) if name in VARIANTS
+                    else materialize_generic(name, Path(tmp) / "generic"))
+            bf16 = Path(tmp) / f"{name}.bf16.gguf"
+            hf2q.convert(ckpt, bf16, "bf16", force=True)
+            rec: dict[str, Any] = {"family": "generic" if name in GENERIC_CONVERT else VARIANTS[name]["family"],
+                                   "results": {}}
+            for recipe, ftype in RECIPES_FTYPE.items():
+                out = Path(tmp) / f"{name}.{recipe}.gguf"
+                p = subprocess.run([llama_quantize, str(bf16), str(out), ftype, "1"], capture_output=True, text=True)
+                if p.returncode != 0:
+                    raise SystemExit(f"{name} {recipe}: llama-quantize failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+                got = quantized_tensors(out)
+                listing = [[n, shape] for n, shape, _, _ in got]
+                keys = [k for k in gguf.GGUFReader(str(out)).fields if not k.startswith("GGUF.")]
+                for field, value in (("tensors", listing), ("kv", keys)):
+                    if rec.setdefault(field, value) != value:
+                        raise SystemExit(f"{name} {recipe}: the {field} differ between recipes")
+                rec["results"][recipe] = {"sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
+                                          "bytes": out.stat().st_size, "tensors": [[ty, h] for _, _, ty, h in got]}
+            doc["variants"][name] = rec
+            print(f"{name}: {len(rec['tensors'])} tensors, {len(rec['kv'])} keys")
+    lines = ["{", f' "tool": {json.dumps(doc["tool"])},', f' "recipes": {json.dumps(doc["recipes"])},',
+             ' "variants": {']
+    for i, (name, v) in enumerate(doc["variants"].items()):
+        lines.append(f"  {json.dumps(name)}: {{")
+        lines.append(f"   \"family\": {json.dumps(v['family'])},")
+        lines.append(f"   \"kv\": {json.dumps(v['kv'])},")
+        lines.append(f"   \"tensors\": {json.dumps(v['tensors'])},")
+        lines.append("   \"results\": {")
+        for j, (recipe, r) in enumerate(v["results"].items()):
+            comma = "," if j + 1 < len(v["results"]) else ""
+            lines.append(f"    {json.dumps(recipe)}: {json.dumps(r)}{comma}")
+        lines.append("   }")
+        lines.append("  }" + ("," if i + 1 < len(doc["variants"]) else ""))
+    lines += [" }", "}"]
+    OUT_FILES.write_text("\n".join(lines) + "\n")
+    print(f"wrote {OUT_FILES}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-quantize", default="/work/llamacpp/build/bin/llama-quantize")
     ap.add_argument("--only", nargs="*", help="variants to redo (others kept from the existing file)")
     ap.add_argument("--full-size", action="store_true",
                     help="only the types of the published full-size configs (recipes_full_size.json)")
+    ap.add_argument("--files", action="store_true",
+                    help="only llama-quantize's whole output files, generic variants included (recipes_files.json)")
     args = ap.parse_args()
     if args.full_size:
         full_size(args.llama_quantize)
+        return
+    if args.files:
+        whole_files(args.llama_quantize)
         return
     import hf2q
 

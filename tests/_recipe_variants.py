@@ -188,3 +188,94 @@ def generic_full_size_plan(name: str, recipe: str | None, scratch: Path) -> Any:
     ckpt = HeaderCheckpoint(generic_specs(name), scratch)
     opts = {"recipe": recipe} if recipe else {"dtype": "bf16"}
     return family("generic").impl().plan_checkpoint(ckpt, config=config, **opts)
+
+
+# ----------------------------------------------------------------------------- hf2q convert --recipe, whole files
+#: llama-like checkpoints of the generic family whose GGUF file ``hf2q convert
+#: --recipe`` writes: the committed tiny ones of tests/data/gguf/generic (rows
+#: of 32 to 64 values: llama-quantize's fallbacks; three with tokenizers),
+#: a committed FP8 one, and two synthetic ones with rows of 256 and more (the
+#: k-quants themselves; Qwen3-MoE with 8 experts, llama.cpp's 8-expert rules,
+#: and tied embeddings).
+_LLAMA_WIDE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+               "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+               "num_hidden_layers": 4, "vocab_size": 256, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+               "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+_QWEN3_MOE_WIDE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 256,
+                   "intermediate_size": 512, "moe_intermediate_size": 256, "num_attention_heads": 2,
+                   "num_key_value_heads": 1, "head_dim": 128, "num_hidden_layers": 2, "num_experts": 8,
+                   "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                   "vocab_size": 256, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                   "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+
+GENERIC_CONVERT: dict[str, dict[str, Any]] = {
+    "llama3": {"checkpoint": "tests/data/gguf/generic/llama3"},
+    "mistral": {"checkpoint": "tests/data/gguf/generic/mistral"},
+    "qwen3": {"checkpoint": "tests/data/gguf/generic/qwen3"},
+    "qwen3_moe": {"checkpoint": "tests/data/gguf/generic/qwen3_moe"},
+    "qwen3_fp8_deepseek": {"checkpoint": "tests/data/fp8/qwen3_fp8_deepseek/hf"},
+    "llama_wide": {"config": _LLAMA_WIDE, "seed": 21},
+    "qwen3_moe_wide": {"config": _QWEN3_MOE_WIDE, "seed": 22},
+}
+
+
+def llama_like_tensors(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Hugging Face tensor name -> shape of a Llama / Qwen3 / Qwen3-MoE checkpoint of ``config``."""
+    H, V, L = config["hidden_size"], config["vocab_size"], config["num_hidden_layers"]
+    hd = config.get("head_dim", H // config["num_attention_heads"])
+    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
+    qwen = config["model_type"].startswith("qwen3")
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
+    if not config.get("tie_word_embeddings"):
+        out["lm_head.weight"] = (V, H)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        out |= {p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
+                p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q)}
+        if qwen:
+            out |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+        if config.get("num_experts"):
+            F = config["moe_intermediate_size"]
+            out[p + "mlp.gate.weight"] = (config["num_experts"], H)
+            for e in range(config["num_experts"]):
+                x = f"{p}mlp.experts.{e}."
+                out |= {x + "gate_proj.weight": (F, H), x + "up_proj.weight": (F, H), x + "down_proj.weight": (H, F)}
+        else:
+            F = config["intermediate_size"]
+            out |= {p + "mlp.gate_proj.weight": (F, H), p + "mlp.up_proj.weight": (F, H),
+                    p + "mlp.down_proj.weight": (H, F)}
+    return out
+
+
+def make_llama_like(dst: Path, config: dict[str, Any], seed: int) -> Path:
+    """A BF16 checkpoint of ``config`` in ``dst`` (its folder name is the
+    file's ``general.name``): weights ~ N(0, 0.02), norms ~ 1 + N(0, 0.1),
+    from ``seed``; no tokenizer."""
+    import json
+
+    import ml_dtypes
+    import numpy as np
+
+    from hf2q.testing.fp8_checkpoint import write_safetensors
+
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name, shape in llama_like_tensors(config).items():
+        x = rng.standard_normal(shape, dtype=np.float32)
+        x = 1 + 0.1 * x if len(shape) == 1 else 0.02 * x
+        arrays[name] = x.astype(ml_dtypes.bfloat16)
+    dst.mkdir(parents=True, exist_ok=True)
+    write_safetensors(dst / "model.safetensors", arrays)
+    (dst / "config.json").write_text(json.dumps(config, indent=1))
+    return dst
+
+
+def materialize_generic(name: str, scratch: Path) -> Path:
+    """The checkpoint folder of a :data:`GENERIC_CONVERT` variant (a synthetic
+    one is written to ``scratch / name``: the folder's name is the file's
+    ``general.name``)."""
+    v = GENERIC_CONVERT[name]
+    if "checkpoint" in v:
+        return REPO / v["checkpoint"]
+    return make_llama_like(scratch / name, v["config"], v["seed"])

@@ -114,10 +114,27 @@ def test_unmapped_tensor_refused(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*partial"))
 
 
-def test_recipe_refused_with_what_takes_it(tmp_path: Path) -> None:
-    # The generic family's GGUF writer takes no recipe (hf2q.load does): the TypeError says
-    # so and lists what it takes, "none" (an empty list before).
+def test_options_the_generic_writer_does_not_take_are_refused(tmp_path: Path) -> None:
+    # The generic family's GGUF writer takes a recipe (tests/test_convert_recipe_files.py) and
+    # nothing else: the TypeError names the option and what it takes.
     src = GENERIC / "qwen3"
-    with pytest.raises(TypeError, match=r"takes no option\(s\) recipe \(hf2q.load takes a recipe.*it takes none"):
-        hf2q.convert(src, tmp_path / "out.gguf", "q8_0", recipe="q4_k_m")
+    with pytest.raises(TypeError, match=r"takes no option\(s\) expert_dtype; it takes recipe"):
+        hf2q.convert(src, tmp_path / "out.gguf", "q8_0", expert_dtype="q4_k")
     assert not list(tmp_path.iterdir())
+
+
+def test_qwen3_moe_num_experts_is_num_local_experts(tmp_path: Path) -> None:
+    """Published Qwen3-MoE configs say ``num_experts`` (transformers 5 writes
+    ``num_local_experts``; its Qwen3MoeConfig maps one to the other, and the
+    converter reads the mapped value): the same file either way, not the
+    default of 128 experts."""
+    import shutil
+
+    d = tmp_path / "qwen3_moe"
+    shutil.copytree(GENERIC / "qwen3_moe", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_experts"] = cfg.pop("num_local_experts")
+    (d / "config.json").write_text(json.dumps(cfg))
+    hf2q.convert(GENERIC / "qwen3_moe", tmp_path / "a.gguf")
+    hf2q.convert(d, tmp_path / "b.gguf")
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()

@@ -554,6 +554,8 @@ class DemoCacheError(OSError):
 
 #: The family options that ``--outtype`` sets when not given (hf2q.export's planner).
 _CONVERT_BY_OUTTYPE = ("expert_dtype", "dense_dtype")
+#: What ``convert``'s help calls a family's checkpoints where its label says more than convert writes.
+_CONVERT_LABELS = {"generic": "Llama, Mistral, Qwen3, Qwen3-MoE"}
 
 
 def _convert_options() -> dict[str, Any]:
@@ -567,7 +569,7 @@ def _convert_options() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fam in models.FAMILIES:
         row = _FAMILIES.get(fam.name)
-        if row is None:  # the generic family's conversion takes no option (hf2q.export.generic)
+        if row is None:  # a family hf2q convert writes no GGUF file for (DFlash drafters)
             continue
         impl = fam.impl()
         for o in impl.options:
@@ -585,24 +587,29 @@ def _add_convert_parser(sub: Any) -> None:
                         "Llama, Mistral, Qwen3, Qwen3-MoE)",
         description="Write the GGUF file that llama.cpp's convert_hf_to_gguf.py --outtype OUTTYPE writes for "
                     "the checkpoint: the same tensors, types, shapes, bytes and order, the same "
-                    "hyper-parameter keys. The file is streamed (bounded memory), written under a temporary "
+                    "hyper-parameter keys; with --recipe, the file llama-quantize writes from the converter's "
+                    "BF16 file. The file is streamed (bounded memory), written under a temporary "
                     "name in OUT's folder and renamed when complete.")
     _add_source(p, "a checkpoint folder, a .safetensors file or index, or a Hugging Face repo id in the local cache")
     p.add_argument("out", metavar="OUT.gguf", help="the GGUF file to write")
     p.add_argument("--outtype", choices=list(OUTTYPES), default="q8_0",
                    help="as for llama.cpp's converter: the type of the weight matrices (norms, routers and 1-D "
                         "tensors stay F32); default q8_0")
+    from .export import _FAMILIES
+
     opts = _convert_options()
     for name, (opt, fams) in opts.items():
-        who = ", ".join(f.label for f in fams)
+        # What convert writes of each family (the generic family: its llama-like architectures).
+        labels = [_CONVERT_LABELS.get(f.name, f.label) for f in fams]
+        who = "every family" if len(fams) == len(_FAMILIES) else ", ".join(labels) + " only"
         if name == "mtp":  # a Python-only bool (mtp=False): the converter's --no-mtp
             p.add_argument("--no-mtp", dest="mtp", action="store_const", const=False,
-                           help=f"{who} only: leave the multi-token-prediction block out (the converter's --no-mtp)")
+                           help=f"{who}: leave the multi-token-prediction block out (the converter's --no-mtp)")
             continue
         default = "--outtype" if name in _CONVERT_BY_OUTTYPE else ("none" if opt.default is None else opt.default)
         also = " and --outtype" if name == "recipe" else ""
         p.add_argument(_flag(name), choices=list(opt.choices) if opt.choices is not None else None,
-                       help=f"{who} only: {opt.help}{also} (default {default})")
+                       help=f"{who}: {opt.help}{also} (default {default})")
     p.add_argument("--name", help="general.name (default: the checkpoint folder's name, as the converter does)")
     p.add_argument("--force", action="store_true", help="replace OUT.gguf if it exists")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (drawn only on a terminal anyway)")
@@ -624,7 +631,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(d)
     else:
-        print(f"{d['output']}: {d['architecture']} ({d['outtype']}), {d['tensors']} tensors, "
+        what = f"recipe {d['recipe']}" if d.get("recipe") else d["outtype"]
+        print(f"{d['output']}: {d['architecture']} ({what}), {d['tensors']} tensors, "
               f"{format_bytes(d['bytes'])} in {d['seconds']:.2f} s ({d['gb_per_s']:.2f} GB/s); "
               f"tokenizer: {d['tokenizer']}", file=sys.stdout)
     return 0

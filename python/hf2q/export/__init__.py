@@ -150,23 +150,54 @@ def _f16_plan(planner: Any, ckpt: Any, config: Mapping[str, Any],
     return a, cfg, {e.name for e in a if e.name in to_half and e.dtype == "f32"}
 
 
-#: family -> (GGUF architecture, planner, key/value writer, options the family takes)
+def _generic_planner(ckpt: Any, config: Mapping[str, Any], outtype: str,
+                     options: dict[str, Any]) -> tuple[LoadPlan, Any]:
+    from .generic import plan_generic_gguf
+
+    return plan_generic_gguf(ckpt, config, outtype, options)
+
+
+def _generic_kv(kv: md.KVList, config: Mapping[str, Any], cfg: Any, outtype: str) -> None:
+    from .generic import write_kv
+
+    write_kv(kv, config, cfg, outtype)
+
+
+#: family -> (GGUF architecture (None: by config.json, the generic family's
+#: llama-like ones: export/generic.py), planner, key/value writer, options the family takes)
 _FAMILIES = {
     "qwen35moe": ("qwen35moe", _planner("qwen35moe"), md.qwen35moe, ("expert_dtype", "dense_dtype", "mtp", "recipe")),
     "gemma4": ("gemma4", _planner("gemma4"), md.gemma4, ("expert_dtype", "dense_dtype", "recipe")),
+    "generic": (None, _generic_planner, _generic_kv, ("recipe",)),
 }
 
 
 # ----------------------------------------------------------------------------- the file
-def _tensor_infos(entries: list[TensorPlan], half: set[str]) -> list[TensorInfo]:
+def _tensor_infos(entries: list[TensorPlan], half: set[str], ggml_dims: bool = False) -> list[TensorInfo]:
+    """Each entry's tensor info; ``ggml_dims``: the shape as ggml counts its
+    dimensions (numpy's leading 1s dropped, ``ggml_n_dims``), as
+    llama-quantize writes it (the converter keeps ``[1, 32]``)."""
+    from ..recipes import ggml_n_dims
+
     out = []
     for e in entries:
         dtype = "f16" if e.name in half else e.dtype
         ggml = formats.get(dtype).gguf_type
         if ggml < 0:
             raise UnsupportedModelError(f"{e.name}: format {dtype} has no GGUF type")
-        out.append(TensorInfo(e.name, tuple(e.shape), ggml, formats.nbytes(e.shape, dtype)))
+        shape = tuple(e.shape)
+        if ggml_dims and shape:
+            shape = shape[len(shape) - ggml_n_dims(shape):]
+        out.append(TensorInfo(e.name, shape, ggml, formats.nbytes(e.shape, dtype)))
     return out
+
+
+def _quantize_order(entries: list[TensorPlan]) -> list[TensorPlan]:
+    """The order llama-quantize writes tensors in: its model loader's map,
+    by block (tensors of no block first) then by name (``_layer_key``)."""
+    from ..recipes import _layer_key
+
+    return sorted(entries, key=lambda e: _layer_key(e.name))
 
 
 def _temp_name(out: Path) -> Path:
@@ -521,8 +552,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     (which tensors take it; norms, routers and small tensors stay F32).
     ``options``: the family's own (``expert_dtype``, ``dense_dtype``,
     ``mtp`` for Qwen3.5 MoE) refine it; ``recipe="q4_k_m"`` (q4_k_s, q5_k_m,
-    q6_k, q8_0) replaces both: the tensors llama-quantize writes for that file
-    type from the BF16 file (docs/KQUANTS.md). ``force``: replace an existing
+    q6_k, q8_0) replaces both (every family): the file llama-quantize writes
+    for that file type from the converter's BF16 file (docs/CONVERT.md,
+    "Recipes"; docs/KQUANTS.md). FP8 checkpoints are decoded with their
+    scales as the converter does (docs/FP8.md). ``force``: replace an existing
     ``out``. ``name``: ``general.name`` (default: the checkpoint folder's
     name, as the converter does). Supported: Qwen3.5/3.6 MoE
     (``qwen35moe``), Gemma 4 (``gemma4``) and, of the generic family,
@@ -548,49 +581,56 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     src_path = resolve(src, revision, download=download, command="convert")
     _, config = read_config(src_path)
     fam = detect(config) if family is None else family_row(family)
-    if fam.name == "generic":
+    if fam.name not in _FAMILIES:
+        raise UnsupportedModelError(
+            f"{src_path}: hf2q convert writes GGUF files for {', '.join(f for f in _FAMILIES if f != 'generic')} "
+            f"checkpoints and the generic family's {', '.join(_generic_archs())}; this one is "
+            f"{fam.name!r} (config.json architectures: {(config or {}).get('architectures')})", path=out_path)
+    arch, planner, kv_writer, takes = _FAMILIES[fam.name]
+    if arch is None:  # the generic family: the converter's class for config.json's architecture
         from . import generic
 
         try:
             arch = generic.gguf_architecture(config)
         except UnsupportedModelError as e:
             raise UnsupportedModelError(f"{src_path}: {e}", path=out_path) from None
-        planner, kv_writer, takes = generic.plan_generic_gguf, generic.write_kv, ()
-    elif fam.name not in _FAMILIES:
-        raise UnsupportedModelError(
-            f"{src_path}: hf2q convert writes GGUF files for {', '.join(_FAMILIES)} checkpoints and the generic "
-            f"family's {', '.join(_generic_archs())}; this one is "
-            f"{fam.name!r} (config.json architectures: {(config or {}).get('architectures')})", path=out_path)
-    else:
-        arch, planner, kv_writer, takes = _FAMILIES[fam.name]
     unknown = sorted(set(options) - set(takes))
     if unknown:
-        hint = " (hf2q.load takes a recipe for it; the GGUF writer of the generic family does not yet)" \
-            if "recipe" in unknown and fam.name == "generic" else ""
-        raise TypeError(f"hf2q convert: the {fam.name} family takes no option(s) {', '.join(unknown)}{hint}; "
+        raise TypeError(f"hf2q convert: the {fam.name} family takes no option(s) {', '.join(unknown)}; "
                         f"it takes {', '.join(takes) if takes else 'none'}")
+    recipe = options.get("recipe")
     assert config is not None  # every supported family needs one (detect() said so)
     default_name = src if isinstance(src, str) and not os.path.exists(src) else src_path.name
     device = Device._isolated("host")
 
     with open_checkpoint(src_path) as ckpt:
         half: set[str] = set()
-        if outtype == "f16" and options.get("recipe") is None:
+        if outtype == "f16" and recipe is None:
             plan, cfg, half = _f16_plan(planner, ckpt, config, dict(options))
         else:
             plan, cfg = planner(ckpt, config, outtype, dict(options))
-        entries = converter_order(list(plan), ckpt.keys())
         kv = md.KVList(arch)
         kv.string("general.architecture", arch)
         md.general(kv, name if name is not None else str(default_name))
-        kv_writer(kv, config, cfg, outtype)
-        if options.get("recipe") is not None:  # llama-quantize's file type (hf2q.recipes)
+        if recipe is None:
+            entries = converter_order(list(plan), ckpt.keys())
+            kv_writer(kv, config, cfg, outtype)
+            kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
+            tokenizer = _tokenizer(kv, fam.name, src_path if src_path.is_dir() else src_path.parent, cfg)
+        else:
+            # llama-quantize's file from the converter's BF16 file: the BF16 file's keys, then
+            # general.quantization_version and general.file_type set again, which moves them to the
+            # end (gguf_set_val_*: remove, append); its tensors in its loader's map order, each
+            # shape as ggml counts its dimensions.
             from ..recipes import FILE_TYPES
 
-            kv.u32("general.file_type", FILE_TYPES[options["recipe"]])
-        kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
-        tokenizer = _tokenizer(kv, fam.name, src_path if src_path.is_dir() else src_path.parent, cfg)
-        infos = _tensor_infos(entries, half)
+            entries = _quantize_order(list(plan))
+            kv_writer(kv, config, cfg, "bf16")
+            tokenizer = _tokenizer(kv, fam.name, src_path if src_path.is_dir() else src_path.parent, cfg)
+            kv.remove("general.file_type")
+            kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
+            kv.u32("general.file_type", FILE_TYPES[recipe])
+        infos = _tensor_infos(entries, half, ggml_dims=recipe is not None)
         try:
             head, _offsets = encode_header(kv.items(), infos, ALIGNMENT)
         except GGUFEncodeError as e:
@@ -714,7 +754,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                           tensors=len(entries), bytes=total, data_bytes=sum(t.nbytes for t in infos),
                           source_bytes=plan.source_nbytes, seconds=time.perf_counter() - t0,
                           extra={"kv_count": len(kv.items()), "tokenizer": tokenizer,
-                                 "output_io": "O_DIRECT" if writer.out.direct else "page cache"})
+                                 "output_io": "O_DIRECT" if writer.out.direct else "page cache",
+                                 **({"recipe": recipe} if recipe is not None else {}),
+                                 **({"quantization": plan.extra["quantization"]}
+                                    if "quantization" in plan.extra else {})})
 
 
 def _generic_archs() -> list[str]:

@@ -20,7 +20,19 @@ The converter's rules, restated:
   swap the two middle axes; ``k_proj`` the same with the KV head count;
 - types: 1-D tensors, ``*_norm.weight``, routers and biases F32; the rest
   the ``--outtype``; for ``q8_0`` a tensor whose rows are not whole 32-value
-  blocks F16 (the converter's fallback).
+  blocks F16 (the converter's fallback);
+- FP8 checkpoints (``quantization_config``: ``fp8`` with or without
+  ``weight_block_size``, compressed-tensors ``float-quantized``): each FP8
+  weight is decoded with its scale (``weight.float() * scale.float()``, the
+  scale repeated over its block), as the converter's ``dequant_model`` does,
+  then converted as any weight; the scale tensors (``*_scale_inv``,
+  ``*.weight_scale``) and activation scales are not tensors of the file. FP8
+  weights without a ``quantization_config`` and without scales are cast to
+  F32 exactly, as the converter casts them.
+
+``recipe`` (llama-quantize's file types, :mod:`hf2q.recipes`): the plan of
+the converter's ``--outtype bf16`` file with each tensor's type chosen as
+``llama-quantize`` chooses it from that file.
 """
 
 from __future__ import annotations
@@ -37,7 +49,13 @@ from ..models.generic.names import GLOBAL_NAMES, LAYER_NAMES, expert_of, split_b
 from ..plan import LoadPlan, Piece, TensorPlan
 from . import metadata as md
 
-__all__ = ["ARCHITECTURES", "gguf_architecture", "plan_generic_gguf", "write_kv", "write_tokenizer", "GenericGGUF"]
+__all__ = ["ARCHITECTURES", "gguf_architecture", "plan_generic_gguf", "write_kv", "write_tokenizer", "GenericGGUF",
+           "OPTIONS"]
+
+#: The options the generic family's GGUF writer takes (``hf2q convert``).
+OPTIONS = ("recipe",)
+#: FP8 formats read without a scale (no ``quantization_config``): cast to F32 exactly, as the converter does.
+_BARE_FP8 = ("f8_e4m3", "f8_e5m2")
 
 #: config.json ``architectures[0]`` -> GGUF architecture (the converter's class for it).
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
@@ -94,6 +112,10 @@ def _hparams(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
         if not isinstance(h.get(k), int) or isinstance(h.get(k), bool) or h[k] <= 0:
             raise md.ConfigError(f"config.json: {k} must be a positive integer, got {h.get(k)!r}", key=k)
+    if arch == "qwen3moe" and h.get("num_local_experts") is None and h.get("num_experts") is not None:
+        # transformers' Qwen3MoeConfig maps num_experts (published configs: Qwen3-30B-A3B's) to
+        # num_local_experts, which the converter then reads; the default below is for neither.
+        h["num_local_experts"] = h["num_experts"]
     for k, v in defaults.items():
         if k == "rope_theta":
             continue
@@ -131,25 +153,60 @@ def _permute(heads: int, shape: tuple[int, ...]) -> Any:
     return f
 
 
+def _scaled(ckpt: Any, config: Mapping[str, Any], arch: str) -> Any:
+    """The checkpoint's FP8 weights paired with their scales, as the generic
+    loader pairs them (:func:`hf2q.models._quant.scaled_tensors`; typed errors
+    for a scale missing, of the wrong dtype or shape, an unsupported
+    ``quantization_config``); MXFP4 (gpt-oss's scheme) is refused."""
+    from ..errors import ConfigError
+    from ..models._quant import quant_scheme, scaled_tensors, unconfigured_scales
+
+    scheme = quant_scheme(config)
+    if scheme is None:
+        unconf = unconfigured_scales(ckpt)
+        if unconf:
+            shown = ", ".join(repr(n) for n in unconf[:5]) + (f" and {len(unconf) - 5} more" if len(unconf) > 5
+                                                              else "")
+            raise ConfigError(f"{ckpt.directory}: FP8 weight(s) {shown} come with scale tensors but config.json "
+                              "has no quantization_config: how the scales apply is not stated, so hf2q convert "
+                              "cannot decode them", key="quantization_config")
+    elif scheme.method == "mxfp4":
+        raise _unsupported(f"{ckpt.directory}: MXFP4 weights (quantization_config.quant_method 'mxfp4', gpt-oss's "
+                           f"scheme) in a {arch} checkpoint: hf2q convert writes MXFP4 only as gpt-oss's "
+                           "converter does, and has no gpt-oss GGUF writer")
+    return scaled_tensors(ckpt, scheme)
+
+
 def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
                       options: dict[str, Any]) -> tuple[LoadPlan, GenericGGUF]:
     """The GGUF tensors of a Llama / Mistral / Qwen3 / Qwen3-MoE checkpoint
     for ``outtype`` (``f32``, ``bf16`` or ``q8_0``), in the converter's
-    per-tensor order (the file's order is :func:`~hf2q.export.order.converter_order`)."""
-    if options:
-        raise TypeError(f"the generic family's GGUF conversion takes no option(s) {', '.join(sorted(options))}")
+    per-tensor order (the file's order is :func:`~hf2q.export.order.converter_order`).
+    ``options``: ``recipe`` (module doc)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"the generic family's GGUF conversion takes no option(s) {', '.join(unknown)}")
+    recipe = options.get("recipe")
+    if recipe is not None:
+        return _recipe_plan(ckpt, config, recipe)
     arch, h = _hparams(config)
+    scaled = _scaled(ckpt, config, arch)
     n_head, n_kv = h["num_attention_heads"], h["num_key_value_heads"]
     entries: list[TensorPlan] = []
-    experts: dict[int, dict[str, dict[int, tuple[str, str, tuple[int, ...]]]]] = {}
+    experts: dict[int, dict[str, dict[int, tuple[str, str, tuple[int, ...], Any]]]] = {}
     for name in ckpt.keys():
         info = ckpt[name]
         src = formats.from_safetensors(info.dtype).name
         shape = tuple(int(d) for d in info.shape)
         if name.endswith(".rotary_emb.inv_freq"):
             continue  # the converter drops it
-        if src not in ("f32", "f16", "bf16"):
-            raise _unsupported(f"{name}: dtype {info.dtype} (hf2q convert reads F32 / F16 / BF16 checkpoints here)")
+        if name in scaled.consumed or name in scaled.dropped:
+            continue  # a weight's scale (applied to it) or an activation scale: no tensor of the file
+        scale = scaled.scales.get(name)
+        if scale is None and src not in ("f32", "f16", "bf16", *_BARE_FP8):
+            raise _unsupported(f"{name}: dtype {info.dtype} (hf2q convert reads F32 / F16 / BF16 checkpoints and "
+                               "FP8 ones: F8_E4M3 / F8_E5M2 with their scales as quantization_config states them, "
+                               "or without any)")
         group = None
         if name in GLOBAL_NAMES:
             gguf = GLOBAL_NAMES[name]
@@ -157,7 +214,7 @@ def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
             split = split_block(name)
             rest = split[1] if split else ""
             if split and (e := expert_of(rest, mixtral=False)):
-                experts.setdefault(split[0], {}).setdefault(e[1], {})[e[0]] = (name, src, shape)
+                experts.setdefault(split[0], {}).setdefault(e[1], {})[e[0]] = (name, src, shape, scale)
                 continue
             if not split or rest not in LAYER_NAMES:
                 raise _unsupported(f"{ckpt.directory}: tensor {name} has no GGUF name in the {arch} layout "
@@ -171,8 +228,8 @@ def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
                 raise md.ConfigError(f"{name}: {shape[0]} rows are not {heads} heads of an even size",
                                      key="num_attention_heads")
             transform = _permute(heads, shape)
-        entries.append(TensorPlan(gguf, shape, _dtype(gguf, shape, outtype), (Piece(name, src, shape),),
-                                  transform=transform, group=group))
+        entries.append(TensorPlan(gguf, shape, _dtype(gguf, shape, outtype), (Piece(name, src, shape, scale=scale),),
+                                  transform=transform, group=group, kind="fp8" if scale is not None else ""))
     n_exp = h.get("num_local_experts", h.get("num_experts"))
     for b, projs in sorted(experts.items()):
         for proj in ("down", "gate", "up"):
@@ -180,18 +237,41 @@ def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
             if not isinstance(n_exp, int) or sorted(got) != list(range(n_exp)):
                 raise _unsupported(f"{ckpt.directory}: layer {b} has experts {sorted(got)} of {proj}_proj, "
                                    f"config.json says {n_exp}")
-            shapes = {s for _, _, s in got.values()}
+            shapes = {s for _, _, s, _ in got.values()}
             if len(shapes) != 1:
                 raise _unsupported(f"{ckpt.directory}: layer {b} {proj}_proj experts differ in shape")
             shape = shapes.pop()
             numel = formats.numel(shape)
-            pieces = tuple(Piece(got[x][0], got[x][1], shape, dest_offset=x * numel) for x in range(n_exp))
+            pieces = tuple(Piece(got[x][0], got[x][1], shape, dest_offset=x * numel, scale=got[x][3])
+                           for x in range(n_exp))
             gguf = f"blk.{b}.ffn_{proj}_exps.weight"
             out_shape = (n_exp, *shape)
             entries.append(TensorPlan(gguf, out_shape, _dtype(gguf, out_shape, outtype), pieces, group=b,
                                       kind="expert"))
     cfg = GenericGGUF(arch, h, h["num_hidden_layers"], h["vocab_size"])
-    return LoadPlan("generic", entries, cfg, extra={"architecture": arch}), cfg
+    extra: dict[str, Any] = {"architecture": arch}
+    if scaled.scheme is not None:
+        extra["quantization"] = scaled.scheme.describe()
+    return LoadPlan("generic", entries, cfg, skipped=tuple(sorted(scaled.consumed | scaled.dropped)),
+                    extra=extra), cfg
+
+
+def _recipe_plan(ckpt: Any, config: Mapping[str, Any], recipe: str) -> tuple[LoadPlan, GenericGGUF]:
+    """The converter's ``--outtype bf16`` plan with each tensor's type as
+    llama-quantize chooses it for ``recipe`` from that file: by GGUF name and
+    shape, the block count, the expert count (``expert_count``, 0 for a dense
+    model) and llama.cpp's 70B rule (a ``llama`` of 80 blocks, not 8 experts,
+    whose KV heads are fewer than its heads)."""
+    from ..recipes import ModelFacts, apply_recipe
+
+    plan, cfg = plan_generic_gguf(ckpt, config, "bf16", {})
+    h = cfg.hparams
+    n_expert = md._find(h, ["num_local_experts", "num_experts", "n_routed_experts"])
+    n_expert = n_expert if isinstance(n_expert, int) and not isinstance(n_expert, bool) else 0
+    # llama.cpp's models/llama.cpp: 80 blocks, not 8 experts, grouped-query attention -> LLM_TYPE_70B.
+    is_70b = (cfg.architecture == "llama" and cfg.num_hidden_layers == 80 and n_expert != 8
+              and h["num_key_value_heads"] != h["num_attention_heads"])
+    return apply_recipe(plan, recipe, ModelFacts(cfg.num_hidden_layers, n_expert, is_70b)), cfg
 
 
 def write_kv(kv: md.KVList, config: Mapping[str, Any], cfg: GenericGGUF, outtype: str) -> None:

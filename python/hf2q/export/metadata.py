@@ -69,6 +69,10 @@ class KVList:
         else:
             self.u32(key, value)
 
+    def remove(self, key: str) -> None:
+        """Drop ``key`` where it is set (a later set appends it at the end)."""
+        self._kv.pop(key.format(arch=self.arch), None)
+
     def __contains__(self, key: str) -> bool:
         return key.format(arch=self.arch) in self._kv
 
