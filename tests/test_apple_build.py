@@ -32,7 +32,7 @@ CI = os.environ.get("CI", "").strip().lower() == "true"
 INSTALL = "--install" if CI else "--no-install"  # CI may install clang/cmake/nanobind; elsewhere never
 
 # slow (configures CMake and compiles every Apple translation unit, several times); run in every suite, CI included
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host_tools]
 
 
 def _sdk() -> Path | None:

@@ -20,6 +20,7 @@ KQUANTS = ("q4_0", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1")
 HALF_AND_F32 = ("f32", "f16", "bf16")
 
 
+@pytest.mark.host_tools
 def test_kernel_source_compiles_with_nvcc(tmp_path: Path) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:

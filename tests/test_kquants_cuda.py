@@ -51,6 +51,7 @@ def emulator(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.host_tools
 def test_cuda_kernels_emulated_on_the_cpu(emulator: Path, tmp_path: Path) -> None:
     rows = _rows()
     # A: every committed row (huge values included: scale overflow paths), f32 only;

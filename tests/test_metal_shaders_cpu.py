@@ -25,7 +25,7 @@ import pytest
 from hf2q import formats, reference
 
 # slow (compiles the Metal shaders as C++ and sweeps every f16/bf16 pattern); run in every suite, CI included
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.host_tools]
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {name: formats.get(name).id for name in formats.DEVICE_FORMATS}  # native DType ids

@@ -214,6 +214,7 @@ hf2q.testing.make_nothing("d")
 '''
 
 
+@pytest.mark.host_tools
 @pytest.mark.slow
 def test_mypy_sees_the_lazy_api(tmp_path: Path) -> None:
     """A user's code type-checks under ``mypy --strict`` against the

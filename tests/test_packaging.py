@@ -71,6 +71,7 @@ def test_stable_abi_and_platform_configuration() -> None:
     assert target and cbw["macos"]["environment"]["MACOSX_DEPLOYMENT_TARGET"] == target.group(1)
 
 
+@pytest.mark.host_tools
 @pytest.mark.slow  # builds the whole wheel from source (minutes)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="auditwheel repairs Linux wheels")
 @pytest.mark.skipif(os.environ.get("HF2Q_UNDER_SANITIZER") == "1",
