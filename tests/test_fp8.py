@@ -502,3 +502,31 @@ def test_scale_values_read_in_one_pread_equal_the_general_reader(tmp_path, dtype
         got = loader._scale_values(ck, "a.weight_scale_inv", ck["a.weight_scale_inv"].dtype)
         want = ck.read_array("a.weight_scale_inv").reshape(-1).astype(np.float32)
     assert got.dtype == np.float32 and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+def test_device_decoded_expert_run_refuses_overflowing_scales_under_check_finite(monkeypatch, tmp_path) -> None:
+    # The one-call GPU decode of an expert stack: a Q8_0 block scale that overflows float16
+    # is refused under check_finite (as on the host), a warning without it.
+    import warnings
+
+    from hf2q import loader, qwen35
+    from hf2q.errors import ScaleOverflowWarning
+    from hf2q.safetensors import open_checkpoint
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = make_qwen35_moe_checkpoint(tmp_path / "ck", "tiny", fp8_block=(32, 32), sharded=False)
+    with open_checkpoint(d) as ck:
+        name = next(n for n in ck.keys() if ".experts.2.up_proj.weight_scale_inv" in n)
+        info = ck[name]
+        assert info.dtype == "BF16"
+    with open(info.path, "r+b") as f:
+        f.seek(info.offset)
+        f.write(b"\x74\x49")  # bf16 1e6: every product of the first block x 1e6 / 127 passes 65504
+    monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    dev = hf2q.Device._isolated("host")
+    with pytest.raises(NonFiniteError):
+        qwen35.load(d, device=dev, expert_dtype="q8_0", progress=False, check_finite=True)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        qwen35.load(d, device=dev, expert_dtype="q8_0", progress=False)
+    assert any(issubclass(x.category, ScaleOverflowWarning) for x in w)

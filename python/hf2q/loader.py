@@ -845,6 +845,10 @@ def _scaled_stack_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan,
                              "scale is not finite (NaN encoding, non-finite scale, or overflow)", index=at,
                              multi_index=multi, value_class="nan", tensor=p.tensor, step="fp8 scale")
     if inf_scales:
+        if check_finite:  # as _scaled_on_device and the host's decode: the load is refused
+            from .device import scale_overflow_error
+
+            raise scale_overflow_error(buf.to_host(), entry.dtype, entry.shape, entry.name, first.dtype)
         import warnings
 
         from .errors import ScaleOverflowWarning
