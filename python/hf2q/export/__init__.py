@@ -85,6 +85,16 @@ class ConvertError(Hf2qError):
         self.path = None if path is None else str(path)
 
 
+def _output_failure(err: ConvertError, cause: BaseException) -> ConvertError:
+    """A failed write of the output (its input was read and converted): the
+    machine's failure, exit 1 (README, "Exit status"), whatever the errno
+    (ENOSPC, EIO, EROFS after a remount, EFBIG, ...)."""
+    if isinstance(cause, OSError):
+        err.system_failure = True
+        err.system_errno = cause.errno
+    return err
+
+
 class OutputExistsError(ConvertError, FileExistsError):
     """The output file exists and ``force`` was not given."""
 
@@ -321,8 +331,17 @@ class _Output:
         self._jobs: queue.Queue[Any] = queue.Queue()
         self._io = [threading.Thread(target=self._run, name=f"hf2q-convert-io-{i}", daemon=True)
                     for i in range(DIRECT_DEPTH)]
-        for t in self._io:
-            t.start()
+        started = []
+        try:
+            for t in self._io:
+                t.start()
+                started.append(t)
+        except BaseException:
+            # A thread that could not start: the ones running stop, and the caller
+            # removes the temporary file (nothing was written yet).
+            self._io = started
+            self.stop()
+            raise
 
     def submit(self, window: Any, length: int, offset: int, budget: int) -> None:
         """Write the first ``length`` bytes of ``window`` (a u8 Buffer, kept
@@ -371,13 +390,17 @@ class _Output:
 
     def _pwrite(self, view: memoryview, off: int) -> None:
         while view:
+            # The mode this write goes out in: two writes in flight can both meet
+            # the EINVAL, and the second finds O_DIRECT already off (it retries too).
+            direct = self.direct
             try:
                 n = os.pwrite(self.fd, view, off)
             except InterruptedError:
                 continue
             except OSError as e:
-                if e.errno != errno.EINVAL or not self._buffered_from_now():
+                if e.errno != errno.EINVAL or not direct:
                     raise
+                self._buffered_from_now()
                 continue  # again, through the page cache
             if n == 0:
                 raise OSError(errno.EIO, "write returned 0 bytes")
@@ -670,7 +693,16 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
         layout = _layout(units, half, len(head))
         if layout[-1].end != total:  # pragma: no cover - the header's offsets and the layout's agree
             raise AssertionError(f"layout ends at {layout[-1].end}, the header says {total}")
-        writer = _Writer(fd, head, bar)
+        try:
+            writer = _Writer(fd, head, bar)
+        except BaseException:  # e.g. its I/O threads could not start: no file left behind
+            bar.close()
+            os.close(fd)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
         done = False
         try:
             writer.start()
@@ -717,12 +749,12 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             if writer.error is not None:
                 err = writer.error
                 if isinstance(err, OSError):
-                    raise mark_system_failure(
+                    raise _output_failure(
                         ConvertError(f"{out_path}: write failed: {err.strerror or err}", path=out_path), err) from None
                 raise err
             if writer.out.error is not None:
                 err = writer.out.error
-                raise mark_system_failure(
+                raise _output_failure(
                     ConvertError(f"{out_path}: write failed: {getattr(err, 'strerror', None) or err}", path=out_path),
                     err) from None
             total_written = padded(total, DIRECT_ALIGN)
