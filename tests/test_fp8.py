@@ -522,8 +522,17 @@ def test_device_decoded_expert_run_refuses_overflowing_scales_under_check_finite
     with open(info.path, "r+b") as f:
         f.seek(info.offset)
         f.write(b"\x74\x49")  # bf16 1e6: every product of the first block x 1e6 / 127 passes 65504
-    monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
     dev = hf2q.Device._isolated("host")
+    # The host decodes each expert into the stack: the error's index, position and message
+    # are the stack's (expert 2), all three alike.
+    with pytest.raises(NonFiniteError) as e:
+        qwen35.load(d, device=dev, expert_dtype="q8_0", progress=False, check_finite=True)
+    err = e.value
+    assert err.multi_index is not None and err.multi_index[0] == 2, err.multi_index
+    shape = qwen35.load(d, device=dev, expert_dtype="bf16", progress=False)[err.tensor].shape
+    assert err.index == int(np.ravel_multi_index(err.multi_index, shape))
+    assert f"flat index {err.index} " in str(err)
+    monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
     with pytest.raises(NonFiniteError):
         qwen35.load(d, device=dev, expert_dtype="q8_0", progress=False, check_finite=True)
     with warnings.catch_warnings(record=True) as w:

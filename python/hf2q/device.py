@@ -811,11 +811,12 @@ def _source_nbytes(numel: int, src_dtype: str) -> int:
 
 
 def scale_overflow_error(stored: np.ndarray, fmt: str, shape: Sequence[int], name: str | None,
-                         src_dtype: str | None = None) -> NonFiniteError:
+                         src_dtype: str | None = None, offset: int = 0) -> NonFiniteError:
     """The :class:`~hf2q.NonFiniteError` of a block-format tensor whose
     quantizer stored a float16 block scale as +-Inf (finite input too large
     for the format): the first element that decodes non-finite, its class,
-    and ``step`` ``"quantization SRC->FMT"``."""
+    and ``step`` ``"quantization SRC->FMT"``. ``stored``: the tensor's bytes
+    from element ``offset`` on (a piece of it), ``shape`` the whole tensor's."""
     from .ops import dequantize
 
     fmt = formats.get(fmt).name
@@ -824,6 +825,7 @@ def scale_overflow_error(stored: np.ndarray, fmt: str, shape: Sequence[int], nam
     bad = np.flatnonzero(~np.isfinite(y))
     i = int(bad[0]) if bad.size else 0
     cls = _value_class(y, i) if bad.size else "+inf"
+    i += offset
     shape = tuple(int(d) for d in shape)
     multi = tuple(int(j) for j in np.unravel_index(i, shape)) if len(shape) > 1 else None
     block = formats.get(fmt).block_elems

@@ -916,6 +916,4 @@ def _check_block_scales(stored: np.ndarray, entry: TensorPlan, piece: Piece) -> 
     if np.any((scales & 0x7FFF) == 0x7C00):
         from .device import scale_overflow_error
 
-        e = scale_overflow_error(raw, fmt.name, piece.shape, entry.name, piece.dtype)
-        e.index += piece.dest_offset
-        raise e
+        raise scale_overflow_error(raw, fmt.name, entry.shape, entry.name, piece.dtype, offset=piece.dest_offset)
