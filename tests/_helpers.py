@@ -35,3 +35,54 @@ def why_no_cuda() -> str:
     except DeviceError as e:
         return str(e)
     return ""
+
+
+#: GGUF keys that differ from the converter's by design (docs/CONVERT.md): its guess of a
+#: name from the folder, and the labels it reads from a model card.
+NAMING_KEYS = {"general.name"}
+CONVERTER_ONLY = {"general.size_label", "general.basename", "general.finetune", "general.version",
+                  "general.organization", "general.license", "general.tags", "general.languages"}
+
+
+def assert_gguf_equals_record(path, want, pre=None) -> None:
+    """The GGUF file at ``path`` against a record of the converter's whole file
+    (alignment; each tensor's name, type, shape, offset and SHA-256; every
+    key's types, value and order, but NAMING_KEYS' values and CONVERTER_ONLY
+    keys). ``pre``: our ``tokenizer.ggml.pre`` where the record has the
+    converter's "(unrecognised)"."""
+    import hashlib
+
+    import gguf
+    import numpy as np
+
+    r = gguf.GGUFReader(path)
+    assert int(r.alignment) == want["alignment"]
+    assert [t.name for t in r.tensors] == [t["name"] for t in want["tensors"]]
+    for t, w in zip(r.tensors, want["tensors"]):
+        assert t.tensor_type.name == w["type"], t.name
+        assert [int(x) for x in reversed(t.shape.tolist())] == w["shape"], t.name
+        assert int(t.data_offset) - int(r.data_offset) == w["offset"], t.name
+        data = np.asarray(t.data).view(np.uint8).reshape(-1).tobytes()
+        assert hashlib.sha256(data).hexdigest() == w["sha256"], f"{t.name}: bytes differ from the converter's"
+    ours = {}
+    for key, f in r.fields.items():
+        if not key.startswith("GGUF."):
+            v = f.contents()
+            ours[key] = (f.types[0].name, f.types[1].name if len(f.types) > 1 else None,
+                         v.tolist() if isinstance(v, np.ndarray) else v)
+    theirs = {kv["key"]: (kv["type"], kv.get("sub_type"), kv["value"]) for kv in want["kv"]}
+    missing = set(theirs) - set(ours) - CONVERTER_ONLY
+    extra = set(ours) - set(theirs)
+    assert not missing and not extra, f"missing {sorted(missing)}, extra {sorted(extra)}"
+    for key in ours:
+        t, sub, v = theirs[key]
+        assert ours[key][:2] == (t, sub), key
+        if key in NAMING_KEYS:
+            continue
+        if key == "tokenizer.ggml.pre" and v == "(unrecognised)" and pre is not None:
+            assert ours[key][2] == pre
+        elif t == "FLOAT32" or sub == "FLOAT32":
+            np.testing.assert_array_equal(np.float32(ours[key][2]), np.float32(v), err_msg=key)
+        else:
+            assert ours[key][2] == v, key
+    assert list(ours) == [k for k in theirs if k in ours], "key order differs from the converter's"

@@ -8,7 +8,6 @@ q8_0, bf16 and f32. Needs neither torch nor transformers."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -17,15 +16,13 @@ import numpy as np
 import pytest
 
 import hf2q
+from _helpers import assert_gguf_equals_record
 
 gguf = pytest.importorskip("gguf")
 
 GENERIC = Path(__file__).parent / "data" / "gguf" / "generic"
 NAMES = sorted(p.stem for p in GENERIC.glob("*.json"))
 CASES = [(n, o) for n in NAMES for o in ("q8_0", "bf16", "f32")]
-NAMING_KEYS = {"general.name"}
-CONVERTER_ONLY = {"general.size_label", "general.basename", "general.finetune", "general.version",
-                  "general.organization", "general.license", "general.tags", "general.languages"}
 #: pre-tokenizer hf2q names from each tokenizer's regex (the converter, hashing a
 #: fixed text, names only published vocabularies: "(unrecognised)" in the record)
 PRE = {"llama3": "llama-bpe", "qwen3": "qwen2", "qwen3_moe": "qwen2"}
@@ -47,37 +44,7 @@ def test_generic_equals_converter(tmp_path: Path, name: str, outtype: str) -> No
     out = tmp_path / "out.gguf"
     s = hf2q.convert(GENERIC / name, out, outtype)
     assert s.family == "generic" and s.bytes == out.stat().st_size
-    r = gguf.GGUFReader(out)
-    assert int(r.alignment) == want["alignment"]
-    assert [t.name for t in r.tensors] == [t["name"] for t in want["tensors"]]
-    for t, w in zip(r.tensors, want["tensors"]):
-        assert t.tensor_type.name == w["type"], t.name
-        assert [int(x) for x in reversed(t.shape.tolist())] == w["shape"], t.name
-        assert int(t.data_offset) - int(r.data_offset) == w["offset"], t.name
-        data = np.asarray(t.data).view(np.uint8).reshape(-1).tobytes()
-        assert hashlib.sha256(data).hexdigest() == w["sha256"], f"{t.name}: bytes differ from the converter's"
-    ours = {}
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF."):
-            v = f.contents()
-            ours[key] = (f.types[0].name, f.types[1].name if len(f.types) > 1 else None,
-                         v.tolist() if isinstance(v, np.ndarray) else v)
-    theirs = {kv["key"]: (kv["type"], kv.get("sub_type"), kv["value"]) for kv in want["kv"]}
-    missing = set(theirs) - set(ours) - CONVERTER_ONLY
-    extra = set(ours) - set(theirs)
-    assert not missing and not extra, f"missing {sorted(missing)}, extra {sorted(extra)}"
-    for key in ours:
-        t, sub, v = theirs[key]
-        assert ours[key][:2] == (t, sub), key
-        if key in NAMING_KEYS:
-            continue
-        if key == "tokenizer.ggml.pre" and v == "(unrecognised)":
-            assert ours[key][2] == PRE[name]
-        elif t == "FLOAT32" or sub == "FLOAT32":
-            np.testing.assert_array_equal(np.float32(ours[key][2]), np.float32(v), err_msg=key)
-        else:
-            assert ours[key][2] == v, key
-    assert list(ours) == [k for k in theirs if k in ours], "key order differs from the converter's"
+    assert_gguf_equals_record(out, want, PRE.get(name))
 
 
 def test_permutation_is_the_converters() -> None:

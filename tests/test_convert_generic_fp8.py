@@ -21,7 +21,6 @@ converting it to the outtype, and writes no scale tensor.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -32,6 +31,7 @@ import pytest
 import hf2q
 from hf2q.errors import ConfigError, MissingTensorError
 from hf2q.export import UnsupportedModelError
+from _helpers import assert_gguf_equals_record
 
 gguf = pytest.importorskip("gguf")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -82,10 +82,6 @@ def test_fp8_convert_equals_the_converters_tensors(tmp_path: Path, variant: str,
             assert ours[key] == v, key
 
 
-NAMING_KEYS = {"general.name"}  # the converter's guess from the folder name ("hf" -> "Hf"): docs/CONVERT.md
-CONVERTER_ONLY = {"general.size_label", "general.basename", "general.finetune", "general.version",
-                  "general.organization", "general.license", "general.tags", "general.languages"}
-
 
 @pytest.mark.parametrize("outtype", OUTTYPES)
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -93,31 +89,7 @@ def test_fp8_convert_equals_the_converters_whole_file(tmp_path: Path, variant: s
     want = json.loads((FP8 / variant / "converted_file.json").read_text())["outtypes"][outtype]
     out = tmp_path / "o.gguf"
     hf2q.convert(FP8 / variant / "hf", out, outtype)
-    r = gguf.GGUFReader(out)
-    assert int(r.alignment) == want["alignment"]
-    assert [t.name for t in r.tensors] == [t["name"] for t in want["tensors"]]
-    for t, w in zip(r.tensors, want["tensors"]):
-        assert (t.tensor_type.name, [int(x) for x in reversed(t.shape.tolist())]) == (w["type"], w["shape"]), t.name
-        assert int(t.data_offset) - int(r.data_offset) == w["offset"], t.name
-        data = np.asarray(t.data).view(np.uint8).reshape(-1).tobytes()
-        assert hashlib.sha256(data).hexdigest() == w["sha256"], f"{t.name}: bytes differ from the converter's"
-    ours = {}
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF."):
-            v = f.contents()
-            ours[key] = (f.types[0].name, f.types[1].name if len(f.types) > 1 else None,
-                         v.tolist() if isinstance(v, np.ndarray) else v)
-    theirs = {kv["key"]: (kv["type"], kv.get("sub_type"), kv["value"]) for kv in want["kv"]}
-    assert set(theirs) - set(ours) - CONVERTER_ONLY == set() and set(ours) - set(theirs) == set()
-    for key, (t, sub, v) in ours.items():
-        assert (t, sub) == theirs[key][:2], key
-        if key in NAMING_KEYS:
-            continue
-        if t == "FLOAT32":
-            assert np.float32(v) == np.float32(theirs[key][2]), key
-        else:
-            assert v == theirs[key][2], key
-    assert list(ours) == [k for k in theirs if k in ours], "key order differs from the converter's"
+    assert_gguf_equals_record(out, want)
 
 
 def _dequantized_f32(src: Path, dst: Path) -> Path:
