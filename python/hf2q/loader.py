@@ -788,9 +788,9 @@ def _scale_values(ckpt: Checkpoint, name: str, dtype: str) -> np.ndarray:
         if len(raw) == info.nbytes:
             if kind == "f32":
                 return np.frombuffer(raw, dtype="<f4")
-            if kind == "f16":
-                return np.frombuffer(raw, dtype="<f2").astype(np.float32)
-            return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+            from .ops import bf16_to_f32, f16_to_f32
+
+            return (bf16_to_f32 if kind == "bf16" else f16_to_f32)(raw)
     return ckpt.read_array(name).reshape(-1).astype(np.float32)
 
 
