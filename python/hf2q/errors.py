@@ -50,14 +50,17 @@ class Hf2qError(Exception):
     system_errno: int | None = None
 
 
-def mark_system_failure(err: BaseException, cause: BaseException | None) -> BaseException:
+def mark_system_failure(err: BaseException, cause: BaseException | None, *,
+                        any_errno: bool = False) -> BaseException:
     """``err``, marked as a system failure when ``cause`` is an ``OSError``
-    whose errno is in :data:`SYSTEM_ERRNOS` (or a ``MemoryError``)."""
+    whose errno is in :data:`SYSTEM_ERRNOS` (any errno with ``any_errno``: a
+    failed write of an output whose input was read and converted, e.g. EROFS
+    after a remount, EFBIG), or a ``MemoryError``."""
     if isinstance(err, Hf2qError):
         if isinstance(cause, MemoryError):
             err.system_failure = True
             err.system_errno = errno.ENOMEM
-        elif isinstance(cause, OSError) and cause.errno in SYSTEM_ERRNOS:
+        elif isinstance(cause, OSError) and (any_errno or cause.errno in SYSTEM_ERRNOS):
             err.system_failure = True
             err.system_errno = cause.errno
     return err

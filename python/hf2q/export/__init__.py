@@ -85,16 +85,6 @@ class ConvertError(Hf2qError):
         self.path = None if path is None else str(path)
 
 
-def _output_failure(err: ConvertError, cause: BaseException) -> ConvertError:
-    """A failed write of the output (its input was read and converted): the
-    machine's failure, exit 1 (README, "Exit status"), whatever the errno
-    (ENOSPC, EIO, EROFS after a remount, EFBIG, ...)."""
-    if isinstance(cause, OSError):
-        err.system_failure = True
-        err.system_errno = cause.errno
-    return err
-
-
 class OutputExistsError(ConvertError, FileExistsError):
     """The output file exists and ``force`` was not given."""
 
@@ -749,14 +739,15 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             if writer.error is not None:
                 err = writer.error
                 if isinstance(err, OSError):
-                    raise _output_failure(
-                        ConvertError(f"{out_path}: write failed: {err.strerror or err}", path=out_path), err) from None
+                    raise mark_system_failure(
+                        ConvertError(f"{out_path}: write failed: {err.strerror or err}", path=out_path), err,
+                        any_errno=True) from None
                 raise err
             if writer.out.error is not None:
                 err = writer.out.error
-                raise _output_failure(
+                raise mark_system_failure(
                     ConvertError(f"{out_path}: write failed: {getattr(err, 'strerror', None) or err}", path=out_path),
-                    err) from None
+                    err, any_errno=True) from None
             total_written = padded(total, DIRECT_ALIGN)
             if writer.written != total_written:
                 raise ConvertError(f"{out_path}: wrote {writer.written:,} bytes, planned {total_written:,}",
