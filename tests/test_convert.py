@@ -361,3 +361,35 @@ def test_qwen_convert_reads_bf16_as_bits_and_imports_no_ml_dtypes(tmp_path) -> N
         m.setattr(loader, "execute", typed)
         hf2q.convert(QWEN, ref, "q8_0")
     assert out.read_bytes() == ref.read_bytes()
+
+
+def test_any_failed_output_write_is_a_system_failure(tmp_path, monkeypatch) -> None:
+    # EROFS (a disk remounted read-only), not in the errno list of the input side: the output's
+    # write failed after its input was read and converted, so it is the machine's (exit 1).
+    monkeypatch.setattr(export, "BATCH_BYTES", 4096)
+
+    def refused(*a):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "pwrite", refused)
+    with pytest.raises(ConvertError, match="Read-only") as e:
+        hf2q.convert(QWEN, tmp_path / "m.gguf", "f32")
+    assert e.value.system_failure and e.value.system_errno == errno.EROFS
+    assert _leftovers(tmp_path) == []
+
+
+def test_writer_threads_that_cannot_start_leave_no_file(tmp_path, monkeypatch) -> None:
+    import threading
+
+    real = threading.Thread.start
+
+    def start(self):
+        if self.name == "hf2q-convert-io-1":
+            raise RuntimeError("can't start new thread")
+        return real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(RuntimeError, match="can't start"):
+        hf2q.convert(QWEN, tmp_path / "m.gguf", "f32")
+    assert _leftovers(tmp_path) == [] and not (tmp_path / "m.gguf").exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("hf2q-convert-io")]
