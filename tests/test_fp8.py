@@ -428,18 +428,28 @@ def test_device_scaled_fp8_op_equals_the_cpu_decoder(monkeypatch) -> None:
     # A GPU decodes a run of per-expert FP8 tensors (an expert stack) in one call: the
     # golden bytes must come out of that path too, with several pieces per call.
     runs: list[int] = []
-    stack = loader._scaled_stack_on_device
+    stack = loader._decode_scaled
 
-    def counted(device, ckpt, entry, pieces, buf, check_finite):
-        runs.append(len(pieces))
-        return stack(device, ckpt, entry, pieces, buf, check_finite)
+    def counted(*a):
+        runs.append(len(a[3]))  # the pieces one decode call covers
+        return stack(*a)
 
-    monkeypatch.setattr(loader, "_scaled_stack_on_device", counted)
+    monkeypatch.setattr(loader, "_decode_scaled", counted)
+    # ... and such entries share the loader's batches (one pipeline for many stacks' weights and scales).
+    batched: list[int] = []
+    fill_batch = loader._fill_batch
+
+    def counted_batch(device, ckpt, entries, *a):
+        batched.append(sum(any(p.scale is not None for p in e.sources) for e in entries))
+        return fill_batch(device, ckpt, entries, *a)
+
+    monkeypatch.setattr(loader, "_fill_batch", counted_batch)
     test_qwen_fp8_via_device = __import__("test_fp8_golden")
     for outtype in ("q8_0", "bf16"):
         test_qwen_fp8_via_device.test_qwen_fp8_equals_converter(dev, "qwen35moe_fp8_block128", outtype)
         test_qwen_fp8_via_device.test_generic_fp8_equals_converter(dev, "qwen3_fp8_deepseek", outtype)
     assert runs and max(runs) > 1, runs
+    assert batched and max(batched) > 1, batched
 
 
 def test_fp8_config_without_fmt_takes_either_kind(tmp_path) -> None:
@@ -477,8 +487,8 @@ def test_device_decoded_expert_run_names_the_expert_with_a_nan(monkeypatch, tmp_
         f.write(b"\x7f")  # E4M3 NaN
     monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
     runs: list[int] = []
-    stack = loader._scaled_stack_on_device
-    monkeypatch.setattr(loader, "_scaled_stack_on_device",
+    stack = loader._decode_scaled
+    monkeypatch.setattr(loader, "_decode_scaled",
                         lambda *a: (runs.append(len(a[3])), stack(*a))[1])
     with pytest.raises(NonFiniteError) as e:
         qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="q8_0", progress=False)

@@ -49,7 +49,10 @@ __all__ = [
 ]
 
 
+@functools.lru_cache(maxsize=None)
 def _numpy_dtype(name: str) -> np.dtype | None:
+    # Cached: a load asks per tensor, and a name numpy lacks (the float8
+    # family) costs an attribute miss and an ml_dtypes lookup each time.
     if not name:
         return None
     if hasattr(np, name) and name not in ("bool",):

@@ -44,6 +44,10 @@ BATCH_BYTES = 1 << 30
 GPU_BATCH_BYTES = 4 << 30
 #: ... or this many entries.
 BATCH_ENTRIES = 256
+#: ... or once its scaled FP8 entries (decoded by a GPU from transient copies
+#: of their weights and scales, :func:`_fill_batch`) read this many bytes: the
+#: transients are device memory beside the model's, freed with the batch.
+SCALED_BATCH_BYTES = 1 << 30
 #: The batch bound while a progress bar is drawn (a terminal): the bar moves
 #: at least every this many bytes. On the host the jobs of a batch run one
 #: after another anyway; on a GPU a batch of this size keeps the staging
@@ -183,6 +187,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     pending: list[TensorPlan] = []  # streamed entries not yet read
     pending_sizes: list[int] = []
     pending_bytes = 0
+    transient_bytes = 0  # scaled FP8 entries' transient buffers (weights, scales) in the pending batch
+    cpu_visible = device._native.cpu_visible and not _SCALED_ON_DEVICE
     batch_bytes = BATCH_BYTES if device._native.cpu_visible else GPU_BATCH_BYTES
     if progress_enabled(progress):
         # A batch updates the bar once, when it is done: while a bar is drawn,
@@ -191,14 +197,14 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         batch_bytes = min(batch_bytes, BAR_BATCH_BYTES)
 
     def flush() -> None:
-        nonlocal pending_bytes
+        nonlocal pending_bytes, transient_bytes
         if pending:
             bufs.update(_fill_batch(device, ckpt, pending, check_finite, alloc))
         for n in pending_sizes:
             bar.update(n)  # one update per tensor, batched or not
         pending.clear()
         pending_sizes.clear()
-        pending_bytes = 0
+        pending_bytes = transient_bytes = 0
         device.residency.commit()
 
     try:
@@ -208,11 +214,15 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                     device.residency.commit()  # the previous group is written
                 group = entry.group
             size = entry.source_nbytes
-            if entry.streamed:
+            scaled = not entry.streamed and not cpu_visible and _scaled_batchable(device, entry)
+            if entry.streamed or scaled:
                 pending.append(entry)
                 pending_sizes.append(size)
                 pending_bytes += size
-                if pending_bytes >= batch_bytes or len(pending) >= BATCH_ENTRIES:
+                if scaled:
+                    transient_bytes += size
+                if (pending_bytes >= batch_bytes or len(pending) >= BATCH_ENTRIES
+                        or transient_bytes >= SCALED_BATCH_BYTES):
                     flush()
             else:
                 # Read, transformed or staged now (small tensors); the batch
@@ -291,38 +301,54 @@ def _check_representable(plan: LoadPlan, ckpt: Checkpoint) -> None:
 def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
                 check_finite: bool = False, alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None
                 ) -> dict[str, Buffer]:
-    """A run of streamed entries: their buffers in one allocation call, their
+    """A run of batched entries: their buffers in one allocation call, their
     file bytes in one device call; all of them or none (on failure the
-    buffers made so far are freed before the error leaves)."""
-    pieces = [p for e in entries for p in e.sources]
+    buffers made so far are freed before the error leaves). Scaled FP8
+    entries that the device decodes (:func:`_scaled_batchable`) have their
+    weights and scales read into transient buffers by the same call, then
+    one decode each (on a GPU the ring does not drain between expert stacks)."""
+    runs = [_scaled_run_on_device(device, e) if not e.streamed else [] for e in entries]
+    pieces = [p for e in entries for p in e.sources] + [q for run in runs for q in _scale_pieces(run)]
     _check_unchanged(ckpt, pieces)
     made = alloc(entries) if alloc is not None else device.alloc_many([(e.shape, e.dtype) for e in entries])
-    jobs: list[Any] = []
+    transients: list[Buffer] = []
+    jobs: list[Job] = []
+    owner: list[Owner] = []
+    scaled_jobs: list[Job] = []
+    scaled_owner: list[Owner] = []
     b: Buffer | None = None
     try:
-        owner: list[list[tuple[tuple[int, int, int], Piece]]] = []
-        for entry, b in zip(entries, made):
+        scaled = [(e, b, run) for e, b, run in zip(entries, made, runs) if run]
+        if scaled:
+            transients = device.alloc_many([spec for _, _, run in scaled for spec in _scaled_transients(run)])
+        for k, (entry, b, run) in enumerate(scaled):
+            j, o = _scaled_jobs(ckpt, entry, run, transients[2 * k], transients[2 * k + 1])
+            scaled_jobs += j
+            scaled_owner += o
+        for entry, b, run in zip(entries, made, runs):
+            if run:
+                continue
             for (fd, dtype), segs in _file_groups(ckpt, entry.sources).items():
                 jobs.append((b, fd, [seg for seg, _ in segs], dtype, entry.name))
                 owner.append(segs)
         b = None
-        try:
-            device.write_from_file_batch(jobs, check_finite=check_finite)
-        except NonFiniteError as e:
-            _check_unchanged(ckpt, pieces)  # a file changed since validation explains it better
-            if e.step is None:
-                e.step = "file"  # found in the bytes as read, before any conversion
-            raise
-        except FileReadError as e:
-            _check_unchanged(ckpt, pieces)
-            raise _read_error(ckpt, e, [(job[1], segs) for job, segs in zip(jobs, owner)]) from None
+        if check_finite and scaled_jobs:
+            # FP8 bytes are checked as products by the decode, not as they are read.
+            _write_jobs(device, ckpt, scaled_jobs, scaled_owner, pieces, False)
+            _write_jobs(device, ckpt, jobs, owner, pieces, True)
+        else:
+            _write_jobs(device, ckpt, jobs + scaled_jobs, owner + scaled_owner, pieces, check_finite)
+        for k, (entry, b, run) in enumerate(scaled):
+            _decode_scaled(device, ckpt, entry, run, b, transients[2 * k], transients[2 * k + 1], check_finite)
+        transients = []
         _check_unchanged(ckpt, pieces)
         if check_finite:
             for entry, b in zip(entries, made):
                 _check_converted(b, entry)
-            b = None
+        b = None
     except BaseException as e:
-        made, jobs, b = [], [], None  # nothing in this frame may keep a buffer alive in the traceback
+        # nothing in this frame may keep a buffer alive in the traceback
+        made, jobs, scaled_jobs, transients, scaled, b = [], [], [], [], [], None
         raise detached(e)
     return {e.name: b for e, b in zip(entries, made)}
 
@@ -759,7 +785,7 @@ def _scaled_run_on_device(device: Device, entry: TensorPlan) -> list[Piece]:
     if not (_SCALED_ON_DEVICE or not device._native.cpu_visible):
         return []
     pieces = list(entry.sources)
-    if not pieces or entry.elementwise is not None or entry.dtype not in FP8_OUTPUTS:
+    if not pieces or entry.transform is not None or entry.elementwise is not None or entry.dtype not in FP8_OUTPUTS:
         return []
     first = pieces[0]
     if first.scale is None or len(first.shape) < 2:
@@ -794,44 +820,139 @@ def _scale_values(ckpt: Checkpoint, name: str, dtype: str) -> np.ndarray:
     return ckpt.read_array(name).reshape(-1).astype(np.float32)
 
 
+def _scale_streamable(piece: Piece) -> bool:
+    """The piece's scale file holds its whole grid (not one value broadcast
+    over it) in a format the device widens to float32 exactly as numpy does
+    (f32 raw; bf16 / f16 by its own widening kernels): its bytes can then go
+    to the device through the file pipeline like any tensor's."""
+    sc = piece.scale
+    return (sc is not None and formats.numel(sc.shape) == formats.numel(sc.grid)
+            and formats.get(sc.dtype).name in ("f32", "bf16", "f16"))
+
+
+def _scaled_batchable(device: Device, entry: TensorPlan) -> bool:
+    """The entry decodes on the device from transient buffers that the
+    loader's batched file pipeline fills (weights and scales alike), so it
+    joins a batch like a streamed entry (docs/FP8.md)."""
+    run = _scaled_run_on_device(device, entry)
+    return bool(run) and all(_scale_streamable(p) for p in run)
+
+
+def _scaled_transients(pieces: list[Piece]) -> list[tuple[tuple[int, ...], str]]:
+    """The two transient buffers a device decode of ``pieces`` reads: the
+    weights' FP8 bytes, end to end, and their scale grids as float32."""
+    first = pieces[0]
+    rows, cols = first.shape[-2:]
+    lead = sum(formats.numel(p.shape[:-2]) for p in pieces)
+    cells = sum(formats.numel(p.scale.grid) for p in pieces)  # type: ignore[union-attr]
+    return [((lead * rows * cols,), formats.get(first.dtype).name), ((max(cells, 1),), "f32")]
+
+
+Job = tuple[Buffer, int, list[tuple[int, int, int]], str, str]
+Owner = list[tuple[tuple[int, int, int], Piece]]
+
+
+def _scaled_jobs(ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], wbuf: Buffer,
+                 sbuf: Buffer | None) -> tuple[list[Job], list[Owner]]:
+    """File jobs (:meth:`Device.write_from_file_batch`) filling the
+    transients of :func:`_scaled_transients`: the weights' segments as
+    :func:`_stream` cuts them, shifted to the transient's start, and (``sbuf``
+    given) each scale's bytes at its grid's place, widened to float32 by the
+    device. With each job, the segments' owners (scales named as themselves)."""
+    base = pieces[0].dest_offset
+    shifted = [replace(p, dest_offset=p.dest_offset - base) for p in pieces]
+    jobs: list[Job] = []
+    owners: list[Owner] = []
+    for (fd, dtype), segs in _file_groups(ckpt, shifted).items():
+        jobs.append((wbuf, fd, [seg for seg, _ in segs], dtype, entry.name))
+        owners.append(segs)
+    if sbuf is None:
+        return jobs, owners
+    groups: dict[tuple[int, str], Owner] = {}
+    at = 0
+    for p in pieces:
+        sc = p.scale
+        assert sc is not None
+        info = ckpt[sc.tensor]
+        fd = ckpt.file_for(sc.tensor).fileno()
+        name = formats.get(sc.dtype).name
+        groups.setdefault((fd, name), []).append(((at, info.offset, info.nbytes), Piece(sc.tensor, sc.dtype, sc.shape)))
+        at += formats.numel(sc.grid)
+    for (fd, name), segs in groups.items():
+        jobs.append((sbuf, fd, [seg for seg, _ in segs], name, entry.name))
+        owners.append(segs)
+    return jobs, owners
+
+
+def _scale_pieces(pieces: list[Piece]) -> list[Piece]:
+    """The scale tensors of scaled pieces, as pieces (their files' identity
+    is checked with the weights')."""
+    return [Piece(p.scale.tensor, p.scale.dtype, p.scale.shape) for p in pieces if p.scale is not None]
+
+
+def _write_jobs(device: Device, ckpt: Checkpoint, jobs: list[Job], owners: list[Owner],
+                pieces: list[Piece], check_finite: bool) -> None:
+    """One :meth:`Device.write_from_file_batch` call, its errors named after
+    the checkpoint: a file changed since validation first, a failed read by
+    the job's tensor; non-finite input found in the bytes as read is the
+    ``"file"`` step."""
+    try:
+        device.write_from_file_batch(jobs, check_finite=check_finite)
+    except NonFiniteError as e:
+        _check_unchanged(ckpt, pieces)  # a file changed since validation explains it better
+        if e.step is None:
+            e.step = "file"  # found in the bytes as read, before any conversion
+        raise
+    except FileReadError as e:
+        _check_unchanged(ckpt, pieces)
+        raise _read_error(ckpt, e, [(job[1], segs) for job, segs in zip(jobs, owners)]) from None
+
+
 def _scaled_stack_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer,
                             check_finite: bool) -> None:
     """Block-scaled FP8 pieces laid end to end (an expert stack) decoded by
     the device in one kernel: the weights' file bytes go to a transient FP8
     buffer through the device's file pipeline (on a GPU the staging ring, at
-    the speed of a raw load), their scale grids (small) are read, widened to
-    float32 (exact) and uploaded as one grid, and one decode call covers the
-    whole run as a stack of matrices (docs/FP8.md). Per piece the bytes and
-    arithmetic are those of :func:`_scaled_on_device`."""
+    the speed of a raw load), and so do their scale grids (widened to float32
+    by the device), or, where a scale is one value for its whole grid, the
+    values read here; one decode call covers the whole run as a stack of
+    matrices (docs/FP8.md). A batch of such entries does the same in one
+    pipeline (:func:`_fill_batch`)."""
+    streamable = all(_scale_streamable(p) for p in pieces)
+    wbuf, sbuf = device.alloc_many(_scaled_transients(pieces))
+    try:
+        jobs, owners = _scaled_jobs(ckpt, entry, pieces, wbuf, sbuf if streamable else None)
+        _write_jobs(device, ckpt, jobs, owners, list(pieces) + _scale_pieces(pieces), False)
+        if not streamable:
+            grids = []
+            for p in pieces:
+                sc = p.scale
+                assert sc is not None
+                s = _scale_values(ckpt, sc.tensor, sc.dtype)
+                grids.append(np.broadcast_to(s, (formats.numel(sc.grid),)) if s.size == 1 else s)
+            _check_unchanged(ckpt, _scale_pieces(pieces))
+            device.write(sbuf, np.ascontiguousarray(np.concatenate(grids)))
+        _decode_scaled(device, ckpt, entry, pieces, buf, wbuf, sbuf, check_finite)
+    finally:
+        del wbuf, sbuf
+    _check_unchanged(ckpt, list(pieces) + _scale_pieces(pieces))
+
+
+def _decode_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer,
+                   wbuf: Buffer, sbuf: Buffer, check_finite: bool) -> None:
+    """The device's decode of a run of scaled pieces from its transients
+    (:func:`_scaled_transients`, filled) into ``buf``; a non-finite product is
+    a :class:`~hf2q.NonFiniteError` naming its piece (its tensor, its own
+    flat index), an overflowing Q8_0 block scale a warning (an error under
+    ``check_finite``). Per piece the bytes and arithmetic are those of
+    :func:`_scaled_on_device`."""
     from .errors import NonFiniteError
 
     first = pieces[0]
     rows, cols = first.shape[-2:]
     lead = sum(formats.numel(p.shape[:-2]) for p in pieces)
-    base = first.dest_offset
-    wfmt = formats.get(first.dtype).name
-    wbuf = device.alloc((lead * rows * cols,), wfmt)
-    try:
-        # The run's segments as _stream cuts them, shifted to the transient buffer's start.
-        shifted = [replace(p, dest_offset=p.dest_offset - base) for p in pieces]
-        _stream(device, ckpt, entry, shifted, wbuf)
-        grids = []
-        scale_files: dict[int, Any] = {}
-        for p in pieces:
-            sc = p.scale
-            assert sc is not None
-            s = _scale_values(ckpt, sc.tensor, sc.dtype)
-            grids.append(np.broadcast_to(s, (formats.numel(sc.grid),)) if s.size == 1 else s)
-            f = ckpt.file_for(sc.tensor)
-            scale_files.setdefault(id(f), (f, sc.tensor))
-        for f, name in scale_files.values():
-            f.check_unchanged(name)
-        sbuf = device.upload(np.ascontiguousarray(np.concatenate(grids)))
-        firstbad, inf_scales = device._native.scaled_fp8(buf._native, base, wbuf._native, sbuf._native,
-                                                         (lead, rows, cols), first.scale.block)  # type: ignore[union-attr]
-    finally:
-        del wbuf
-    _check_unchanged(ckpt, pieces)
+    firstbad, inf_scales = device._native.scaled_fp8(buf._native, first.dest_offset, wbuf._native, sbuf._native,
+                                                     (lead, rows, cols), first.scale.block)  # type: ignore[union-attr]
     if firstbad >= 0 and (check_finite or entry.dtype == "q8_0"):
         at = firstbad
         for p in pieces:
@@ -854,7 +975,7 @@ def _scaled_stack_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan,
         from .errors import ScaleOverflowWarning
 
         warnings.warn(f"'{entry.name}': {inf_scales} Q8_0 block scale(s) overflow float16 and are stored as +Inf "
-                      "(as ggml's reference quantizer does)", ScaleOverflowWarning, stacklevel=3)
+                      "(as ggml's reference quantizer does)", ScaleOverflowWarning, stacklevel=4)
 
 
 def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer,
