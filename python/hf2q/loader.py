@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -55,6 +55,10 @@ SCALED_BATCH_BYTES = 1 << 30
 BAR_BATCH_BYTES = 128 << 20
 
 M = TypeVar("M")
+#: A file job of :meth:`Device.write_from_file_batch`: (buffer, fd, segments, source format, name) ...
+Job = tuple[Buffer, int, list[tuple[int, int, int]], str, str]
+#: ... and its segments' owners, for naming a failed read.
+Owner = list[tuple[tuple[int, int, int], Piece]]
 
 
 def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
@@ -188,7 +192,6 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     pending_sizes: list[int] = []
     pending_bytes = 0
     transient_bytes = 0  # scaled FP8 entries' transient buffers (weights, scales) in the pending batch
-    cpu_visible = device._native.cpu_visible and not _SCALED_ON_DEVICE
     batch_bytes = BATCH_BYTES if device._native.cpu_visible else GPU_BATCH_BYTES
     if progress_enabled(progress):
         # A batch updates the bar once, when it is done: while a bar is drawn,
@@ -214,7 +217,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                     device.residency.commit()  # the previous group is written
                 group = entry.group
             size = entry.source_nbytes
-            scaled = not entry.streamed and not cpu_visible and _scaled_batchable(device, entry)
+            scaled = not entry.streamed and _scaled_batchable(device, entry)
             if entry.streamed or scaled:
                 pending.append(entry)
                 pending_sizes.append(size)
@@ -326,11 +329,10 @@ def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
             scaled_jobs += j
             scaled_owner += o
         for entry, b, run in zip(entries, made, runs):
-            if run:
-                continue
-            for (fd, dtype), segs in _file_groups(ckpt, entry.sources).items():
-                jobs.append((b, fd, [seg for seg, _ in segs], dtype, entry.name))
-                owner.append(segs)
+            if not run:
+                j, o = _stream_jobs(ckpt, entry.name, entry.sources, b)
+                jobs += j
+                owner += o
         b = None
         if check_finite and scaled_jobs:
             # FP8 bytes are checked as products by the decode, not as they are read.
@@ -519,24 +521,29 @@ def _segments(ckpt: Checkpoint, piece: Piece) -> list[tuple[int, int, int]]:
              fmt.storage_bytes(per_lead)) for i in range(lead)]
 
 
+def _stream_jobs(ckpt: Checkpoint, name: str, pieces: list[Piece] | tuple[Piece, ...], buf: Buffer,
+                 base: int = 0) -> tuple[list[Job], list[Owner]]:
+    """File jobs (:meth:`Device.write_from_file_batch`) putting ``pieces``'
+    bytes into ``buf`` at their element offsets less ``base``: one job per
+    file and source format (on a GPU one pipeline of staged copies for a
+    whole expert stack, instead of a round trip per expert), each with its
+    segments' owners."""
+    jobs: list[Job] = []
+    owners: list[Owner] = []
+    for (fd, dtype), segs in _file_groups(ckpt, pieces).items():
+        if base:
+            segs = [((d - base, f, n), p) for (d, f, n), p in segs]
+        jobs.append((buf, fd, [seg for seg, _ in segs], dtype, name))
+        owners.append(segs)
+    return jobs, owners
+
+
 def _stream(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer,
             check_finite: bool = False) -> None:
     """File bytes of ``pieces`` straight into ``buf`` at their element
-    offsets. The pieces that come from one file in one format go to the device
-    in one call (on a GPU one pipeline of staged copies for a whole expert
-    stack, instead of a round trip per expert)."""
-    for (fd, dtype), segs in _file_groups(ckpt, pieces).items():
-        try:
-            device.write_from_file_segments(buf, fd, [seg for seg, _ in segs], dtype, name=entry.name,
-                                            check_finite=check_finite)
-        except NonFiniteError as e:
-            _check_unchanged(ckpt, pieces)  # a file changed since validation explains it better
-            if e.step is None:
-                e.step = "file"  # found in the bytes as read, before any conversion
-            raise
-        except FileReadError as e:
-            _check_unchanged(ckpt, pieces)
-            raise _read_error(ckpt, e, [(fd, segs)]) from None
+    offsets, in one device call."""
+    jobs, owners = _stream_jobs(ckpt, entry.name, pieces, buf)
+    _write_jobs(device, ckpt, jobs, owners, pieces, check_finite)
 
 
 def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, buf: Buffer,
@@ -848,10 +855,6 @@ def _scaled_transients(pieces: list[Piece]) -> list[tuple[tuple[int, ...], str]]
     return [((lead * rows * cols,), formats.get(first.dtype).name), ((max(cells, 1),), "f32")]
 
 
-Job = tuple[Buffer, int, list[tuple[int, int, int]], str, str]
-Owner = list[tuple[tuple[int, int, int], Piece]]
-
-
 def _scaled_jobs(ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], wbuf: Buffer,
                  sbuf: Buffer | None) -> tuple[list[Job], list[Owner]]:
     """File jobs (:meth:`Device.write_from_file_batch`) filling the
@@ -859,13 +862,7 @@ def _scaled_jobs(ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], wbuf:
     :func:`_stream` cuts them, shifted to the transient's start, and (``sbuf``
     given) each scale's bytes at its grid's place, widened to float32 by the
     device. With each job, the segments' owners (scales named as themselves)."""
-    base = pieces[0].dest_offset
-    shifted = [replace(p, dest_offset=p.dest_offset - base) for p in pieces]
-    jobs: list[Job] = []
-    owners: list[Owner] = []
-    for (fd, dtype), segs in _file_groups(ckpt, shifted).items():
-        jobs.append((wbuf, fd, [seg for seg, _ in segs], dtype, entry.name))
-        owners.append(segs)
+    jobs, owners = _stream_jobs(ckpt, entry.name, pieces, wbuf, base=pieces[0].dest_offset)
     if sbuf is None:
         return jobs, owners
     groups: dict[tuple[int, str], Owner] = {}
