@@ -946,3 +946,27 @@ __device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const 
   }
 HF2Q_SCALED_FP8(f8_e4m3, 0)
 HF2Q_SCALED_FP8(f8_e5m2, 1)
+
+// ------------------------------------------------------------- unit transpose
+// csrc/kernels/unit_grid.h: in each of `outer` periods, the [a, b] grid of
+// units that starts at `start` rewritten as its transpose [b, a] (the unit
+// at position j * a + i receives unit i * b + j). `src` is a copy of the
+// buffer taken before the kernel; sizes are in words of W.
+struct UnitGeo {
+  u64 outer, period, start, a, b, unit;
+};
+
+template <typename W>
+__device__ __forceinline__ void transpose_units(const W* __restrict__ src, W* __restrict__ dst, UnitGeo g) {
+  const u64 per = g.a * g.b * g.unit, n = g.outer * per;
+  for (u64 t = global_thread(); t < n; t += grid_threads()) {
+    const u64 o = t / per, r = t - o * per;
+    const u64 p = r / g.unit, w = r - p * g.unit;
+    const u64 j = p / g.a, i = p - j * g.a;
+    const u64 base = o * g.period + g.start;
+    dst[base + p * g.unit + w] = src[base + (i * g.b + j) * g.unit + w];
+  }
+}
+
+extern "C" __global__ void hf2q_transpose_units_u32(const u32* src, u32* dst, UnitGeo g) { transpose_units<u32>(src, dst, g); }
+extern "C" __global__ void hf2q_transpose_units_u8(const u8* src, u8* dst, UnitGeo g) { transpose_units<u8>(src, dst, g); }

@@ -44,3 +44,5 @@ def test_kernel_source_compiles_with_nvcc(tmp_path: Path) -> None:
         assert f".entry hf2q_{weight}_to_f32(" in ptx
         for to in ("f32", "bf16", "f16", "q8_0"):
             assert f".entry hf2q_scaled_{weight}_{to}(" in ptx
+    for word in ("u32", "u8"):  # unit transposes (csrc/kernels/unit_grid.h)
+        assert f".entry hf2q_transpose_units_{word}(" in ptx

@@ -296,6 +296,16 @@ void bind_device(nb::module_& m) {
           "dst"_a, "elem_offset"_a, "w"_a, "scale"_a, "shape"_a, "block"_a,
           "A scaled FP8 tensor on this device (w: f8 buffer, scale: f32 grid buffer) decoded into dst from "
           "elem_offset on; returns (first non-finite index or -1, Q8_0 blocks with an Inf scale).")
+      .def(
+          "transpose_units",
+          [](Device& d, BufferImpl& buf, std::size_t outer, std::size_t period, std::size_t start, std::size_t a,
+             std::size_t b, std::size_t unit) {
+            hf2q::bindings::ReleaseGil nogil;
+            d.transpose_units(buf, outer, period, start, a, b, unit);
+          },
+          "buf"_a, "outer"_a, "period"_a, "start"_a, "a"_a, "b"_a, "unit"_a,
+          "In each of `outer` periods of `period` elements, the [a, b] grid of `unit`-element units at element "
+          "`start` rewritten as its transpose [b, a], in place (whole blocks of the buffer's format).")
       .def("checksums", [](Device& d, BufferImpl& b) {
         std::vector<std::uint32_t> sums;
         {

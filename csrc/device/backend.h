@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../kernels/fp8.h"
+#include "../kernels/unit_grid.h"
 #include "dtype.h"
 
 namespace hf2q::device {
@@ -246,6 +247,11 @@ class Backend {
   // (Device::scaled_fp8). Default: the CPU kernels through the pointers.
   virtual UploadResult scaled_fp8(const UploadTarget& dst, std::size_t dst_off, const void* w, const void* scale,
                                   const kernels::ScaledFp8& s, DType out);
+
+  // The unit grids `g` (kernels/unit_grid.h, in bytes) of a buffer
+  // transposed in place, after its uploads (Device::transpose_units checks
+  // the geometry against the buffer). Default: the CPU through the pointer.
+  virtual void transpose_units(const UploadTarget& buf, const kernels::UnitGrid& g);
 };
 
 // Reads exactly `len` bytes at `off` of `fd` into CPU memory; retries EINTR

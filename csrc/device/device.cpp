@@ -869,6 +869,48 @@ UploadResult Backend::scaled_fp8(const UploadTarget& dst, std::size_t dst_off, c
   return res;
 }
 
+void Device::transpose_units(BufferImpl& buf, std::size_t outer, std::size_t period, std::size_t start,
+                             std::size_t a, std::size_t b, std::size_t unit) {
+  if (buf.device().get() != this) throw DeviceError("transpose_units: the buffer belongs to another device");
+  const FormatRow& f = format_of(buf.dtype());
+  for (std::size_t n : {period, start, unit}) {
+    if (n % f.block_elems != 0) {
+      throw std::invalid_argument(std::string("transpose_units: ") + f.name + " moves whole blocks of " +
+                                  std::to_string(f.block_elems) + " elements; " + std::to_string(n) + " is not");
+    }
+  }
+  const auto bytes = [&](std::size_t elems) {
+    std::size_t out = 0;
+    if (!ops::checked_mul(elems / f.block_elems, f.block_bytes, &out)) {
+      throw std::invalid_argument("transpose_units: size overflows");
+    }
+    return out;
+  };
+  kernels::UnitGrid g;
+  g.outer = outer;
+  g.period = bytes(period);
+  g.start = bytes(start);
+  g.a = a;
+  g.b = b;
+  g.unit = bytes(unit);
+  const std::size_t extent = g.extent();
+  if (extent > buf.byte_len()) {
+    throw std::invalid_argument("transpose_units: the grids end at byte " + std::to_string(extent) +
+                                " of a buffer of " + std::to_string(buf.byte_len()));
+  }
+  if (extent == 0) return;
+  backend_->transpose_units(UploadTarget{buf.handle(), buf.data()}, g);
+}
+
+void Backend::transpose_units(const UploadTarget& buf, const kernels::UnitGrid& g) {
+  if (!info().cpu_visible) {
+    throw DeviceError("the " + info().kind + " backend has no unit transpose for its memory, which the CPU "
+                      "cannot address");
+  }
+  synchronize();
+  kernels::transpose_units(buf.base, g);
+}
+
 void Device::copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_t len) {
   std::size_t end = 0;
   if (!ops::checked_add(offset, len, &end) || end > buf.byte_len()) {

@@ -179,6 +179,14 @@ class Device : public std::enable_shared_from_this<Device> {
                           std::size_t lead, std::size_t rows, std::size_t cols, std::size_t block_rows,
                           std::size_t block_cols);
 
+  // Reorder `buf` in place (kernels/unit_grid.h): in each of `outer` periods
+  // of `period` elements, the [a, b] grid of units of `unit` elements that
+  // starts at element `start` becomes its transpose [b, a]. Every count must
+  // be whole blocks of the buffer's format; the grids must lie in the buffer.
+  // Runs after the uploads so far (GPU kernel on CUDA, the CPU elsewhere).
+  void transpose_units(BufferImpl& buf, std::size_t outer, std::size_t period, std::size_t start, std::size_t a,
+                       std::size_t b, std::size_t unit);
+
   // Copy `len` bytes at byte `offset` of the buffer's storage into CPU
   // memory (a device copy where the memory is not CPU-visible).
   void copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_t len);

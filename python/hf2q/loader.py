@@ -25,6 +25,7 @@ from . import formats
 from ._progress import progress_bar, progress_enabled
 from .device import Buffer, Device
 from .device import _detached as detached
+from .device import _value_class
 from .errors import FileReadError, NonFiniteError, SafetensorsError
 from .plan import LoadPlan, Piece, TensorPlan
 from .safetensors import Checkpoint
@@ -212,6 +213,9 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
 
     try:
         for entry in plan:
+            if (entry.unit_transpose is not None and not entry.unit_transpose.fits(entry.dtype)
+                    and _transpose_source(entry) is None):
+                entry = entry.transposed_in_numpy()  # units that are not whole blocks of the format
             if entry.group != group:
                 if not pending:
                     device.residency.commit()  # the previous group is written
@@ -343,6 +347,8 @@ def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
         for k, (entry, b, run) in enumerate(scaled):
             _decode_scaled(device, ckpt, entry, run, b, transients[2 * k], transients[2 * k + 1], check_finite)
         transients = []
+        for entry, b in zip(entries, made):
+            _transpose_units(device, entry, b)
         _check_unchanged(ckpt, pieces)
         if check_finite:
             for entry, b in zip(entries, made):
@@ -480,6 +486,10 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
         return buf
     buf = device.alloc(entry.shape, entry.dtype) if alloc is None else alloc([entry])[0]
     try:
+        if entry.unit_transpose is not None and not entry.unit_transpose.fits(entry.dtype):
+            _transpose_then_convert(device, ckpt, entry, buf, check_finite)
+            _check_unchanged(ckpt, entry.sources)
+            return buf
         streamed = []
         scaled_run = _scaled_run_on_device(device, entry)
         if scaled_run:
@@ -493,6 +503,7 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
                 streamed.append(piece)
         if streamed:
             _stream(device, ckpt, entry, streamed, buf, check_finite)
+        _transpose_units(device, entry, buf)
         _check_unchanged(ckpt, entry.sources)
         if check_finite:
             _check_converted(buf, entry)
@@ -500,6 +511,58 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
         del buf
         raise detached(e)
     return buf
+
+
+def _transpose_units(device: Device, entry: TensorPlan, buf: Buffer) -> None:
+    """The entry's unit transpose (:class:`~hf2q.plan.UnitTranspose`), done
+    in place once all of its sources are written (a GPU kernel on CUDA)."""
+    t = entry.unit_transpose
+    if t is not None:
+        device._native.transpose_units(buf._native, t.outer, t.period, t.start, t.a, t.b, t.unit)
+
+
+def _transpose_source(entry: TensorPlan) -> str | None:
+    """The source format in which an entry whose unit transpose does not fit
+    its own format (128-column units of a K-quant's 256-element super-blocks)
+    is transposed on the device before it is converted: its pieces' one
+    format, when they stream into a buffer of it unchanged, its units are
+    whole elements of it, and the device converts it into the entry's
+    format. None: the loader reorders it in numpy instead (scaled FP8
+    sources, an elementwise step)."""
+    t = entry.unit_transpose
+    if t is None or entry.elementwise is not None or entry.transform is not None or not entry.sources:
+        return None
+    src = formats.get(entry.sources[0].dtype).name
+    if any(p.scale is not None or formats.get(p.dtype).name != src for p in entry.sources):
+        return None
+    if not (formats.get(src).is_device and t.fits(src) and formats.can_convert(src, entry.dtype)):
+        return None
+    return src
+
+
+def _transpose_then_convert(device: Device, ckpt: Checkpoint, entry: TensorPlan, buf: Buffer,
+                            check_finite: bool) -> None:
+    """The entry's bytes streamed unchanged into a transient buffer of their
+    own format, transposed there, then converted into ``buf`` by the device
+    (a GPU kernel on CUDA): no numpy pass over the tensor. The conversion
+    quantizes, so a NaN/Inf is refused (named by its index in the entry)."""
+    src = _transpose_source(entry)
+    assert src is not None
+    tmp = device.alloc(entry.shape, src)
+    try:
+        _stream(device, ckpt, entry, list(entry.sources), tmp, check_finite)
+        _transpose_units(device, entry, tmp)
+        result = device._native.convert(buf._native, tmp._native)
+        cls = ""
+        if result[0] >= 0:  # the offending value, read back from the transient
+            fmt = formats.get(src)
+            one = tmp._storage_bytes(fmt.storage_bytes(result[0]), fmt.storage_bytes(result[0] + 1))
+            cls = _value_class(one.view(fmt.storage_dtype), 0)
+        device._check_result(result, tuple(entry.shape), entry.name, value_class=cls, buf=buf, src_dtype=src,
+                             check_finite=check_finite)
+    except BaseException as e:
+        del tmp
+        raise detached(e)
 
 
 def _segments(ckpt: Checkpoint, piece: Piece) -> list[tuple[int, int, int]]:

@@ -15,13 +15,19 @@ naming its destination (name, logical shape, device format) and its sources
 - a scaled source (an FP8 weight and its ``scale``, docs/FP8.md): weight and
   scale are read whole (one tensor, or one expert, at a time) and decoded
   natively into the destination format in one pass;
+- a :class:`UnitTranspose` (a reorder that moves whole blocks of storage:
+  Qwen3.5's V-head reorders of rows or columns): the sources are streamed as
+  they are and the device then transposes the unit grid in place (a GPU
+  kernel on CUDA); where the destination format's blocks do not divide the
+  units, the loader does it in numpy as a transform instead;
 - a ``transform`` (the tensor needs all of its sources at once: +1 norms,
-  V-head reorders, ``-exp(A_log)``): the sources are read, transformed in
-  numpy and uploaded. Only small tensors take this path.
+  ``-exp(A_log)``): the sources are read, transformed in numpy and uploaded.
+  Only small tensors take this path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +37,7 @@ import numpy as np
 
 from . import formats
 
-__all__ = ["Piece", "Scale", "TensorPlan", "LoadPlan", "CONVERT_DTYPES"]
+__all__ = ["Piece", "Scale", "UnitTranspose", "TensorPlan", "LoadPlan", "CONVERT_DTYPES"]
 
 #: The device formats a family offers for the tensors it converts (its
 #: ``dense_dtype`` / ``expert_dtype`` / ``dtype`` options): every family and
@@ -110,11 +116,54 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class UnitTranspose:
+    """A reorder of a tensor's elements that moves whole units: the tensor,
+    flattened, is ``outer`` periods of ``period`` elements; in each, the
+    ``a * b`` units of ``unit`` elements that start at element ``start`` form
+    an ``[a, b]`` grid (unit ``i * b + j``) and are stored as its transpose
+    ``[b, a]`` (position ``j * a + i`` receives unit ``i * b + j``).
+
+    Qwen3.5's V-head reorders (grouped by key head -> tiled, docs/QWEN35MOE.md)
+    are such grids with ``a`` key heads and ``b`` value heads per key head:
+    rows of a matrix (``outer`` 1, a unit = a head's rows) or columns
+    (``outer`` = rows, a unit = a head's columns). The loader writes the
+    sources as they are, then transposes the grid where the tensor lies
+    (:meth:`fits`), else in numpy (:meth:`apply`)."""
+
+    outer: int
+    period: int
+    start: int
+    a: int
+    b: int
+    unit: int
+
+    def fits(self, dtype: str) -> bool:
+        """Whether every unit is whole blocks of ``dtype`` (so that the
+        transpose moves stored blocks, which is the same as transposing the
+        values and then converting them)."""
+        block = formats.get(dtype).block_elems
+        return self.period % block == 0 and self.start % block == 0 and self.unit % block == 0
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """The reorder of ``x`` (any shape of ``outer * period`` elements) in
+        numpy: a new array of ``x``'s shape and dtype."""
+        x = np.asarray(x)
+        flat = np.ascontiguousarray(x).reshape(self.outer, self.period)
+        out = flat.copy()
+        end = self.start + self.a * self.b * self.unit
+        grid = flat[:, self.start:end].reshape(self.outer, self.a, self.b, self.unit)
+        out[:, self.start:end] = np.swapaxes(grid, 1, 2).reshape(self.outer, -1)
+        return out.reshape(x.shape)
+
+
+@dataclass(frozen=True)
 class TensorPlan:
     """One destination tensor: ``name``, logical ``shape``, device format
     ``dtype``, its ``sources``, and how they become it (see the module doc).
     ``group`` is the residency commit group (a layer); ``kind`` a family's
-    label for summaries (``"expert"``, ``"norm"``, ...)."""
+    label for summaries (``"expert"``, ``"norm"``, ...). ``unit_transpose``:
+    a block reorder done where the tensor lies once its sources are written
+    (:class:`UnitTranspose`)."""
 
     name: str
     shape: tuple[int, ...]
@@ -124,6 +173,7 @@ class TensorPlan:
     elementwise: Callable[[np.ndarray], np.ndarray] | None = field(default=None, compare=False)
     group: int | None = None
     kind: str = ""
+    unit_transpose: UnitTranspose | None = None
 
     # Both cached (the fields are frozen): a load asks per entry (its progress
     # bar) and for the plan's totals, and an expert stack has hundreds of pieces.
@@ -144,8 +194,43 @@ class TensorPlan:
         # hundreds of pieces share one): the same answer, and the same error
         # for an unknown format, as asking piece by piece.
         return (self.transform is None and self.elementwise is None
+                and (self.unit_transpose is None or self.unit_transpose.fits(self.dtype))
                 and all(p.scale is None for p in self.sources)
                 and all(formats.can_convert(d, self.dtype) for d in dict.fromkeys(p.dtype for p in self.sources)))
+
+    def transposed_in_numpy(self) -> "TensorPlan":
+        """This entry with its unit transpose done by a numpy transform (the
+        loader's fallback where the format's blocks do not divide the units;
+        a shard, which slices the reordered tensor): its one source is read
+        whole (an FP8 source decoded), reordered, then put through
+        ``elementwise`` if it has one."""
+        t = self.unit_transpose
+        if t is None:
+            return self
+        if len(self.sources) != 1 or self.sources[0].rows is not None or self.sources[0].select is not None:
+            raise ValueError(f"{self.name}: a unit transpose in numpy takes one whole source")
+        return dataclasses.replace(self, transform=_NumpyTranspose(t, self.shape, self.elementwise),
+                                   elementwise=None, unit_transpose=None)
+
+
+class _NumpyTranspose:
+    """A unit transpose as a loader transform (:meth:`TensorPlan.transposed_in_numpy`)."""
+
+    __slots__ = ("t", "shape", "elementwise")
+
+    def __init__(self, t: UnitTranspose, shape: tuple[int, ...],
+                 elementwise: Callable[[np.ndarray], np.ndarray] | None) -> None:
+        self.t, self.shape, self.elementwise = t, tuple(shape), elementwise
+
+    @property
+    def raw_bf16(self) -> bool:
+        """A pure reorder may take BF16 sources as raw uint16 bits (no
+        ml_dtypes import); an elementwise step after it wants typed values."""
+        return self.elementwise is None
+
+    def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
+        y = self.t.apply(np.asarray(arrays[0]).reshape(self.shape))
+        return y if self.elementwise is None else self.elementwise(y)
 
 
 @dataclass

@@ -286,6 +286,8 @@ def shard_entry(entry: TensorPlan, decision: Decision, shard: Shard) -> TensorPl
     split = Split(decision.axis % len(entry.shape), decision.parts)
     sliced, old, new, length = _selection(tuple(entry.shape), split, shard, entry.name)
     _check_blocks(entry, split, sliced)
+    if entry.unit_transpose is not None:
+        entry = entry.transposed_in_numpy()  # the rank's slice of the reordered tensor
     if entry.transform is None:
         # streamed, or staged elementwise: only the rank's ranges are read
         return dataclasses.replace(entry, shape=sliced, sources=_slice_pieces(entry.sources, old, new, length))

@@ -483,7 +483,36 @@ class CudaBackend final : public Backend {
         if (!bind(std::string("hf2q_scaled_") + weights[wi] + "_" + outs[oi], &fn_scaled_fp8_[wi][oi])) return false;
       }
     }
-    return true;
+    return bind("hf2q_transpose_units_u32", &fn_transpose_u32_) && bind("hf2q_transpose_units_u8", &fn_transpose_u8_);
+  }
+
+  // A buffer's unit grids transposed on this GPU: the region is copied to a
+  // scratch allocation, then one kernel writes each grid back transposed
+  // (4-byte words when every size allows, else bytes).
+  void transpose_units(const UploadTarget& buf, const kernels::UnitGrid& g) override {
+    const std::size_t len = g.extent();
+    if (len == 0) return;
+    Ctx c(*this);
+    check(wait_uploads(), "cuStreamSynchronize (uploads in flight)");
+    const bool words = g.period % 4 == 0 && g.start % 4 == 0 && g.unit % 4 == 0 && dptr(buf.base) % 4 == 0;
+    const unsigned long long w = words ? 4 : 1;
+    struct Geo {
+      unsigned long long outer, period, start, a, b, unit;
+    } geo{g.outer, g.period / w, g.start / w, g.a, g.b, g.unit / w};
+    CUdeviceptr scratch = 0;
+    check(d_->cuMemAlloc(&scratch, len), "cuMemAlloc (transpose scratch)");
+    CUresult r = d_->cuMemcpyDtoDAsync(scratch, dptr(buf.base), len, misc_);
+    if (r == CUDA_SUCCESS) {
+      CUdeviceptr from = scratch, to = dptr(buf.base);
+      void* args[] = {&from, &to, &geo};
+      const std::size_t items = g.outer * g.a * g.b * (g.unit / w);
+      r = d_->cuLaunchKernel(words ? fn_transpose_u32_ : fn_transpose_u8_, grid_for(items, kBlock), 1, 1, kBlock, 1,
+                             1, 0, misc_, args, nullptr);
+    }
+    const CUresult sync = d_->cuStreamSynchronize(misc_);  // before the scratch is freed
+    d_->cuMemFree(scratch);
+    check(r, "unit transpose");
+    check(sync, "cuStreamSynchronize (unit transpose)");
   }
 
   // A scaled FP8 tensor on this GPU decoded by its kernel (one thread per
@@ -998,6 +1027,7 @@ class CudaBackend final : public Backend {
   CUfunction fn_to_f32_[kNumDTypes] = {};             // by source dtype
   CUfunction fn_encode_[kNumDTypes][kNumDTypes] = {};  // by destination, source
   CUfunction fn_verify_[kNumDTypes] = {};             // by buffer dtype
+  CUfunction fn_transpose_u32_ = nullptr, fn_transpose_u8_ = nullptr;  // unit transposes (kernels/unit_grid.h)
   CUfunction fn_scaled_fp8_[2][4] = {};               // [e4m3, e5m2][f32, bf16, f16, q8_0] (docs/FP8.md)
 
   // Uploads left in flight (raw, widening) and how many of them a

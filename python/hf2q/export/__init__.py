@@ -524,7 +524,7 @@ def _parts(entry: TensorPlan, part_bytes: int) -> list[TensorPlan]:
     import dataclasses
 
     if (entry.nbytes <= part_bytes or len(entry.shape) < 2 or entry.shape[0] < 2 or not entry.streamed
-            or any(p.select is not None or p.rows is not None for p in entry.sources)):
+            or entry.unit_transpose is not None or any(p.select is not None or p.rows is not None for p in entry.sources)):
         return [entry]
     lead = entry.shape[0]
     per = formats.numel(entry.shape[1:])  # elements of one leading entry

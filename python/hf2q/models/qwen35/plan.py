@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ... import formats
-from ...plan import LoadPlan, Piece, TensorPlan
+from ...plan import LoadPlan, Piece, TensorPlan, UnitTranspose
 from ...safetensors import Checkpoint, SafetensorsFile
 from ...errors import (
     ConfigError,
@@ -83,8 +83,11 @@ __all__ = [
 
 DeviceDtype = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
 _Q8_BLOCK = formats.get("q8_0").block_elems
-#: Transforms the loader does while streaming (pieces land at their offsets).
-_STREAMABLE = frozenset((Transform.FUSED_SPLIT, Transform.STACK_EXPERTS))
+#: Transforms the loader does while streaming: pieces land at their
+#: offsets, a squeeze keeps the bytes, and a V-head reorder is a unit
+#: transpose done where the tensor lies (:func:`_unit_transpose`).
+_STREAMABLE = frozenset((Transform.FUSED_SPLIT, Transform.STACK_EXPERTS, Transform.SQUEEZE_CONV1D,
+                         *Transform.REORDERS))
 
 
 # --------------------------------------------------------------------------- errors
@@ -185,7 +188,8 @@ class PlannedTensor(TensorPlan):
     - ``layer`` (the entry's ``group``): block index (``None`` for token_embd / output_norm / output).
     - ``source_dtype``: the (common) checkpoint dtype of the sources.
     - ``transform``: the loader's numpy step (None when the pieces stream
-      straight to their offsets: expert stacks and fused halves).
+      straight to their offsets: expert stacks, fused halves, and the V-head
+      reorders, which are then the entry's ``unit_transpose``).
     """
 
     hf_name: str = ""
@@ -375,6 +379,31 @@ def _entries(tensors: Any) -> list[tuple[str, str, tuple[int, ...]]]:
 
 
 # --------------------------------------------------------------------------- the plan
+def _unit_transpose(pt: PlannedTensor, cfg: Qwen35Config) -> UnitTranspose | None:
+    """A V-head reorder of ``pt`` (its one reorder tag) as the unit transpose
+    the loader does where the tensor lies: grouped by key head ``[nk, r]``
+    -> tiled ``[r, nk]``, a unit being a head's rows (or, for ``out_proj``,
+    a head's columns of each row). The same result as the numpy reorders of
+    :mod:`.transforms`, which the tests compare it with."""
+    tags = [t for t in pt.transforms if t in Transform.REORDERS]
+    if not tags:
+        return None
+    nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    if len(tags) != 1 or nv % nk:
+        raise ValueError(f"{pt.name}: reorders {tags} of {nv} value heads over {nk} key heads")
+    r, dv = nv // nk, cfg.linear_value_head_dim
+    n = formats.numel(pt.shape)
+    cols = formats.numel(pt.shape[1:])  # elements of a row (1 for a vector)
+    tag = tags[0]
+    if tag == Transform.REORDER_V_COLS:  # out_proj [H, nv*dv]: each row's columns, dv per head
+        return UnitTranspose(pt.shape[0], cols, 0, nk, r, dv)
+    if tag in (Transform.REORDER_V_QKV, Transform.REORDER_V_CONV1D):  # V rows after Q and K, dv per head
+        return UnitTranspose(1, n, 2 * nk * cfg.linear_key_head_dim * cols, nk, r, dv * cols)
+    if tag == Transform.REORDER_V_ROWS:  # in_proj_z: rows, dv per head
+        return UnitTranspose(1, n, 0, nk, r, dv * cols)
+    return UnitTranspose(1, n, 0, nk, r, cols)  # in_proj_a/_b rows, dt_bias elements: one per head
+
+
 def _transforms(spec: _Spec, cfg: Qwen35Config) -> tuple[str, ...]:
     """Transform tags of a non-expert tensor, in the order of docs/QWEN35MOE.md."""
     tags: list[str] = []
@@ -679,6 +708,10 @@ def plan_qwen35_moe(
         if not streamed:
             step = _Transform(cfg)
             planned[i] = step.pt = dataclasses.replace(pt, transform=step)
+        elif pt.transforms:
+            t = _unit_transpose(pt, cfg)
+            if t is not None:
+                planned[i] = dataclasses.replace(pt, unit_transpose=t)
 
     return Qwen35Plan(
         "qwen35moe", planned, cfg, tuple(skipped),
