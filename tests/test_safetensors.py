@@ -999,3 +999,73 @@ def test_numbers_beyond_f64_refused_as_the_crate_does(tmp_path: Path, number: st
     else:
         with pytest.raises(SafetensorsError, match="number out of range"):
             hst.open(p)
+
+
+# --------------------------------------------------------------------------- the fast parse
+_KEYS = st.sampled_from(["a", "b", "w.0", "x-y", "__metadata__", "dtype", "shape", "data_offsets", "extra", "\\ud800"])
+_NUMBERS = st.sampled_from(["0", "1", "2", "-0", "-1", "1.0", "1e3", "18446744073709551615", "18446744073709551616",
+                            "1" * 30, "NaN", "Infinity"])
+
+
+def _value(depth: int) -> st.SearchStrategy[str]:
+    leaf = st.one_of(_NUMBERS, st.sampled_from(['"F32"', '"BF16"', '"U8"', '"pt"', "null", "true"]))
+    if depth == 0:
+        return leaf
+    return st.one_of(leaf, st.lists(_value(depth - 1), max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
+                     _object(depth - 1))
+
+
+def _object(depth: int) -> st.SearchStrategy[str]:
+    pair = st.tuples(_KEYS, _value(depth)).map(lambda kv: f'"{kv[0]}":{kv[1]}')
+    return st.lists(pair, max_size=4).map(lambda ps: "{" + ",".join(ps) + "}")
+
+
+def _tensor_entry() -> st.SearchStrategy[str]:
+    good = st.tuples(st.sampled_from(["F32", "U8", "BF16", "X"]), st.lists(_NUMBERS, max_size=3),
+                     st.tuples(_NUMBERS, _NUMBERS))
+    return st.one_of(good.map(lambda t: '{"dtype":"%s","shape":[%s],"data_offsets":[%s,%s]}'
+                              % (t[0], ",".join(t[1]), t[2][0], t[2][1])), _object(2))
+
+
+@HYP
+@given(st.lists(st.tuples(_KEYS, _tensor_entry()), max_size=4))
+def test_fast_parse_agrees_with_the_careful_one(pairs: list[tuple[str, str]]) -> None:
+    """Whatever the C-scanner parse accepts, the careful parse (every number
+    and object through Python, serde_json's rules) accepts with the same
+    metadata and entries; anything else the fast parse leaves to it (None)."""
+    text = "{" + ",".join(f'"{k}":{v}' for k, v in pairs) + "}"
+    fast = hst._plain_header(text)
+    if fast is None:
+        return
+    try:
+        root, duplicate = hst._loads(text)
+    except ValueError:
+        pytest.fail(f"fast parse accepted what the careful one refuses: {text}")
+    assert duplicate is None, text
+    import unittest.mock
+
+    with unittest.mock.patch.object(hst, "_plain_header", lambda _t: None):
+        try:
+            careful = hst._validate_header(len(text), text.encode(), 1 << 70, "x")
+        except SafetensorsError as e:
+            # only the layout rules (7-11) may refuse it: they run on the fast result too
+            assert e.code not in ("InvalidHeaderDeserialization", "DuplicateKey", "InvalidHeader"), (text, e)
+            with pytest.raises(SafetensorsError) as again:
+                hst._check_layout(len(text), fast[1], 1 << 70, "x")
+            assert again.value.code == e.code
+            return
+    assert (fast[0], sorted(fast[1])) == (careful[0], sorted(careful[1])), text
+
+
+@pytest.mark.parametrize("text", [
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}',
+    '{"a":{"dtype":"F32","dtype":"F32","data_offsets":[0,4]}}',
+    '{"__metadata__":{"k":"v","k":"w"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    '{"a":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}}',
+    '{"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}}',
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":1e999}}',
+    '{"\\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    '{"__metadata__":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+])
+def test_fast_parse_leaves_the_unusual_to_the_careful_one(text: str) -> None:
+    assert hst._plain_header(text) is None

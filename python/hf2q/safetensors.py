@@ -283,6 +283,11 @@ def _validate_header(
     except UnicodeDecodeError as e:
         raise _err(INVALID_HEADER, path, f"header is not valid UTF-8 ({e.reason} at byte {8 + e.start})") from None
 
+    parsed = _plain_header(text)
+    if parsed is not None:
+        metadata, entries = parsed
+        return metadata, _check_layout(n, entries, file_size, path)
+
     # Rule 5: JSON and schema.
     def bad(reason: str, tensor: str | None = None) -> SafetensorsError:
         return _err(INVALID_HEADER_DESERIALIZATION, path, reason, tensor)
@@ -356,7 +361,99 @@ def _validate_header(
     # Rule 6: duplicate keys anywhere.
     if duplicate is not None:
         raise _err(DUPLICATE_KEY, path, f"duplicate JSON key {duplicate!r} in header")
+    return metadata, _check_layout(n, entries, file_size, path)
 
+
+class _Unusual(Exception):
+    """A header the fast parse leaves to the careful one (:func:`_plain_header`)."""
+
+
+def _unusual(_text: str) -> Any:
+    raise _Unusual
+
+
+#: A minus sign where a JSON value starts: a negative number (or "-0"), which
+#: the careful parser reads as a non-u64 number. It may also match inside a
+#: string; then the careful parser runs, which is only slower.
+_NEGATIVE = re.compile(r"[\[,:]\s*-")
+_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
+
+
+def _plain_header(text: str) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]] | None:
+    """Rules 5 and 6 for a header that holds nothing unusual, parsed by the
+    C JSON scanner alone (no Python call per number or object: 2-3x faster
+    on a 32,000-tensor checkpoint). It returns the same metadata and entries
+    as the careful path, or None, and the careful path then decides, with
+    its exact errors: anything it would refuse, and anything the C scanner
+    reads differently from serde_json (floats, NaN, negative numbers or
+    ``-0``, lone surrogate escapes, fields other than the three, repeated
+    keys: each object's pairs are kept, so a repeat shows as a count)."""
+    if ("\\u" in text and _SURROGATE_ESCAPE.search(text) is not None) or ("-" in text and _NEGATIVE.search(text)):
+        return None
+    try:
+        root = json.loads(text, object_pairs_hook=_Obj, parse_float=_unusual, parse_constant=_unusual)
+    except (_Unusual, ValueError, RecursionError):
+        return None
+    if type(root) is not _Obj:
+        return None
+    metadata: dict[str, str] = {}
+    entries: list[tuple[int, int, str, str, tuple[int, ...]]] = []
+    names: set[str] = set()
+    for key, value in root:
+        if key in names:
+            return None
+        names.add(key)
+        if type(value) is not _Obj or len(value) != 3:
+            if key == "__metadata__" and (value is None or type(value) is _Obj):
+                if value is not None:
+                    metadata = dict(value)
+                    if len(metadata) != len(value) or any(type(v) is not str for v in metadata.values()):
+                        return None
+                continue
+            return None
+        fields = dict(value)
+        if fields.keys() != _FIELDS:
+            return None
+        dtype, shape, offsets = fields["dtype"], fields["shape"], fields["data_offsets"]
+        if (key == "__metadata__" or type(dtype) is not str or dtype not in DTYPE_BITS or type(shape) is not list
+                or type(offsets) is not list or len(offsets) != 2):
+            return None
+        for d in shape:
+            if type(d) is not int or d > U64_MAX:
+                return None
+        begin, end = offsets
+        if type(begin) is not int or type(end) is not int or begin > U64_MAX or end > U64_MAX:
+            return None
+        entries.append((begin, end, key, dtype, tuple(shape)))
+    return metadata, entries
+
+
+def _loads_plain(text: str) -> Any:
+    """:func:`_loads` for JSON that holds nothing unusual (see
+    :func:`_plain_header`), with no Python call per number or object: the
+    same tree, or None where the careful parser must decide (a repeated key
+    anywhere included)."""
+    if ("\\u" in text and _SURROGATE_ESCAPE.search(text) is not None) or ("-" in text and _NEGATIVE.search(text)):
+        return None
+    try:
+        root = json.loads(text, object_pairs_hook=_Obj, parse_float=_unusual, parse_constant=_unusual)
+    except (_Unusual, ValueError, RecursionError):
+        return None
+    stack = [root]
+    while stack:
+        v = stack.pop()
+        if type(v) is _Obj:
+            if len(v) > 1 and len(dict(v)) != len(v):
+                return None
+            stack.extend(x for _, x in v if type(x) is _Obj or type(x) is list)
+        elif type(v) is list:
+            stack.extend(x for x in v if type(x) is _Obj or type(x) is list)
+    return root
+
+
+def _check_layout(n: int, entries: list[tuple[int, int, str, str, tuple[int, ...]]], file_size: int, path: str
+                  ) -> list[tuple[int, int, str, str, tuple[int, ...]]]:
+    """Rules 7-11 of docs/SAFETENSORS.md over the parsed entries; returns them."""
     # Rules 7-10, tensor by tensor in (begin, end) order; ties by name for determinism.
     entries.sort(key=_BEGIN_END_NAME)
     previous_end = 0
@@ -412,7 +509,7 @@ def _validate_header(
             + ("; the file is cut short (an interrupted download or copy?): re-download it"
                if file_size < expected else ""),
         )
-    return metadata, entries
+    return entries
 
 
 # ----------------------------------------------------------------------------- I/O
@@ -869,8 +966,10 @@ def _open_index(index_path: Path) -> Checkpoint:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _index_error(INVALID_INDEX, spath, f"index is not valid UTF-8: {e.reason}") from None
+    root, duplicate = _loads_plain(text), None
     try:
-        root, duplicate = _loads(text)
+        if root is None:
+            root, duplicate = _loads(text)
     except (ValueError, RecursionError) as e:
         raise _index_error(INVALID_INDEX, spath, f"index is not valid JSON: {e}") from None
     if duplicate is not None:
@@ -886,12 +985,15 @@ def _open_index(index_path: Path) -> Checkpoint:
     if not isinstance(wm, _Obj):
         raise _index_error(INVALID_INDEX, spath, f"'weight_map' must be an object of string -> string, got {_describe(wm)}")
     weight_map: dict[str, str] = {}
+    checked: dict[str, str | None] = {}  # shard name -> why it is refused (a few names, 30,000 tensors)
     for tensor, shard in wm:
         if not isinstance(shard, str):
             raise _index_error(
                 INVALID_INDEX, spath, f"weight_map value must be a shard file name (string), got {_describe(shard)}", tensor
             )
-        why = _bad_shard_name(shard)
+        why = checked.get(shard, "")
+        if why == "":
+            why = checked[shard] = _bad_shard_name(shard)
         if why is not None:
             raise _index_error(
                 INVALID_SHARD_NAME, spath, f"shard name {shard!r} {why}: shards must be plain file names in the index's directory", tensor
@@ -919,19 +1021,21 @@ def _open_index(index_path: Path) -> Checkpoint:
         problems: list[tuple[str, str, str, str]] = []  # (code, shard path, tensor, reason)
         seen: dict[str, str] = {}
         for f in opened:
+            fname = f.path.name
             for name in f.keys():
                 if name in seen:
                     problems.append((DUPLICATE_TENSOR, str(f.path), name, f"tensor is also in shard {seen[name]!r}"))
                 else:
-                    seen[name] = f.path.name
+                    seen[name] = fname
         for f in opened:
             for name in sorted(by_shard[f.path.name]):
                 if name not in f:
                     problems.append((TENSOR_NOT_IN_SHARD, str(f.path), name, f"index {spath} maps the tensor to this shard but it is not there"))
         for f in opened:
+            fname = f.path.name
             for name in f.keys():
                 listed = weight_map.get(name)
-                if listed != f.path.name:
+                if listed != fname:
                     why = "is not in the index's weight_map" if listed is None else f"is mapped by the index to shard {listed!r}"
                     problems.append((TENSOR_NOT_IN_INDEX, str(f.path), name, f"tensor in this shard {why}"))
         if problems:
