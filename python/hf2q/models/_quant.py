@@ -201,6 +201,34 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _scale_geometry(scheme: QuantScheme, wshape: tuple[int, ...], sshape: tuple[int, ...]
+                    ) -> tuple[bool, str, tuple[int, int], tuple[int, ...], str]:
+    """(whether the scale shape fits, the shape wanted in words, block,
+    grid, strategy) of a scale of ``sshape`` for a weight of ``wshape``."""
+    lead, rows, cols = _strip_dims(wshape)
+    snumel = formats.numel(sshape)
+    strategy = scheme.strategy
+    if strategy == "auto":  # fp8 without weight_block_size: the scale's shape says which
+        strategy = "tensor" if snumel == 1 else "channel"
+    if strategy == "block":
+        assert scheme.block is not None
+        block = scheme.block
+        grid = (*lead, _cdiv(rows, block[0]), _cdiv(cols, block[1]))
+        ok = sshape == grid
+        want = f"{list(grid)}: ceil({rows} / {block[0]}) x ceil({cols} / {block[1]}) blocks of {list(wshape)}"
+    elif strategy == "channel":
+        block = (1, cols)
+        grid = (*lead, rows, 1)
+        ok = sshape in (grid, (*lead, rows))
+        want = f"{list(grid)}: one scale per row of {list(wshape)}"
+    else:
+        block = (rows, cols)
+        grid = (*lead, 1, 1)
+        ok = snumel == 1
+        want = "one value: a per-tensor scale"
+    return ok, want, block, grid, strategy
+
+
 def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     """Pair every FP8 weight of ``ckpt`` (an open checkpoint: names,
     ``[name].dtype`` / ``.shape``) with its scale under ``scheme``; typed
@@ -219,8 +247,12 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     rule = f"quantization_config: {scheme.describe()}"
     if scheme.method == "mxfp4":
         return _mxfp4_tensors(ckpt, scheme, names, rule)
+    dropped_suffixes = tuple(scheme.dropped)
+    # The scale geometry of one (weight shape, scale shape) pair, once: an
+    # expert stack's hundreds of tensors share theirs.
+    geometry: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[bool, str, tuple[int, int], tuple[int, ...], str]] = {}
     for name in names:
-        if any(name.endswith(d) for d in scheme.dropped):
+        if dropped_suffixes and name.endswith(dropped_suffixes):
             dropped.add(name)
             continue
         if not name.endswith(scheme.suffix):
@@ -245,34 +277,16 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
             bad_dtype.append(ManifestProblem("dtype", name, f"F32, BF16 or F16 (the scale of '{weight}')",
                                              sinfo.dtype))
             continue
-        wshape = tuple(int(d) for d in winfo.shape)
-        sshape = tuple(int(d) for d in sinfo.shape)
+        wshape = winfo.shape if type(winfo.shape) is tuple else tuple(int(d) for d in winfo.shape)
+        sshape = sinfo.shape if type(sinfo.shape) is tuple else tuple(int(d) for d in sinfo.shape)
         if not wshape or 0 in wshape:
             bad_shape.append(ManifestProblem("shape", weight, "a non-empty matrix (a scaled FP8 weight)",
                                              str(list(wshape))))
             continue
-        lead, rows, cols = _strip_dims(wshape)
-        snumel = formats.numel(sshape)
-        strategy = scheme.strategy
-        if strategy == "auto":  # fp8 without weight_block_size: the scale's shape says which
-            strategy = "tensor" if snumel == 1 else "channel"
-        if strategy == "block":
-            assert scheme.block is not None
-            block = scheme.block
-            grid = (*lead, _cdiv(rows, block[0]), _cdiv(cols, block[1]))
-            ok = sshape == grid
-            want = (f"{list(grid)}: ceil({rows} / {block[0]}) x ceil({cols} / {block[1]}) blocks of "
-                    f"{list(wshape)}")
-        elif strategy == "channel":
-            block = (1, cols)
-            grid = (*lead, rows, 1)
-            ok = sshape in (grid, (*lead, rows))
-            want = f"{list(grid)}: one scale per row of {list(wshape)}"
-        else:
-            block = (rows, cols)
-            grid = (*lead, 1, 1)
-            ok = snumel == 1
-            want = "one value: a per-tensor scale"
+        geo = geometry.get((wshape, sshape))
+        if geo is None:
+            geo = geometry[(wshape, sshape)] = _scale_geometry(scheme, wshape, sshape)
+        ok, want, block, grid, strategy = geo
         if not ok:
             bad_shape.append(ManifestProblem("shape", name, f"{want} ({rule})", str(list(sshape))))
             continue

@@ -5,6 +5,8 @@ plan with it."""
 
 from __future__ import annotations
 
+import functools
+
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -219,6 +221,7 @@ def is_multimodal_tensor(name: str) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=4096)  # asked twice per tensor (layer, expert) of a 60,000-tensor checkpoint: few strings
 def _canon_int(s: str) -> int | None:
     """A decimal index as written by HF (no sign, no leading zeros); None
     otherwise, and for more digits than any index can have (int() of

@@ -459,7 +459,9 @@ def plan_qwen35_moe(
     # FP8 checkpoints (docs/FP8.md): each FP8 weight decodes with its scale,
     # as the converter's dequant step does before any transform; the scale
     # and activation-scale tensors are not tensors of the model.
-    scaled = scaled_tensors(_Headers(entries, getattr(tensors, "directory", None)), cfg.quantization)
+    # (a validated checkpoint is its own header view: no second table of 60,000 entries)
+    headers = tensors if type(tensors) is Checkpoint else _Headers(entries, getattr(tensors, "directory", None))
+    scaled = scaled_tensors(headers, cfg.quantization)
     if scaled.scheme is not None:
         entries = [e for e in entries if e[0] not in scaled.consumed and e[0] not in scaled.dropped]
 
