@@ -1034,9 +1034,12 @@ def test_fast_parse_agrees_with_the_careful_one(pairs: list[tuple[str, str]]) ->
     and object through Python, serde_json's rules) accepts with the same
     metadata and entries; anything else the fast parse leaves to it (None)."""
     text = "{" + ",".join(f'"{k}":{v}' for k, v in pairs) + "}"
-    fast = hst._plain_header(text)
-    if fast is None:
-        return
+    for fast in (hst._plain_header(text), hst._scanned_header(text.encode())):
+        if fast is not None:
+            _agrees_with_careful(text, fast)
+
+
+def _agrees_with_careful(text: str, fast: Any) -> None:
     try:
         root, duplicate = hst._loads(text)
     except ValueError:
@@ -1044,7 +1047,8 @@ def test_fast_parse_agrees_with_the_careful_one(pairs: list[tuple[str, str]]) ->
     assert duplicate is None, text
     import unittest.mock
 
-    with unittest.mock.patch.object(hst, "_plain_header", lambda _t: None):
+    with unittest.mock.patch.object(hst, "_plain_header", lambda _t: None), \
+            unittest.mock.patch.object(hst, "_scanned_header", lambda _b: None):
         try:
             careful = hst._validate_header(len(text), text.encode(), 1 << 70, "x")
         except SafetensorsError as e:
@@ -1069,3 +1073,46 @@ def test_fast_parse_agrees_with_the_careful_one(pairs: list[tuple[str, str]]) ->
 ])
 def test_fast_parse_leaves_the_unusual_to_the_careful_one(text: str) -> None:
     assert hst._plain_header(text) is None
+    assert hst._scanned_header(text.encode()) is None
+
+
+@pytest.mark.parametrize("text", [
+    '{"a\\b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',  # an escape
+    '{"a\tb":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',  # a raw control byte
+    '{"a":{"dtype":"F32","shape":[01],"data_offsets":[0,4]}}',  # a leading zero
+    '{"a":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,4]}}',  # past u64
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} x',  # trailing bytes
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}\u0000',
+    '\ufeff{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',  # a byte-order mark
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}}',
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},}',
+    '{"a":{"dtype":"F32","shape":[1,],"data_offsets":[0,4]}}',
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"shape":[1]}}',
+    '{"__metadata__":{"k":1},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+    '{"__metadata__":null,"__metadata__":null}',
+    '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}',
+])
+def test_native_scan_leaves_the_unusual_to_the_careful_one(text: str) -> None:
+    assert hst._scanned_header(text.encode("utf-8")) is None
+
+
+@pytest.mark.parametrize("text", [
+    '{}',
+    ' \t\r\n{ "__metadata__" : null , "a" : { "shape" : [ ] , "data_offsets" : [ 0 , 4 ] , "dtype" : "F32" } }   ',
+    '{"__metadata__":{"format":"pt","é":"ü"},"ä.0":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},'
+    '"b":{"dtype":"U8","shape":[0,18446744073709551615],"data_offsets":[12,12]}}',
+])
+def test_native_scan_equals_the_careful_parse(text: str) -> None:
+    fast = hst._scanned_header(text.encode("utf-8"))
+    assert fast is not None
+    root, duplicate = hst._loads(text)
+    assert duplicate is None
+    import unittest.mock
+
+    n = len(text.encode())
+    size = 8 + n + max((e[1] for e in fast[1]), default=0)  # the file these entries fill exactly
+    with unittest.mock.patch.object(hst, "_scanned_header", lambda _b: None), \
+            unittest.mock.patch.object(hst, "_plain_header", lambda _t: None):
+        careful = hst._validate_header(n, text.encode(), size, "x")
+    assert (fast[0], hst._check_layout(n, fast[1], size, "x")) == careful
+    assert hst._validate_header(n, text.encode(), size, "x") == careful  # the native path, end to end

@@ -12,6 +12,7 @@
 
 #include "../kernels/checked_ops.h"
 #include "../device/dtype.h"
+#include "../device/header_scan.h"
 #include "../device/reader.h"
 #include "../kernels/formats.h"
 #include "../kernels/kernels.h"
@@ -206,6 +207,54 @@ NB_MODULE(_core, m) {
       "pread exactly out.size bytes at offset into out, in parallel chunks (0: the default size); "
       "raises FileReadError with .code 'FileTruncated' or 'Io'.");
   m.attr("READ_CHUNK_BYTES") = hf2q::device::kReadChunkBytes;
+  m.def(
+      "scan_header",
+      [](nb::bytes header) -> nb::object {
+        hf2q::device::ScannedHeader h;
+        bool plain = false;
+        {
+          hf2q::bindings::ReleaseGil nogil;  // the bytes object is immutable and held by the caller
+          plain = hf2q::device::scan_header(header.c_str(), header.size(), &h);
+        }
+        if (!plain) return nb::none();
+        // Built with the C API: one tuple per tensor of a 60,000-tensor header.
+        auto utf8 = [](std::string_view v) {
+          PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "strict");
+          if (o == nullptr) throw nb::python_error();
+          return nb::steal(o);
+        };
+        auto u64 = [](std::uint64_t v) {
+          PyObject* o = PyLong_FromUnsignedLongLong(v);
+          if (o == nullptr) throw nb::python_error();
+          return nb::steal(o);
+        };
+        nb::dict meta;
+        for (const auto& kv : h.metadata) meta[utf8(kv.first)] = utf8(kv.second);
+        nb::list out;
+        std::vector<std::pair<std::string_view, nb::object>> dtypes;  // the few distinct dtype strings, made once
+        for (const auto& t : h.tensors) {
+          nb::object dt;
+          for (const auto& d : dtypes) {
+            if (d.first == t.dtype) dt = d.second;
+          }
+          if (!dt.is_valid()) {
+            dt = utf8(t.dtype);
+            dtypes.emplace_back(t.dtype, dt);
+          }
+          PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(t.ndims));
+          if (shape == nullptr) throw nb::python_error();
+          nb::object shape_obj = nb::steal(shape);
+          for (std::size_t i = 0; i < t.ndims; ++i) {
+            PyTuple_SET_ITEM(shape, static_cast<Py_ssize_t>(i), u64(h.dims[t.dims_begin + i]).release().ptr());
+          }
+          out.append(nb::make_tuple(u64(t.begin), u64(t.end), utf8(t.name), dt, shape_obj));
+        }
+        return nb::make_tuple(meta, out);
+      },
+      "header"_a,
+      "A safetensors header that holds nothing unusual, scanned in one native pass: (metadata, [(begin, end, "
+      "name, dtype, shape), ...] in header order), or None where the careful parser must decide "
+      "(csrc/device/header_scan.h).");
   m.def(
       "can_convert",
       [](const std::string& src, const std::string& dst) {

@@ -114,5 +114,8 @@ def format_table() -> list[tuple[str, int, int, int, str, str, int, bool, bool]]
 def can_convert(src: str, dst: str) -> bool: ...
 READ_CHUNK_BYTES: int
 
+def scan_header(header: bytes) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]] | None:
+    """A plain safetensors header in one native pass, or None (the careful parser decides)."""
+
 def read_file(fd: int, offset: int, out: npt.NDArray[np.uint8], chunk: int = 0) -> None:
     """pread len(out) bytes at offset (parallel chunks); FileReadError(.code) on failure."""

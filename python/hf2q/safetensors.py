@@ -283,7 +283,9 @@ def _validate_header(
     except UnicodeDecodeError as e:
         raise _err(INVALID_HEADER, path, f"header is not valid UTF-8 ({e.reason} at byte {8 + e.start})") from None
 
-    parsed = _plain_header(text)
+    parsed = _scanned_header(header)
+    if parsed is None:
+        parsed = _plain_header(text)
     if parsed is not None:
         metadata, entries = parsed
         return metadata, _check_layout(n, entries, file_size, path)
@@ -377,6 +379,20 @@ def _unusual(_text: str) -> Any:
 #: string; then the careful parser runs, which is only slower.
 _NEGATIVE = re.compile(r"[\[,:]\s*-")
 _FIELDS = frozenset(("dtype", "shape", "data_offsets"))
+
+
+def _scanned_header(header: bytes) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]] | None:
+    """Rules 5 and 6 by the native scan (``_core.scan_header``): a header of
+    the plain subset it accepts, with every dtype known, gives the same
+    metadata and entries as the careful path; None otherwise."""
+    scanned = _core.scan_header(header)
+    if scanned is None:
+        return None
+    metadata, entries = scanned
+    for e in entries:
+        if e[3] not in DTYPE_BITS:
+            return None
+    return metadata, entries
 
 
 def _plain_header(text: str) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]] | None:

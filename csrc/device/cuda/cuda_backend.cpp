@@ -549,7 +549,7 @@ class CudaBackend final : public Backend {
   // MiB of pinned memory), fewer where that would pass 1/64 of the host's
   // memory. On the H200 machine (16 threads) 128 MiB loaded a 71 GB
   // checkpoint faster than 256 MiB, 512 MiB or 1 GiB. HF2Q_CUDA_STAGING_MIB
-  // sets the ring's size and HF2Q_CUDA_SLOT_MIB (1, 2, 4 or 8) the slots'
+  // sets the ring's size and HF2Q_CUDA_SLOT_MIB (1, 2, 4, 8, 16 or 32) the slots'
   // (benchmarks).
   static long env_long(const char* name) {
     const char* env = std::getenv(name);
@@ -561,7 +561,8 @@ class CudaBackend final : public Backend {
 
   static std::size_t slot_bytes_from_env() {
     const long mib = env_long("HF2Q_CUDA_SLOT_MIB");
-    return mib == 1 || mib == 2 || mib == 4 || mib == 8 ? static_cast<std::size_t>(mib) << 20 : kSlotBytes;
+    return mib == 1 || mib == 2 || mib == 4 || mib == 8 || mib == 16 || mib == 32 ? static_cast<std::size_t>(mib) << 20
+                                                                                   : kSlotBytes;
   }
 
   static int ring_slots(std::size_t slot_bytes) {

@@ -1,0 +1,151 @@
+#include "header_scan.h"
+
+#include <string>
+#include <unordered_set>
+
+namespace hf2q::device {
+namespace {
+
+class Scanner {
+ public:
+  Scanner(const char* p, std::size_t n) : p_(p), end_(p + n) {}
+
+  void ws() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
+  }
+  bool eat(char c) {
+    ws();
+    if (p_ < end_ && *p_ == c) {
+      ++p_;
+      return true;
+    }
+    return false;
+  }
+  bool peek(char c) {
+    ws();
+    return p_ < end_ && *p_ == c;
+  }
+  bool at_end() {
+    ws();
+    return p_ == end_;
+  }
+  // A string with no escape and no control byte (its bytes as a view).
+  bool string(std::string_view* out) {
+    if (!eat('"')) return false;
+    const char* s = p_;
+    while (p_ < end_ && *p_ != '"') {
+      const unsigned char c = static_cast<unsigned char>(*p_);
+      if (c == '\\' || c < 0x20) return false;
+      ++p_;
+    }
+    if (p_ == end_) return false;
+    *out = std::string_view(s, static_cast<std::size_t>(p_ - s));
+    ++p_;
+    return true;
+  }
+  // An integer as JSON writes a u64: digits, no leading zero, no sign,
+  // fraction or exponent, at most 2^64 - 1.
+  bool u64(std::uint64_t* out) {
+    ws();
+    const char* s = p_;
+    std::uint64_t v = 0;
+    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
+      const std::uint64_t d = static_cast<std::uint64_t>(*p_ - '0');
+      if (v > (UINT64_MAX - d) / 10) return false;
+      v = v * 10 + d;
+      ++p_;
+    }
+    const std::size_t n = static_cast<std::size_t>(p_ - s);
+    if (n == 0 || (n > 1 && *s == '0')) return false;
+    if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E')) return false;
+    *out = v;
+    return true;
+  }
+  bool null() {
+    ws();
+    if (end_ - p_ >= 4 && std::string_view(p_, 4) == "null") {
+      p_ += 4;
+      return true;
+    }
+    return false;
+  }
+
+ private:
+  const char* p_;
+  const char* end_;
+};
+
+bool metadata(Scanner& s, ScannedHeader* out) {
+  if (s.null()) return true;
+  if (!s.eat('{')) return false;
+  std::unordered_set<std::string_view> seen;
+  if (s.eat('}')) return true;
+  do {
+    std::string_view k, v;
+    if (!s.string(&k) || !s.eat(':') || !s.string(&v) || !seen.insert(k).second) return false;
+    out->metadata.emplace_back(k, v);
+  } while (s.eat(','));
+  return s.eat('}');
+}
+
+bool tensor(Scanner& s, std::string_view name, ScannedHeader* out) {
+  if (!s.eat('{')) return false;
+  ScannedHeader::Tensor t;
+  t.name = name;
+  bool dtype = false, shape = false, offsets = false;
+  for (int field = 0; field < 3; ++field) {
+    if (field > 0 && !s.eat(',')) return false;
+    std::string_view k;
+    if (!s.string(&k) || !s.eat(':')) return false;
+    if (k == "dtype" && !dtype) {
+      if (!s.string(&t.dtype)) return false;
+      dtype = true;
+    } else if (k == "shape" && !shape) {
+      if (!s.eat('[')) return false;
+      t.dims_begin = out->dims.size();
+      if (!s.eat(']')) {
+        do {
+          std::uint64_t d = 0;
+          if (!s.u64(&d)) return false;
+          out->dims.push_back(d);
+        } while (s.eat(','));
+        if (!s.eat(']')) return false;
+      }
+      t.ndims = out->dims.size() - t.dims_begin;
+      shape = true;
+    } else if (k == "data_offsets" && !offsets) {
+      if (!s.eat('[') || !s.u64(&t.begin) || !s.eat(',') || !s.u64(&t.end) || !s.eat(']')) return false;
+      offsets = true;
+    } else {
+      return false;  // another field, or one repeated
+    }
+  }
+  if (!s.eat('}')) return false;
+  out->tensors.push_back(t);
+  return true;
+}
+
+}  // namespace
+
+bool scan_header(const char* text, std::size_t len, ScannedHeader* out) {
+  out->tensors.clear();
+  out->dims.clear();
+  out->metadata.clear();
+  Scanner s(text, len);
+  if (!s.eat('{')) return false;
+  std::unordered_set<std::string_view> names;
+  if (!s.peek('}')) {
+    do {
+      std::string_view key;
+      if (!s.string(&key) || !s.eat(':') || !names.insert(key).second) return false;
+      if (key == "__metadata__") {
+        if (!metadata(s, out)) return false;
+      } else if (!tensor(s, key, out)) {
+        return false;
+      }
+    } while (s.eat(','));
+  }
+  return s.eat('}') && s.at_end();
+}
+
+}  // namespace hf2q::device

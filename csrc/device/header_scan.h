@@ -1,0 +1,35 @@
+// A fast scan of a safetensors header that holds nothing unusual
+// (docs/SAFETENSORS.md, "Reading the header fast"): one pass over the JSON
+// bytes, no allocation per number. It accepts only a plain subset of JSON:
+// a top-level object whose members are "__metadata__" (null, or an object of
+// strings) and tensor entries with exactly the fields dtype (a string),
+// shape (an array of integers) and data_offsets (two integers); strings
+// without escapes or control bytes; integers written as JSON writes them
+// (no sign, no leading zero, no fraction or exponent) up to 2^64 - 1; no
+// repeated key anywhere. Anything else, valid JSON or not, makes it return
+// false, and the caller's careful parser decides with its exact errors.
+// The layout rules (offsets, sizes, dtypes) are the caller's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace hf2q::device {
+
+struct ScannedHeader {
+  struct Tensor {
+    std::string_view name, dtype;
+    std::size_t dims_begin = 0, ndims = 0;  // into `dims`
+    std::uint64_t begin = 0, end = 0;
+  };
+  std::vector<Tensor> tensors;  // in the order the header lists them
+  std::vector<std::uint64_t> dims;
+  std::vector<std::pair<std::string_view, std::string_view>> metadata;  // views into the scanned bytes
+};
+
+bool scan_header(const char* text, std::size_t len, ScannedHeader* out);
+
+}  // namespace hf2q::device
