@@ -14,6 +14,7 @@ included, every buffer allocated so far is freed before the error leaves."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -200,16 +201,52 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         # whole full-size drafter: the bar was updated only when the read ended).
         batch_bytes = min(batch_bytes, BAR_BATCH_BYTES)
 
+    # On a GPU a batch's reads and copies run on a helper thread while this
+    # one prepares the next (allocations and file jobs: Python work that
+    # grows with the tensor count), one batch in flight at a time; the
+    # scaled FP8 transients of the two together stay within
+    # SCALED_BATCH_BYTES. Not where the CPU addresses the memory: there the
+    # next batch's allocation populates its pages on the thread pool that
+    # the running batch's reads are using.
+    overlap = not device._native.cpu_visible if _OVERLAP is None else _OVERLAP
+    scaled_batch_bytes = SCALED_BATCH_BYTES // 2 if overlap else SCALED_BATCH_BYTES
+    inflight: _InFlight | None = None
+
+    def land() -> None:
+        """The batch in flight written: its buffers kept, the bar moved, the layer committed."""
+        nonlocal inflight
+        if inflight is not None:
+            done, inflight = inflight, None
+            bufs.update(done.join())
+            for n in done.sizes:
+                bar.update(n)
+            device.residency.commit()
+
     def flush() -> None:
-        nonlocal pending_bytes, transient_bytes
-        if pending:
-            bufs.update(_fill_batch(device, ckpt, pending, check_finite, alloc))
-        for n in pending_sizes:
-            bar.update(n)  # one update per tensor, batched or not
+        nonlocal pending_bytes, transient_bytes, inflight
+        if pending and overlap:
+            batch = _prepare_batch(device, ckpt, pending, alloc)
+            try:
+                land()
+            except BaseException:
+                batch.drop()
+                raise
+            try:
+                inflight = _InFlight(device, ckpt, batch, check_finite, list(pending_sizes))
+            except BaseException:  # no thread to run it (RuntimeError: can't start new thread)
+                batch.drop()
+                raise
+            batch = None  # type: ignore[assignment]  (the thread holds it)
+        else:
+            land()
+            if pending:
+                bufs.update(_fill_batch(device, ckpt, pending, check_finite, alloc))
+            for n in pending_sizes:
+                bar.update(n)  # one update per tensor, batched or not
+            device.residency.commit()
         pending.clear()
         pending_sizes.clear()
         pending_bytes = transient_bytes = 0
-        device.residency.commit()
 
     try:
         for entry in plan:
@@ -229,7 +266,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 if scaled:
                     transient_bytes += size
                 if (pending_bytes >= batch_bytes or len(pending) >= BATCH_ENTRIES
-                        or transient_bytes >= SCALED_BATCH_BYTES):
+                        or transient_bytes >= scaled_batch_bytes):
                     flush()
             else:
                 # Read, transformed or staged now (small tensors); the batch
@@ -237,9 +274,17 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 bufs[entry.name] = _fill(device, ckpt, entry, check_finite, alloc)
                 bar.update(size)
         flush()
+        land()
         bufs = {e.name: bufs[e.name] for e in plan}  # plan order, whatever order they were read in
         model = make_model(bufs)
     except BaseException as e:
+        if inflight is not None:  # its buffers are the device's until it is done
+            try:
+                inflight.wait()
+            except KeyboardInterrupt:
+                pass  # the error being raised says enough
+            inflight.error = inflight.result = None
+            inflight = None
         bufs.clear()
         bar.close()
         if isinstance(e, NonFiniteError):
@@ -314,51 +359,126 @@ def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
     entries that the device decodes (:func:`_scaled_batchable`) have their
     weights and scales read into transient buffers by the same call, then
     one decode each (on a GPU the ring does not drain between expert stacks)."""
+    return _run_batch(device, ckpt, _prepare_batch(device, ckpt, entries, alloc), check_finite)
+
+
+class _Batch:
+    """A batch made ready by :func:`_prepare_batch` (buffers allocated, file
+    jobs built) for :func:`_run_batch`; ``drop()`` lets its buffers go."""
+
+    __slots__ = ("entries", "pieces", "made", "transients", "scaled", "jobs", "owner", "scaled_jobs",
+                 "scaled_owner")
+
+    def drop(self) -> None:
+        for k in self.__slots__:
+            setattr(self, k, [])
+
+
+def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
+                   alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None) -> _Batch:
+    """The Python half of :func:`_fill_batch`: the files checked, the buffers
+    (and FP8 transients) allocated, every file job built. No byte is read."""
     runs = [_scaled_run_on_device(device, e) if not e.streamed else [] for e in entries]
     pieces = [p for e in entries for p in e.sources] + [q for run in runs for q in _scale_pieces(run)]
     _check_unchanged(ckpt, pieces)
-    made = alloc(entries) if alloc is not None else device.alloc_many([(e.shape, e.dtype) for e in entries])
-    transients: list[Buffer] = []
-    jobs: list[Job] = []
-    owner: list[Owner] = []
-    scaled_jobs: list[Job] = []
-    scaled_owner: list[Owner] = []
-    b: Buffer | None = None
+    batch = _Batch()
+    batch.drop()
+    batch.entries, batch.pieces = list(entries), pieces
+    batch.made = alloc(entries) if alloc is not None else device.alloc_many([(e.shape, e.dtype) for e in entries])
     try:
-        scaled = [(e, b, run) for e, b, run in zip(entries, made, runs) if run]
-        if scaled:
-            transients = device.alloc_many([spec for _, _, run in scaled for spec in _scaled_transients(run)])
-        for k, (entry, b, run) in enumerate(scaled):
-            j, o = _scaled_jobs(ckpt, entry, run, transients[2 * k], transients[2 * k + 1])
-            scaled_jobs += j
-            scaled_owner += o
-        for entry, b, run in zip(entries, made, runs):
+        batch.scaled = [(e, b, run) for e, b, run in zip(entries, batch.made, runs) if run]
+        if batch.scaled:
+            batch.transients = device.alloc_many([spec for _, _, run in batch.scaled
+                                                  for spec in _scaled_transients(run)])
+        for k, (entry, _, run) in enumerate(batch.scaled):
+            j, o = _scaled_jobs(ckpt, entry, run, batch.transients[2 * k], batch.transients[2 * k + 1])
+            batch.scaled_jobs += j
+            batch.scaled_owner += o
+        for entry, b, run in zip(entries, batch.made, runs):
             if not run:
                 j, o = _stream_jobs(ckpt, entry.name, entry.sources, b)
-                jobs += j
-                owner += o
-        b = None
-        if check_finite and scaled_jobs:
+                batch.jobs += j
+                batch.owner += o
+    except BaseException as e:
+        batch.drop()  # nothing may keep a buffer alive in the traceback
+        raise detached(e)
+    return batch
+
+
+def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool = False) -> dict[str, Buffer]:
+    """The device half of :func:`_fill_batch`: one pipeline of reads and
+    copies, the FP8 decodes, the unit transposes, the checks. The batch's
+    buffers are handed over: on failure they are freed before the error
+    leaves; else returned by name (the transients freed)."""
+    b: Buffer | None = None
+    try:
+        pieces = batch.pieces
+        if check_finite and batch.scaled_jobs:
             # FP8 bytes are checked as products by the decode, not as they are read.
-            _write_jobs(device, ckpt, scaled_jobs, scaled_owner, pieces, False)
-            _write_jobs(device, ckpt, jobs, owner, pieces, True)
+            _write_jobs(device, ckpt, batch.scaled_jobs, batch.scaled_owner, pieces, False)
+            _write_jobs(device, ckpt, batch.jobs, batch.owner, pieces, True)
         else:
-            _write_jobs(device, ckpt, jobs + scaled_jobs, owner + scaled_owner, pieces, check_finite)
-        for k, (entry, b, run) in enumerate(scaled):
-            _decode_scaled(device, ckpt, entry, run, b, transients[2 * k], transients[2 * k + 1], check_finite)
-        transients = []
-        for entry, b in zip(entries, made):
+            _write_jobs(device, ckpt, batch.jobs + batch.scaled_jobs, batch.owner + batch.scaled_owner, pieces,
+                        check_finite)
+        for k, (entry, b, run) in enumerate(batch.scaled):
+            _decode_scaled(device, ckpt, entry, run, b, batch.transients[2 * k], batch.transients[2 * k + 1],
+                           check_finite)
+        batch.transients = []
+        for entry, b in zip(batch.entries, batch.made):
             _transpose_units(device, entry, b)
         _check_unchanged(ckpt, pieces)
         if check_finite:
-            for entry, b in zip(entries, made):
+            for entry, b in zip(batch.entries, batch.made):
                 _check_converted(b, entry)
         b = None
+        out = {e.name: m for e, m in zip(batch.entries, batch.made)}
     except BaseException as e:
-        # nothing in this frame may keep a buffer alive in the traceback
-        made, jobs, scaled_jobs, transients, scaled, b = [], [], [], [], [], None
+        b = None
+        batch.drop()  # nothing may keep a buffer alive in the traceback
         raise detached(e)
-    return {e.name: b for e, b in zip(entries, made)}
+    batch.drop()
+    return out
+
+
+class _InFlight:
+    """One batch run on a helper thread (:func:`execute` on a GPU) while the
+    caller prepares the next: its result or error, taken by :meth:`join`."""
+
+    def __init__(self, device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool, sizes: list[int]) -> None:
+        self.sizes = sizes
+        self.result: dict[str, Buffer] | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(device, ckpt, batch, check_finite),
+                                       name="hf2q-load-batch", daemon=True)
+        self.thread.start()
+
+    def _run(self, device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool) -> None:
+        try:
+            self.result = _run_batch(device, ckpt, batch, check_finite)
+        except BaseException as e:  # handed to the loading thread
+            self.error = e
+
+    def wait(self) -> None:
+        """Until the thread is done, whatever arrives meanwhile: its buffers
+        may be in use by the device until then. A KeyboardInterrupt that
+        arrives while waiting is raised once the thread is done."""
+        interrupted: BaseException | None = None
+        while self.thread.is_alive():
+            try:
+                self.thread.join(0.05)
+            except KeyboardInterrupt as e:
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted
+
+    def join(self) -> dict[str, Buffer]:
+        self.wait()
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+        out, self.result = self.result, None
+        assert out is not None
+        return out
 
 
 def _file_groups(ckpt: Checkpoint, pieces: tuple[Piece, ...] | list[Piece]
@@ -801,6 +921,10 @@ def _mxfp4_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = F
                              step="mxfp4 scale")
     return y, first
 
+
+#: Tests: True / False forces the batch overlap of :func:`execute` (None: on
+#: devices whose memory the CPU does not address).
+_OVERLAP: bool | None = None
 
 #: Tests: decode scaled FP8 with the device's own kernels (Device.scaled_fp8)
 #: also where the CPU addresses the memory (a GPU always does).

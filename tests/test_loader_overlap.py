@@ -1,0 +1,154 @@
+"""The loader's batch overlap (hf2q.loader.execute on a GPU: a batch's reads
+and copies run on a helper thread while the loading thread prepares the
+next). CI has no GPU, so these tests force it on the host backend
+(``loader._OVERLAP``) with small batches: the same bytes as without it, and
+every failure (an allocation, a file changed mid-load, a KeyboardInterrupt
+in either thread) leaves the device as it was, with no thread left behind."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hf2q
+from hf2q import loader, qwen35
+from hf2q.device import Device
+from hf2q.errors import SafetensorsError
+from hf2q.testing import make_qwen35_moe_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("overlap")
+    return {
+        "experts": make_qwen35_moe_checkpoint(base / "experts", "tiny", seed=9, sharded=True),
+        "fused": make_qwen35_moe_checkpoint(base / "fused", "tiny", seed=9, fused_gate_up=True),
+        "fp8": make_qwen35_moe_checkpoint(base / "fp8", "tiny", seed=9, fp8_block=(32, 32)),
+    }
+
+
+@pytest.fixture
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of ~64 KiB, so that a tiny checkpoint is many of them."""
+    monkeypatch.setattr(loader, "BATCH_BYTES", 64 << 10)
+    monkeypatch.setattr(loader, "GPU_BATCH_BYTES", 64 << 10)
+    monkeypatch.setattr(loader, "SCALED_BATCH_BYTES", 64 << 10)
+
+
+def _load(path: Path, dev: Device, **kw: Any) -> Any:
+    return qwen35.load(path, device=dev, progress=False, dense_dtype="q8_0", **kw)
+
+
+def _bytes(model: Any) -> dict[str, bytes]:
+    return {n: np.ascontiguousarray(b.to_host()).view(np.uint8).tobytes() for n, b in model.named_buffers()}
+
+
+def _state(dev: Device) -> tuple[Any, ...]:
+    gc.collect()
+    st = dev.residency.stats()
+    return st["count"], st["allocated_size"], st["locked_bytes"], threading.active_count()
+
+
+@pytest.mark.parametrize("kind", ["experts", "fused", "fp8"])
+def test_overlap_loads_the_same_bytes(kind: str, ckpts: dict[str, Path], small_batches: None,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = Device._isolated("host")
+    if kind == "fp8":  # the GPU's path: weights and scales into transients, one decode per entry
+        monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    monkeypatch.setattr(loader, "_OVERLAP", False)
+    want = _bytes(_load(ckpts[kind], dev))
+    runs: list[str] = []
+    real = loader._InFlight._run
+
+    def run(self: Any, *a: Any) -> None:
+        runs.append(threading.current_thread().name)
+        real(self, *a)
+
+    monkeypatch.setattr(loader._InFlight, "_run", run)
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    assert _bytes(_load(ckpts[kind], dev)) == want
+    assert len(runs) > 3 and set(runs) == {"hf2q-load-batch"}  # many batches, each on the helper thread
+
+
+def _fails_on_second_call(monkeypatch: pytest.MonkeyPatch, name: str, action: Any) -> None:
+    real = getattr(loader, name)
+    calls = [0]
+
+    def wrapped(*a: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            action()
+        return real(*a, **kw)
+
+    monkeypatch.setattr(loader, name, wrapped)
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt("injected")
+
+
+@pytest.mark.parametrize("where", ["_run_batch", "_write_jobs", "_prepare_batch", "_transpose_units"])
+def test_interrupt_in_either_thread_leaves_nothing(where: str, ckpts: dict[str, Path], small_batches: None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """_run_batch / _write_jobs / _transpose_units run on the helper thread,
+    _prepare_batch on the loading thread while a batch is in flight."""
+    dev = Device._isolated("host")
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    _load(ckpts["experts"], dev)  # one-time costs paid
+    before = _state(dev)
+    _fails_on_second_call(monkeypatch, where, _interrupt)
+    with pytest.raises(KeyboardInterrupt, match="injected"):
+        _load(ckpts["experts"], dev)
+    assert _state(dev) == before
+
+
+def test_allocation_failure_at_every_allocation(ckpts: dict[str, Path], small_batches: None,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = Device._isolated("host")
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    want = _bytes(_load(ckpts["experts"], dev))
+    before = _state(dev)
+    failed = 0
+    for k in range(1, 200):
+        hf2q._core.inject_alloc_failure(k)
+        try:
+            model = _load(ckpts["experts"], dev)
+        except hf2q.DeviceError:
+            failed += 1
+            assert _state(dev) == before, k
+            continue
+        finally:
+            hf2q._core.inject_alloc_failure(0)
+        assert _bytes(model) == want
+        del model
+        break
+    assert failed > 5
+
+
+def test_file_truncated_while_a_batch_runs(ckpts: dict[str, Path], small_batches: None, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    d = tmp_path / "ck"
+    shutil.copytree(ckpts["experts"], d)
+    dev = Device._isolated("host")
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    _load(d, dev)
+    before = _state(dev)
+    shard = sorted(d.glob("*.safetensors"))[-1]
+
+    def truncate() -> None:
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) // 2)
+
+    _fails_on_second_call(monkeypatch, "_write_jobs", truncate)
+    with pytest.raises(SafetensorsError) as ei:
+        _load(d, dev)
+    assert ei.value.path is not None and Path(ei.value.path).name == shard.name
+    assert _state(dev) == before
