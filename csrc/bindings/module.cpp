@@ -245,7 +245,10 @@ NB_MODULE(_core, m) {
           if (shape == nullptr) throw nb::python_error();
           nb::object shape_obj = nb::steal(shape);
           for (std::size_t i = 0; i < t.ndims; ++i) {
-            PyTuple_SET_ITEM(shape, static_cast<Py_ssize_t>(i), u64(h.dims[t.dims_begin + i]).release().ptr());
+            // PyTuple_SetItem, not the macro: the stable ABI (abi3 wheels) has only the function.
+            if (PyTuple_SetItem(shape, static_cast<Py_ssize_t>(i), u64(h.dims[t.dims_begin + i]).release().ptr()) != 0) {
+              throw nb::python_error();
+            }
           }
           out.append(nb::make_tuple(u64(t.begin), u64(t.end), utf8(t.name), dt, shape_obj));
         }
