@@ -66,3 +66,66 @@ def test_loader_batch_names_the_failing_tensor(tmp_path: Path, monkeypatch: pyte
     finally:
         os.close(wfd)
     assert ei.value.tensor == "c.weight" and ei.value.path == str(bad), str(ei.value)  # was 'a.weight'
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_failed_read_of_an_fp8_scale_in_its_own_file_names_the_scale(tmp_path: Path, on_device: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An FP8 weight's scale stored in another shard than the weight: a read
+    of that shard that fails names the scale tensor and its file (on the
+    host's decoder, and through the GPU's batched transients: ``on_device``)."""
+    from hf2q import loader, qwen35
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = make_qwen35_moe_checkpoint(tmp_path / "ck", "tiny", seed=1, fp8_block=(32, 32), sharded=True)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    wm = index["weight_map"]
+    scale = "model.layers.1.mlp.experts.2.down_proj.weight_scale_inv"
+    home = d / wm[scale]
+    with st.open(home) as f:  # raw bytes (numpy has no FP8 dtype for safetensors' own reader)
+        raw = {t.name: (t.dtype, list(t.shape), bytes(f.read_bytes(t.name))) for t in f.tensors()}
+    _write_raw(d / "model-scales.safetensors", {scale: raw.pop(scale)})
+    _write_raw(home, raw)
+    wm[scale] = "model-scales.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    if on_device:
+        monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    dev = Device._isolated("host")
+    qwen35.load(d, device=dev, progress=False)  # loads while the file reads
+    bad = d / "model-scales.safetensors"
+    if not on_device:
+        # The host's decoder reads a scale through its file's own descriptor:
+        # the file cut short after it was opened and validated.
+        from hf2q.models.qwen35 import FAMILY
+
+        with st.open_checkpoint(d) as ck:
+            plan = FAMILY.plan_checkpoint(ck, config=None)
+            os.truncate(bad, os.path.getsize(bad) - 8)
+            with pytest.raises(hf2q.SafetensorsError) as ei:
+                FAMILY.load_planned(plan, ck, dev, progress=False)
+        assert ei.value.tensor == scale and ei.value.path == str(bad), str(ei.value)
+        return
+    wfd = os.open(bad, os.O_WRONLY)
+    real = st.SafetensorsFile.fileno
+
+    def fileno(self: st.SafetensorsFile) -> int:
+        return wfd if Path(self.path).name == bad.name else real(self)
+
+    monkeypatch.setattr(st.SafetensorsFile, "fileno", fileno)
+    try:
+        with pytest.raises(hf2q.SafetensorsError) as ei:
+            qwen35.load(d, device=dev, progress=False)
+    finally:
+        os.close(wfd)
+    assert ei.value.tensor == scale and ei.value.path == str(bad), str(ei.value)
+
+
+def _write_raw(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
+    """A safetensors file of raw tensor bytes, in the order given."""
+    header, at = {}, 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(data)]}
+        at += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(d for _, _, d in tensors.values()))

@@ -530,12 +530,13 @@ def _check_layout(n: int, entries: list[tuple[int, int, str, str, tuple[int, ...
 
 # ----------------------------------------------------------------------------- I/O
 
-def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -> None:
+def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str, tensor: str | None = None) -> None:
     """Fill ``dest`` (a writable byte memoryview) from ``fd`` at ``offset``
     with the native reader (parallel ``pread`` in :data:`READ_CHUNK_BYTES`
     chunks, GIL released, EINTR and short reads retried). The native error's
     code says why it failed: end of file first -> ``FileTruncated``, an OS
-    error -> ``Io``; either is a SafetensorsError naming the file."""
+    error -> ``Io``; either is a SafetensorsError naming the file (and
+    ``tensor``, the tensor being read, if any)."""
     total = len(dest)
     if total == 0:
         return
@@ -548,7 +549,7 @@ def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str) -
                    f"(bytes {offset}..{offset + total}): {e}; re-download it")
         else:
             msg = f"{path}: reading {what} at offset {offset}: {e}"
-        raise SafetensorsError(msg, code=code, path=path) from None
+        raise SafetensorsError(msg, code=code, path=path, tensor=tensor) from None
 
 
 def _as_writable_bytes(out: Any, what: str = "out") -> memoryview:
@@ -765,7 +766,7 @@ class SafetensorsFile:
             raise ValueError(
                 f"out holds {len(dest)} bytes but tensor '{name}' ({info.dtype} {list(info.shape)}) has {info.nbytes}"
             )
-        self._read_range(dest, info.offset, f"tensor '{name}'")
+        self._read_range(dest, info.offset, name)
         self.check_unchanged()
 
     def read_slice_into(self, name: str, start: int, out: Any) -> None:
@@ -776,7 +777,7 @@ class SafetensorsFile:
         dest = _as_writable_bytes(out)
         if start < 0 or start + len(dest) > info.nbytes:
             raise ValueError(f"bytes [{start}, {start + len(dest)}) are outside tensor '{name}' ({info.nbytes} bytes)")
-        self._read_range(dest, info.offset + start, f"tensor '{name}'")
+        self._read_range(dest, info.offset + start, name)
 
     def read_bytes(self, name: str, out: _Buf | None = None) -> bytearray | _Buf:
         """Tensor ``name``'s raw bytes: into ``out`` (returned) or a new bytearray."""
@@ -803,8 +804,8 @@ class SafetensorsFile:
         self.read_into(name, arr)
         return arr
 
-    def _read_range(self, dest: memoryview, offset: int, what: str) -> None:
-        _pread_exact(self._fd, dest, offset, str(self._path), what)
+    def _read_range(self, dest: memoryview, offset: int, tensor: str) -> None:
+        _pread_exact(self._fd, dest, offset, str(self._path), f"tensor '{tensor}'", tensor)
 
 
 #: What numpy (and so a device buffer's view) can hold, in words.
