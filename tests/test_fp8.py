@@ -549,3 +549,35 @@ def test_device_decoded_expert_run_refuses_overflowing_scales_under_check_finite
         warnings.simplefilter("always")
         qwen35.load(d, device=dev, expert_dtype="q8_0", progress=False)
     assert any(issubclass(x.category, ScaleOverflowWarning) for x in w)
+
+
+def test_one_piece_device_decode_equals_the_host_decode(monkeypatch, tmp_path) -> None:
+    """A scaled piece that is no run of a stack (the GPU's `_scaled_on_device`:
+    one weight and its scale uploaded from host memory, then decoded) gives
+    the host decoder's bytes, and names a NaN's tensor and index as it does."""
+    from hf2q import loader, qwen35
+    from hf2q.safetensors import open_checkpoint
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = make_qwen35_moe_checkpoint(tmp_path / "ck", "tiny", fp8_block=(32, 32), sharded=False)
+    dev = hf2q.Device._isolated("host")
+    want = {n: b.to_host().tobytes() for n, b in
+            qwen35.load(d, device=dev, expert_dtype="q8_0", dense_dtype="bf16", progress=False).named_buffers()}
+    monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    monkeypatch.setattr(loader, "_scaled_run_on_device", lambda device, entry: [])  # every piece on its own
+    calls: list[str] = []
+    one = loader._scaled_on_device
+    monkeypatch.setattr(loader, "_scaled_on_device", lambda *a: (calls.append(a[3].tensor), one(*a))[1])
+    got = {n: b.to_host().tobytes() for n, b in
+           qwen35.load(d, device=dev, expert_dtype="q8_0", dense_dtype="bf16", progress=False).named_buffers()}
+    assert got == want and len(calls) > 10
+    with open_checkpoint(d) as ck:
+        target = next(n for n in ck.keys() if ".experts.1.down_proj.weight" in n and ck[n].dtype == "F8_E4M3")
+        info = ck[target]
+    with open(info.path, "r+b") as f:
+        f.seek(info.offset + 41)
+        f.write(b"\xff")  # E4M3 NaN (negative)
+    with pytest.raises(NonFiniteError) as e:
+        qwen35.load(d, device=dev, expert_dtype="q8_0", progress=False)
+    assert e.value.tensor == target and e.value.index == 41 and e.value.multi_index == (41 // info.shape[1],
+                                                                                       41 % info.shape[1])

@@ -936,36 +936,14 @@ def _scaled_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece
     """A scaled FP8 piece decoded by the device (CUDA kernels on a GPU): the
     weight's bytes and its scale grid (as float32, exact) are uploaded, then
     decoded into ``buf`` at the piece's offset (docs/FP8.md)."""
-    from .errors import NonFiniteError
-
-    sc = piece.scale
-    assert sc is not None
+    assert piece.scale is not None
     w, s = _read_scaled(ckpt, piece)
-    s32 = np.ascontiguousarray(s.reshape(-1).astype(np.float32))  # bf16 / f16 / f32 -> f32: exact
-    shape = tuple(piece.shape)
-    rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
-    lead = formats.numel(shape[:-2])
     wbuf = device.upload(np.ascontiguousarray(w))
-    sbuf = device.upload(s32)
-    first, inf_scales = device._native.scaled_fp8(buf._native, piece.dest_offset, wbuf._native, sbuf._native,
-                                                  (lead, rows, cols), sc.block)
-    del wbuf, sbuf
-    if first >= 0 and (check_finite or entry.dtype == "q8_0"):
-        multi = tuple(int(i) for i in np.unravel_index(first, shape)) if len(shape) > 1 else None
-        raise NonFiniteError(f"non-finite weight in '{piece.tensor}' at flat index {first}: the FP8 value times its "
-                             "scale is not finite (NaN encoding, non-finite scale, or overflow)", index=first,
-                             multi_index=multi, value_class="nan", tensor=piece.tensor, step="fp8 scale")
-    if inf_scales:
-        if check_finite:
-            from .device import scale_overflow_error
-
-            raise scale_overflow_error(buf.to_host(), entry.dtype, entry.shape, entry.name, piece.dtype)
-        import warnings
-
-        from .errors import ScaleOverflowWarning
-
-        warnings.warn(f"'{entry.name}': {inf_scales} Q8_0 block scale(s) overflow float16 and are stored as +Inf "
-                      "(as ggml's reference quantizer does)", ScaleOverflowWarning, stacklevel=3)
+    sbuf = device.upload(np.ascontiguousarray(s.reshape(-1).astype(np.float32)))  # bf16 / f16 / f32 -> f32: exact
+    try:
+        _decode_scaled(device, ckpt, entry, [piece], buf, wbuf, sbuf, check_finite)
+    finally:
+        del wbuf, sbuf
 
 
 def _scaled_run_on_device(device: Device, entry: TensorPlan) -> list[Piece]:
@@ -1128,12 +1106,12 @@ def _decode_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: 
     (:func:`_scaled_transients`, filled) into ``buf``; a non-finite product is
     a :class:`~hf2q.NonFiniteError` naming its piece (its tensor, its own
     flat index), an overflowing Q8_0 block scale a warning (an error under
-    ``check_finite``). Per piece the bytes and arithmetic are those of
-    :func:`_scaled_on_device`."""
+    ``check_finite``). :func:`_scaled_on_device` is the same for one piece
+    uploaded from host memory."""
     from .errors import NonFiniteError
 
     first = pieces[0]
-    rows, cols = first.shape[-2:]
+    rows, cols = (1, first.shape[0]) if len(first.shape) == 1 else first.shape[-2:]  # a vector: one row
     lead = sum(formats.numel(p.shape[:-2]) for p in pieces)
     firstbad, inf_scales = device._native.scaled_fp8(buf._native, first.dest_offset, wbuf._native, sbuf._native,
                                                      (lead, rows, cols), first.scale.block)  # type: ignore[union-attr]
@@ -1145,12 +1123,12 @@ def _decode_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: 
                 break
             at -= n
         shape = tuple(p.shape)
-        multi = tuple(int(i) for i in np.unravel_index(at, shape))
+        multi = tuple(int(i) for i in np.unravel_index(at, shape)) if len(shape) > 1 else None
         raise NonFiniteError(f"non-finite weight in '{p.tensor}' at flat index {at}: the FP8 value times its "
                              "scale is not finite (NaN encoding, non-finite scale, or overflow)", index=at,
                              multi_index=multi, value_class="nan", tensor=p.tensor, step="fp8 scale")
     if inf_scales:
-        if check_finite:  # as _scaled_on_device and the host's decode: the load is refused
+        if check_finite:  # as the host's decode: the load is refused
             from .device import scale_overflow_error
 
             raise scale_overflow_error(buf.to_host(), entry.dtype, entry.shape, entry.name, first.dtype)
