@@ -53,13 +53,7 @@ def test_loader_batch_names_the_failing_tensor(tmp_path: Path, monkeypatch: pyte
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (d / "config.json").write_text("{}")
     bad = d / "model-00002-of-00002.safetensors"
-    wfd = os.open(bad, os.O_WRONLY)
-    real = st.SafetensorsFile.fileno
-
-    def fileno(self: st.SafetensorsFile) -> int:
-        return wfd if Path(self.path).name == bad.name else real(self)
-
-    monkeypatch.setattr(st.SafetensorsFile, "fileno", fileno)
+    wfd = _unreadable(bad, monkeypatch)
     try:
         with pytest.raises(hf2q.SafetensorsError) as ei:
             hf2q.load(d, Device._isolated("host"), progress=False)
@@ -105,13 +99,7 @@ def test_failed_read_of_an_fp8_scale_in_its_own_file_names_the_scale(tmp_path: P
                 FAMILY.load_planned(plan, ck, dev, progress=False)
         assert ei.value.tensor == scale and ei.value.path == str(bad), str(ei.value)
         return
-    wfd = os.open(bad, os.O_WRONLY)
-    real = st.SafetensorsFile.fileno
-
-    def fileno(self: st.SafetensorsFile) -> int:
-        return wfd if Path(self.path).name == bad.name else real(self)
-
-    monkeypatch.setattr(st.SafetensorsFile, "fileno", fileno)
+    wfd = _unreadable(bad, monkeypatch)
     try:
         with pytest.raises(hf2q.SafetensorsError) as ei:
             qwen35.load(d, device=dev, progress=False)
@@ -129,3 +117,16 @@ def _write_raw(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> 
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(d for _, _, d in tensors.values()))
+
+
+def _unreadable(path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The loader's reads of ``path`` given a descriptor opened for writing
+    only (EBADF: a read the kernel refuses, not a truncation); returns it, to close."""
+    wfd = os.open(path, os.O_WRONLY)
+    real = st.SafetensorsFile.fileno
+
+    def fileno(self: st.SafetensorsFile) -> int:
+        return wfd if Path(self.path).name == path.name else real(self)
+
+    monkeypatch.setattr(st.SafetensorsFile, "fileno", fileno)
+    return wfd

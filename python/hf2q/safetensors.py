@@ -395,6 +395,19 @@ def _scanned_header(header: bytes) -> tuple[dict[str, str], list[tuple[int, int,
     return metadata, entries
 
 
+def _parse_plain(text: str) -> Any:
+    """``text`` parsed by the C JSON scanner with no Python call per number
+    (objects as :class:`_Obj` pairs, so repeated keys stay visible), or None
+    where the careful parser must decide: a float, NaN / Infinity, a
+    negative number or ``-0``, a lone surrogate escape, invalid JSON."""
+    if ("\\u" in text and _SURROGATE_ESCAPE.search(text) is not None) or ("-" in text and _NEGATIVE.search(text)):
+        return None
+    try:
+        return json.loads(text, object_pairs_hook=_Obj, parse_float=_unusual, parse_constant=_unusual)
+    except (_Unusual, ValueError, RecursionError):
+        return None
+
+
 def _plain_header(text: str) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]] | None:
     """Rules 5 and 6 for a header that holds nothing unusual, parsed by the
     C JSON scanner alone (no Python call per number or object: 2-3x faster
@@ -404,12 +417,7 @@ def _plain_header(text: str) -> tuple[dict[str, str], list[tuple[int, int, str, 
     reads differently from serde_json (floats, NaN, negative numbers or
     ``-0``, lone surrogate escapes, fields other than the three, repeated
     keys: each object's pairs are kept, so a repeat shows as a count)."""
-    if ("\\u" in text and _SURROGATE_ESCAPE.search(text) is not None) or ("-" in text and _NEGATIVE.search(text)):
-        return None
-    try:
-        root = json.loads(text, object_pairs_hook=_Obj, parse_float=_unusual, parse_constant=_unusual)
-    except (_Unusual, ValueError, RecursionError):
-        return None
+    root = _parse_plain(text)
     if type(root) is not _Obj:
         return None
     metadata: dict[str, str] = {}
@@ -449,11 +457,8 @@ def _loads_plain(text: str) -> Any:
     :func:`_plain_header`), with no Python call per number or object: the
     same tree, or None where the careful parser must decide (a repeated key
     anywhere included)."""
-    if ("\\u" in text and _SURROGATE_ESCAPE.search(text) is not None) or ("-" in text and _NEGATIVE.search(text)):
-        return None
-    try:
-        root = json.loads(text, object_pairs_hook=_Obj, parse_float=_unusual, parse_constant=_unusual)
-    except (_Unusual, ValueError, RecursionError):
+    root = _parse_plain(text)
+    if root is None:
         return None
     stack = [root]
     while stack:
