@@ -603,6 +603,9 @@ def main(argv: list[str] | None = None) -> int:
             (d / ".complete").unlink(missing_ok=True)
         if args.json:  # after every case: a run cut short keeps what it measured
             args.json.write_text(json.dumps({"device": where, "rows": results}, indent=2) + "\n")
+        for r in results[-len(rows):]:  # and on the terminal, as each case ends
+            print(f"{case}: {r['loader']}: {r['seconds']:.3f} s, {r['GB/s']:.1f} GB/s, {r['x limit']:.3f}x the limit",
+                  file=sys.stderr, flush=True)
 
     cols = ["case", "loader", "seconds", "GB/s", "x limit", "rss_peak_MiB", "rss_growth_MiB", "gpu_growth_GiB",
             "resident_GiB"]
