@@ -152,3 +152,28 @@ def test_file_truncated_while_a_batch_runs(ckpts: dict[str, Path], small_batches
         _load(d, dev)
     assert ei.value.path is not None and Path(ei.value.path).name == shard.name
     assert _state(dev) == before
+
+
+def test_no_thread_to_run_a_batch_leaves_nothing(ckpts: dict[str, Path], small_batches: None,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper thread that cannot start (RuntimeError: can't start new
+    thread) fails the load with that error, its prepared batch freed."""
+    dev = Device._isolated("host")
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    _load(ckpts["experts"], dev)
+    before = _state(dev)
+    starts = [0]
+    real = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name == "hf2q-load-batch":
+            starts[0] += 1
+            if starts[0] == 2:
+                raise RuntimeError("can't start new thread")
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        _load(ckpts["experts"], dev)
+    monkeypatch.setattr(threading.Thread, "start", real)
+    assert _state(dev) == before

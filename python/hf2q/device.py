@@ -729,19 +729,24 @@ class Device:
         self._own(buf)
         out = self.alloc(buf.shape, _dtype_name(to))
         try:
-            result = self._native.convert(out._native, buf._native)
-            if result[0] >= 0:
-                idx = result[0]
-                fmt = formats.get(buf.dtype)
-                one = buf._storage_bytes(fmt.storage_bytes(idx), fmt.storage_bytes(idx + 1))
-                cls = _value_class(one.view(fmt.storage_dtype), 0)
-            else:
-                cls = ""
-            self._check_result(result, buf.shape, name, value_class=cls, buf=out)
+            self._convert_into(out, buf, name=name)
         except BaseException as e:
             del out
             raise _detached(e)
         return out
+
+    def _convert_into(self, out: Buffer, buf: Buffer, *, name: str | None = None, check_finite: bool = False) -> None:
+        """:meth:`convert` into an existing buffer ``out`` of ``buf``'s
+        element count (the loader's transient -> placed buffer); a non-finite
+        input is a NonFiniteError naming the value found in ``buf``."""
+        result = self._native.convert(out._native, buf._native)
+        cls = ""
+        if result[0] >= 0:  # the offending value, read back from the source
+            fmt = formats.get(buf.dtype)
+            one = buf._storage_bytes(fmt.storage_bytes(result[0]), fmt.storage_bytes(result[0] + 1))
+            cls = _value_class(one.view(fmt.storage_dtype), 0)
+        self._check_result(result, buf.shape, name, value_class=cls, buf=out, src_dtype=buf.dtype,
+                           check_finite=check_finite)
 
     # ------------------------------------------------------------ read-back
 

@@ -26,7 +26,6 @@ from . import formats
 from ._progress import progress_bar, progress_enabled
 from .device import Buffer, Device
 from .device import _detached as detached
-from .device import _value_class
 from .errors import FileReadError, NonFiniteError, SafetensorsError
 from .plan import LoadPlan, Piece, TensorPlan
 from .safetensors import Checkpoint
@@ -672,14 +671,7 @@ def _transpose_then_convert(device: Device, ckpt: Checkpoint, entry: TensorPlan,
     try:
         _stream(device, ckpt, entry, list(entry.sources), tmp, check_finite)
         _transpose_units(device, entry, tmp)
-        result = device._native.convert(buf._native, tmp._native)
-        cls = ""
-        if result[0] >= 0:  # the offending value, read back from the transient
-            fmt = formats.get(src)
-            one = tmp._storage_bytes(fmt.storage_bytes(result[0]), fmt.storage_bytes(result[0] + 1))
-            cls = _value_class(one.view(fmt.storage_dtype), 0)
-        device._check_result(result, tuple(entry.shape), entry.name, value_class=cls, buf=buf, src_dtype=src,
-                             check_finite=check_finite)
+        device._convert_into(buf, tmp, name=entry.name, check_finite=check_finite)
     except BaseException as e:
         del tmp
         raise detached(e)

@@ -284,8 +284,6 @@ def _validate_header(
         raise _err(INVALID_HEADER, path, f"header is not valid UTF-8 ({e.reason} at byte {8 + e.start})") from None
 
     parsed = _scanned_header(header)
-    if parsed is None:
-        parsed = _plain_header(text)
     if parsed is not None:
         metadata, entries = parsed
         return metadata, _check_layout(n, entries, file_size, path)
@@ -367,7 +365,7 @@ def _validate_header(
 
 
 class _Unusual(Exception):
-    """A header the fast parse leaves to the careful one (:func:`_plain_header`)."""
+    """JSON the fast parse leaves to the careful one (:func:`_parse_plain`)."""
 
 
 def _unusual(_text: str) -> Any:
@@ -378,7 +376,6 @@ def _unusual(_text: str) -> Any:
 #: the careful parser reads as a non-u64 number. It may also match inside a
 #: string; then the careful parser runs, which is only slower.
 _NEGATIVE = re.compile(r"[\[,:]\s*-")
-_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
 
 
 def _scanned_header(header: bytes) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]] | None:
@@ -408,53 +405,9 @@ def _parse_plain(text: str) -> Any:
         return None
 
 
-def _plain_header(text: str) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]] | None:
-    """Rules 5 and 6 for a header that holds nothing unusual, parsed by the
-    C JSON scanner alone (no Python call per number or object: 2-3x faster
-    on a 32,000-tensor checkpoint). It returns the same metadata and entries
-    as the careful path, or None, and the careful path then decides, with
-    its exact errors: anything it would refuse, and anything the C scanner
-    reads differently from serde_json (floats, NaN, negative numbers or
-    ``-0``, lone surrogate escapes, fields other than the three, repeated
-    keys: each object's pairs are kept, so a repeat shows as a count)."""
-    root = _parse_plain(text)
-    if type(root) is not _Obj:
-        return None
-    metadata: dict[str, str] = {}
-    entries: list[tuple[int, int, str, str, tuple[int, ...]]] = []
-    names: set[str] = set()
-    for key, value in root:
-        if key in names:
-            return None
-        names.add(key)
-        if type(value) is not _Obj or len(value) != 3:
-            if key == "__metadata__" and (value is None or type(value) is _Obj):
-                if value is not None:
-                    metadata = dict(value)
-                    if len(metadata) != len(value) or any(type(v) is not str for v in metadata.values()):
-                        return None
-                continue
-            return None
-        fields = dict(value)
-        if fields.keys() != _FIELDS:
-            return None
-        dtype, shape, offsets = fields["dtype"], fields["shape"], fields["data_offsets"]
-        if (key == "__metadata__" or type(dtype) is not str or dtype not in DTYPE_BITS or type(shape) is not list
-                or type(offsets) is not list or len(offsets) != 2):
-            return None
-        for d in shape:
-            if type(d) is not int or d > U64_MAX:
-                return None
-        begin, end = offsets
-        if type(begin) is not int or type(end) is not int or begin > U64_MAX or end > U64_MAX:
-            return None
-        entries.append((begin, end, key, dtype, tuple(shape)))
-    return metadata, entries
-
-
 def _loads_plain(text: str) -> Any:
     """:func:`_loads` for JSON that holds nothing unusual (see
-    :func:`_plain_header`), with no Python call per number or object: the
+    :func:`_parse_plain`), with no Python call per number or object: the
     same tree, or None where the careful parser must decide (a repeated key
     anywhere included)."""
     root = _parse_plain(text)
