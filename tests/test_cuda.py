@@ -80,7 +80,7 @@ def test_device_identity(gpu):
 
 
 @pytest.mark.parametrize("dtype,src", [
-    ("f32", RNG.standard_normal(3 * 1024 * 1024 + 7).astype(np.float32)),  # > one 8 MiB staging slot
+    ("f32", RNG.standard_normal(3 * 1024 * 1024 + 7).astype(np.float32)),  # > one 4 MiB staging slot
     ("f16", _special_f16().view(np.float16)),
     ("bf16", _special_f16().view(BF16)),
     ("i32", RNG.integers(-2**31, 2**31, 100_003, dtype=np.int64).astype(np.int32)),
@@ -263,7 +263,7 @@ def test_allocation_failure_is_a_device_error(gpu):
 
 
 def test_file_truncated_during_an_upload(gpu, tmp_path):
-    x = RNG.standard_normal(6 * 1024 * 1024).astype(np.float32)  # 24 MiB: three slots
+    x = RNG.standard_normal(6 * 1024 * 1024).astype(np.float32)  # 24 MiB: six slots
     f = tmp_path / "x.bin"
     f.write_bytes(x.tobytes())
     os.truncate(f, 17 * 1024 * 1024)  # the file shrank after its header was read
