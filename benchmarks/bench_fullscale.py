@@ -38,6 +38,10 @@ Cases, each the best of --repeat runs after one warm-up, in one process
   limit           CUDA: a pinned host-to-device copy of the same byte count
                   (1 GiB pinned buffer, copied over the whole device range);
                   host: a plain read of every file into fresh memory
+  bus             CUDA: the same copy into device memory it wrote just before
+                  (the limit's first write into memory the process freed and
+                  allocated again is slower, as is every warm load's; the
+                  ratios are to the limit, measured as the loads are)
 
 Reported per case: seconds, GB/s of checkpoint data bytes, the ratio to the
 limit's rate, the peak host RSS during the load (VmRSS sampled every 2 ms,
@@ -488,6 +492,34 @@ def limit_case(files: list[Path], total: int, cuda: bool, index: int) -> Callabl
     return read_fresh
 
 
+def bus_seconds(total: int, index: int, repeat: int) -> float:
+    """The pinned copy of ``limit_case`` into device memory that the same
+    copy wrote just before (best of ``repeat``). On the H200 machine the
+    first write into device memory that the process freed and allocated
+    again runs at about 49 GB/s, a write into memory never used or already
+    written at about 55 GB/s (docs/CUDA.md, "What limits a full-size
+    load"): the limit row, like every warm load it is compared with, is the
+    first kind; this row is the bus."""
+    import torch
+
+    chunk = 1 << 30
+    pinned = torch.empty(chunk, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(total, dtype=torch.uint8, device=f"cuda:{index}")
+
+    def copy() -> float:
+        t0 = time.perf_counter()
+        for o in range(0, total, chunk):
+            n = min(chunk, total - o)
+            dst[o:o + n].copy_(pinned[:n], non_blocking=True)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    copy()
+    best = min(copy() for _ in range(max(1, repeat)))
+    del dst, pinned
+    return best
+
+
 def run_case(fn: Callable[[], Any], repeat: int, cleanup: Callable[[], None],
              gpu_used: Callable[[], int] | None) -> dict[str, Any]:
     times: list[float] = []
@@ -590,6 +622,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{case}: {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
         limit_name = next(k for k in rows if k.startswith("limit"))
         limit_rate = total / rows[limit_name]["seconds"]
+        if cuda:
+            cleanup()
+            rows["bus: pinned H2D copy into memory written before"] = {
+                "seconds": bus_seconds(total, dev.index, args.repeat), "runs": [], "rss_peak": 0, "rss_growth": 0,
+                "gpu_growth": 0, "resident": 0}
+            cleanup()
         for name, r in rows.items():
             rate = total / r["seconds"]
             results.append({"case": case, "loader": name, "bytes": total, "tensors": ntensors, "files": len(files),
