@@ -14,6 +14,7 @@
 // Files in /dev/shm (tmpfs: the page cache is not the question). The
 // device needs room for all of the files' bytes.
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -38,7 +39,8 @@ F(cuCtxSetCurrent, CUcontext) F(cuMemAlloc_v2, CUdeviceptr*, size_t) F(cuMemHost
 F(cuMemHostRegister_v2, void*, size_t, unsigned) F(cuMemHostUnregister, void*)
 F(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void*, size_t, CUstream) F(cuStreamCreate, CUstream*, unsigned)
 F(cuStreamSynchronize, CUstream) F(cuEventCreate, CUevent*, unsigned) F(cuEventRecord, CUevent, CUstream)
-F(cuEventSynchronize, CUevent) F(cuCtxSynchronize)
+F(cuEventSynchronize, CUevent) F(cuCtxSynchronize) F(cuMemFreeHost, void*) F(cuStreamDestroy_v2, CUstream)
+F(cuEventDestroy_v2, CUevent)
 #define CK(x) do { CUresult r_ = (x); if (r_) { fprintf(stderr, "%s = %d line %d\n", #x, r_, __LINE__); exit(1);} } while (0)
 static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 static CUcontext ctx; static CUdeviceptr dbuf; static size_t total;
@@ -66,7 +68,7 @@ static void ring(int T, int S, size_t B) {
       { std::unique_lock<std::mutex> lk(mu); cv.wait(lk, [&] { return !free_.empty(); }); k = free_.front(); free_.pop_front(); }
       Slot& s = slots[k]; if (s.pend) CK(cuEventSynchronize(s.e));
       double b = now(); twait[t] += b - a;
-      size_t got = 0; while (got < pcs[i].len) { ssize_t r = pread(files[pcs[i].f].fd, (char*)s.h + got, pcs[i].len - got, pcs[i].off + got); if (r <= 0) { perror("pread"); exit(1);} got += r; }
+      size_t got = 0; while (got < pcs[i].len) { ssize_t r = pread(files[pcs[i].f].fd, (char*)s.h + got, pcs[i].len - got, pcs[i].off + got); if (r <= 0) { fprintf(stderr, "pread: %s\n", r == 0 ? "unexpected end of file" : strerror(errno)); exit(1); } got += r; }
       tread[t] += now() - b;
       CK(cuMemcpyHtoDAsync_v2(dbuf + pcs[i].dst, s.h, pcs[i].len, s.s)); CK(cuEventRecord(s.e, s.s)); s.pend = true;
       { std::lock_guard<std::mutex> lk(mu); free_.push_back(k); } cv.notify_one();
@@ -75,6 +77,8 @@ static void ring(int T, int S, size_t B) {
   for (auto& x : th) x.join();
   CK(cuCtxSynchronize());
   double t = now() - t0; double sr = 0, sw = 0; for (int i = 0; i < T; ++i) { sr += tread[i]; sw += twait[i]; }
+  for (Slot& x : slots) { CK(cuStreamDestroy_v2(x.s)); CK(cuEventDestroy_v2(x.e)); }
+  CK(cuMemFreeHost(host));
   printf("ring T=%d S=%d B=%zuM: %.3f s %.1f GB/s cpu %.2f sys %.2f; per thread pread %.3f s (%.1f GB/s/thread) wait %.3f s\n", T, S, B >> 20, t, total / t / 1e9, cpu() - c0, sys() - s0, sr / T, total / sr / 1e9, sw / T);
 }
 
@@ -103,6 +107,7 @@ static void direct(int T, size_t W, size_t C, unsigned flags, bool populate) {
       prev = {p, ws[i].len, true};
     }
     if (prev.on) { double c = now(); CK(cuStreamSynchronize(st)); double e = now(); tcopy[t] += e - c; CK(cuMemHostUnregister(prev.p)); munmap(prev.p, prev.len); tunreg[t] += now() - e; }
+    CK(cuStreamDestroy_v2(st));
   });
   for (auto& x : th) x.join();
   CK(cuCtxSynchronize());
@@ -114,6 +119,7 @@ static void limit() {
   void* h; size_t B = 1ull << 30; CK(cuMemHostAlloc(&h, B, 1)); memset(h, 1, B); CUstream s; CK(cuStreamCreate(&s, 1));
   double t0 = now(); for (size_t o = 0; o < total; o += B) CK(cuMemcpyHtoDAsync_v2(dbuf + o, h, std::min(B, total - o), s)); CK(cuStreamSynchronize(s));
   double t = now() - t0; printf("limit pinned 1 GiB: %.3f s %.1f GB/s\n", t, total / t / 1e9);
+  CK(cuStreamDestroy_v2(s)); CK(cuMemFreeHost(h));
 }
 
 int main(int argc, char** argv) {
@@ -121,12 +127,13 @@ int main(int argc, char** argv) {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW); if (!lib) { puts("no libcuda"); return 1; }
 #define L(n) n = (decltype(n))dlsym(lib, #n); if (!n) { printf("no %s\n", #n); return 1; }
   L(cuInit) L(cuDeviceGet) L(cuDevicePrimaryCtxRetain) L(cuCtxSetCurrent) L(cuMemAlloc_v2) L(cuMemHostAlloc) L(cuMemHostRegister_v2)
-  L(cuMemHostUnregister) L(cuMemcpyHtoDAsync_v2) L(cuStreamCreate) L(cuStreamSynchronize) L(cuEventCreate) L(cuEventRecord) L(cuEventSynchronize) L(cuCtxSynchronize)
+  L(cuMemHostUnregister) L(cuMemcpyHtoDAsync_v2) L(cuStreamCreate) L(cuStreamSynchronize) L(cuEventCreate) L(cuEventRecord) L(cuEventSynchronize) L(cuCtxSynchronize) L(cuMemFreeHost) L(cuStreamDestroy_v2) L(cuEventDestroy_v2)
   CK(cuInit(0)); CUdevice dev; CK(cuDeviceGet(&dev, 0)); CK(cuDevicePrimaryCtxRetain(&ctx, dev)); CK(cuCtxSetCurrent(ctx));
-  for (int i = 2; i < argc; ++i) { File f; f.path = argv[i]; f.fd = open(argv[i], O_RDONLY); if (f.fd < 0) { perror(argv[i]); return 1; } struct stat st; fstat(f.fd, &st); f.size = st.st_size; files.push_back(f); total += f.size; }
+  for (int i = 2; i < argc; ++i) { File f; f.path = argv[i]; f.fd = open(argv[i], O_RDONLY); if (f.fd < 0) { perror(argv[i]); return 1; } struct stat st; if (fstat(f.fd, &st) != 0) { perror(argv[i]); return 1; } f.size = st.st_size; files.push_back(f); total += f.size; }
   CK(cuMemAlloc_v2(&dbuf, total + (64 << 20)));
   printf("%zu files, %.1f GB\n", files.size(), total / 1e9);
   std::string mode = argv[1];
+  if (mode.find_first_not_of("sd") != std::string::npos) { fprintf(stderr, "mode: s, d or sd\n"); return 2; }
   limit();
   if (mode.find('s') != std::string::npos) {
     ring(16, 16, 8 << 20);
