@@ -34,6 +34,7 @@ from typing import Any, Sequence, TypeVar, Union, cast
 import numpy as np
 
 from . import _core, formats
+from ._frozen import constructor
 from ._files import INDEX_MAX_BYTES, FileIdentity, open_regular, read_capped
 from .errors import FileReadError, SafetensorsError
 
@@ -128,6 +129,10 @@ class TensorInfo:
     @property
     def bits_per_element(self) -> int:
         return DTYPE_BITS[self.dtype]
+
+
+# One per tensor of every header (_frozen: the dataclass __init__ costs 2x as much).
+_new_tensor_info = constructor(TensorInfo)
 
 
 def _err(code: str, path: str, reason: str, tensor: str | None = None) -> SafetensorsError:
@@ -590,8 +595,9 @@ class SafetensorsFile:
         self._file_size = size
         self._metadata = metadata
         path = self._path
+        make = _new_tensor_info
         self._tensors: dict[str, TensorInfo] = {
-            name: TensorInfo(name, dtype, shape, base + begin, end - begin, path)
+            name: make(name, dtype, shape, base + begin, end - begin, path)
             for begin, end, name, dtype, shape in sorted(raw, key=_NAME)
         }
 
@@ -819,9 +825,13 @@ class Checkpoint:
         self._index_path = index_path
         self._index_metadata = index_metadata
         self._where: dict[str, SafetensorsFile] = {}
+        # Every tensor's info in one table too: a plan looks up each tensor
+        # (60,000 in an FP8 checkpoint) and a shard's own lookup is a second
+        # Python call. A later shard's name wins in both, as a loop would.
+        self._info: dict[str, TensorInfo] = {}
         for f in self._shards:
-            for name in f.keys():
-                self._where[name] = f
+            self._where.update(dict.fromkeys(f._tensors, f))
+            self._info.update(f._tensors)
 
     @property
     def directory(self) -> Path:
@@ -852,15 +862,14 @@ class Checkpoint:
         return list(self._where)
 
     def tensors(self) -> list[TensorInfo]:
-        # Straight from each shard's table (every name in _where is in its
-        # shard): a plan asks for all of them at once.
-        return [f._tensors[name] for name, f in self._where.items()]
+        # Straight from the table (a plan asks for all of them at once).
+        return list(self._info.values())
 
     def __getitem__(self, name: str) -> TensorInfo:
-        f = self._where.get(name)
-        if f is None:
-            raise KeyError(f"no tensor {name!r} in checkpoint {self._directory}")
-        return f[name]
+        try:
+            return self._info[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in checkpoint {self._directory}") from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._where
@@ -993,26 +1002,44 @@ def _open_index(index_path: Path) -> Checkpoint:
                     sorted(by_shard[shard])[0],
                 )
             opened.append(open(shard_path))
+        # The common case first, in one pass: every tensor of every shard is
+        # mapped by the index to that shard. Then, with as many index entries
+        # as shard tensors, no name is in two shards and the index names no
+        # tensor a shard lacks (the full checks below find those, in their
+        # order, only when this fails).
+        total = 0
+        consistent = True
+        for f in opened:
+            fname = f.path.name
+            total += len(f._tensors)
+            get = weight_map.get
+            for name in f._tensors:
+                if get(name) != fname:
+                    consistent = False
+                    break
+            if not consistent:
+                break
         problems: list[tuple[str, str, str, str]] = []  # (code, shard path, tensor, reason)
-        seen: dict[str, str] = {}
-        for f in opened:
-            fname = f.path.name
-            for name in f.keys():
-                if name in seen:
-                    problems.append((DUPLICATE_TENSOR, str(f.path), name, f"tensor is also in shard {seen[name]!r}"))
-                else:
-                    seen[name] = fname
-        for f in opened:
-            for name in sorted(by_shard[f.path.name]):
-                if name not in f:
-                    problems.append((TENSOR_NOT_IN_SHARD, str(f.path), name, f"index {spath} maps the tensor to this shard but it is not there"))
-        for f in opened:
-            fname = f.path.name
-            for name in f.keys():
-                listed = weight_map.get(name)
-                if listed != fname:
-                    why = "is not in the index's weight_map" if listed is None else f"is mapped by the index to shard {listed!r}"
-                    problems.append((TENSOR_NOT_IN_INDEX, str(f.path), name, f"tensor in this shard {why}"))
+        if not consistent or total != len(weight_map):
+            seen: dict[str, str] = {}
+            for f in opened:
+                fname = f.path.name
+                for name in f.keys():
+                    if name in seen:
+                        problems.append((DUPLICATE_TENSOR, str(f.path), name, f"tensor is also in shard {seen[name]!r}"))
+                    else:
+                        seen[name] = fname
+            for f in opened:
+                for name in sorted(by_shard[f.path.name]):
+                    if name not in f:
+                        problems.append((TENSOR_NOT_IN_SHARD, str(f.path), name, f"index {spath} maps the tensor to this shard but it is not there"))
+            for f in opened:
+                fname = f.path.name
+                for name in f.keys():
+                    listed = weight_map.get(name)
+                    if listed != fname:
+                        why = "is not in the index's weight_map" if listed is None else f"is mapped by the index to shard {listed!r}"
+                        problems.append((TENSOR_NOT_IN_INDEX, str(f.path), name, f"tensor in this shard {why}"))
         if problems:
             code, ppath, tensor, reason = problems[0]
             msg = f"{ppath}: {reason} (tensor '{tensor}')"

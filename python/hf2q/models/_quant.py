@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import formats
+from .._frozen import constructor
 from ..errors import ConfigError, DtypeMismatchError, ManifestProblem, MissingTensorError, ShapeMismatchError
 from ..plan import Scale
 
@@ -229,6 +230,10 @@ def _scale_geometry(scheme: QuantScheme, wshape: tuple[int, ...], sshape: tuple[
     return ok, want, block, grid, strategy
 
 
+# One per FP8 weight (31,000 in a full-size Qwen3.6 FP8 checkpoint; hf2q._frozen).
+_new_scale = constructor(Scale)
+
+
 def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     """Pair every FP8 weight of ``ckpt`` (an open checkpoint: names,
     ``[name].dtype`` / ``.shape``) with its scale under ``scheme``; typed
@@ -251,6 +256,7 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     # The scale geometry of one (weight shape, scale shape) pair, once: an
     # expert stack's hundreds of tensors share theirs.
     geometry: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[bool, str, tuple[int, int], tuple[int, ...], str]] = {}
+    fmt_of: dict[str, str] = {}  # safetensors code -> format name, asked twice per weight
     for name in names:
         if dropped_suffixes and name.endswith(dropped_suffixes):
             dropped.add(name)
@@ -266,8 +272,8 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
             missing.append(ManifestProblem("missing", weight, f"the weight scaled by '{name}' ({rule})", "absent"))
             continue
         winfo, sinfo = ckpt[weight], ckpt[name]
-        wfmt = formats.from_safetensors(winfo.dtype).name
-        sfmt = formats.from_safetensors(sinfo.dtype).name
+        wfmt = fmt_of.get(winfo.dtype) or fmt_of.setdefault(winfo.dtype, formats.from_safetensors(winfo.dtype).name)
+        sfmt = fmt_of.get(sinfo.dtype) or fmt_of.setdefault(sinfo.dtype, formats.from_safetensors(sinfo.dtype).name)
         if wfmt not in _F8 or (scheme.fmt is not None and wfmt != scheme.fmt):
             want = scheme.fmt or "F8_E4M3 or F8_E5M2"
             bad_dtype.append(ManifestProblem("dtype", weight, f"{want.upper()} (it has a scale '{name}'; {rule})",
@@ -290,7 +296,7 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
         if not ok:
             bad_shape.append(ManifestProblem("shape", name, f"{want} ({rule})", str(list(sshape))))
             continue
-        scales[weight] = Scale(name, sfmt, sshape, block, grid, strategy)
+        scales[weight] = _new_scale(name, sfmt, sshape, block, grid, strategy)
     for name in names:
         if name in paired or name in consumed or name in dropped:
             continue
