@@ -141,8 +141,11 @@ def test_stdout_closed_after_a_failure_keeps_its_status(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- SIGINT
 
 #: The CLI with the family's config read blocked (READY on stderr first), so that a signal lands mid-command.
+#: SIGINT is made Python's KeyboardInterrupt first: a suite started in the background by a
+#: non-interactive shell (``.ci/run &``) hands its children SIGINT ignored, which Python keeps.
 BLOCKED = r"""
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import hf2q.models as models
 def blocked(*a, **kw):
     sys.stderr.write("READY\n"); sys.stderr.flush(); time.sleep(60)

@@ -20,8 +20,11 @@ from hf2q.cli import main
 ENV = {**os.environ, "HF2Q_NUM_THREADS": "2", "HF2Q_NO_PROGRESS": "1"}
 
 #: A demo whose writer stops after the first file (with READY on stderr) for ``HOLD`` seconds.
+# (SIGINT made KeyboardInterrupt first: a suite started in the background by a non-interactive
+# shell hands its children SIGINT ignored, which Python keeps.)
 SLOW_DEMO = r"""
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import hf2q.testing
 real = hf2q.testing.make_dflash_checkpoint
 def slow(directory, config=None, *a, **kw):
