@@ -126,3 +126,70 @@ def test_huge_page_advice_follows_the_thp_settings() -> None:
 
     want = choice("enabled") == "madvise" and choice("defrag") in ("defer", "never") and not reports_huge_blocks()
     assert _run(_FLAGS) == {"hg": want, "aligned": True}
+
+
+def test_f32_to_bf16_bits_is_ml_dtypes_cast() -> None:
+    """The loader's cast to BF16 (no ml_dtypes) gives ml_dtypes' bits: every
+    BF16 upper half with the rounding-relevant lower halves, NaNs of every
+    payload and sign, overflow to +-Inf, subnormals, and float16 inputs."""
+    import ml_dtypes
+    import numpy as np
+
+    from hf2q._arrays import bf16_bits_to_f32, f32_to_bf16_bits
+
+    hi = np.arange(65536, dtype=np.uint32) << 16
+    lows = [0, 1, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF]
+    u = np.concatenate([hi | np.uint32(low) for low in lows]
+                       + [np.random.default_rng(7).integers(0, 2**32, 1 << 20, dtype=np.uint32)])
+    f = u.view(np.float32)
+    with np.errstate(invalid="ignore"):
+        want = f.astype(ml_dtypes.bfloat16).view(np.uint16)
+        h = np.arange(65536, dtype=np.uint16).view(np.float16)
+        want16 = h.astype(ml_dtypes.bfloat16).view(np.uint16)
+    got = f32_to_bf16_bits(f)
+    assert got.dtype == np.uint16 and np.array_equal(got, want)
+    assert np.array_equal(f32_to_bf16_bits(h.astype(np.float32)), want16)
+    b = np.arange(65536, dtype=np.uint16)
+    assert np.array_equal(bf16_bits_to_f32(b).view(np.uint32), b.view(ml_dtypes.bfloat16).astype(np.float32).view(np.uint32))
+
+
+def test_a_load_to_bf16_from_f32_does_not_import_ml_dtypes(tmp_path: Path) -> None:
+    """F32 tensors loaded as BF16 (the host cannot convert f32 -> bf16
+    natively, so the loader rounds them): the values ml_dtypes' cast gives,
+    without importing it; under check_finite an overflow to Inf is the
+    conversion's error."""
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    w[0, :6] = [np.nan, -np.nan, np.inf, -np.inf, 1.0000001, 3e38]  # NaNs, Infs, a tie, an overflow to Inf
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    save_file({"model.w.weight": w, "model.v.weight": rng.standard_normal((3, 32)).astype(np.float32)},
+              str(tmp_path / "a" / "model.safetensors"))
+    big = np.ones((2, 32), np.float32)
+    big[1, 7] = 3.4e38  # finite in F32, past the midpoint above the largest BF16: +Inf after rounding
+    save_file({"model.o.weight": big}, str(tmp_path / "b" / "model.safetensors"))
+    r = _run("""
+import json, sys
+import hf2q
+dev = hf2q.Device("host")
+m = hf2q.load(sys.argv[1], dev, dtype="bf16", progress=False)
+out = {"ml_dtypes": "ml_dtypes" in sys.modules}  # before the read-back (a bfloat16 view imports it)
+out.update({n: m[n].to_host().tobytes().hex() for n in ("model.w.weight", "model.v.weight")})
+out["dtypes"] = [m[n].dtype for n in ("model.w.weight", "model.v.weight")]
+try:
+    hf2q.load(sys.argv[2], dev, dtype="bf16", progress=False, check_finite=True)
+except hf2q.NonFiniteError as e:
+    out["error"] = [e.tensor, e.step]
+print(json.dumps(out))
+""", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert r["ml_dtypes"] is False and r["dtypes"] == ["bf16", "bf16"]
+    with np.errstate(invalid="ignore", over="ignore"):
+        want_w = w.astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert bytes.fromhex(r["model.w.weight"]) == want_w.tobytes()
+    assert r["error"] == ["model.o.weight", "conversion f32->bf16"]
+    v = np.frombuffer(bytes.fromhex(r["model.v.weight"]), dtype=np.uint16)
+    assert v.size == 96 and v.any()

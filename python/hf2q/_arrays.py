@@ -47,6 +47,27 @@ def is_bf16(dtype: Any) -> bool:
     return isinstance(dtype, np.dtype) and "ml_dtypes" in sys.modules and dtype == bf16()
 
 
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values (or values numpy casts to float32 exactly: float16)
+    rounded to BF16, as uint16 bits, without ml_dtypes: the cast
+    ``astype(ml_dtypes.bfloat16)`` does (Eigen's conversion), bit for bit.
+    Round to nearest even by adding 0x7FFF plus the kept part's lowest bit;
+    a NaN becomes the quiet NaN of its sign (0x7FC0 / 0xFFC0), so that no NaN
+    rounds into an infinity; finite values past the largest BF16 round to
+    +-Inf. Temporaries of the input's size (a staged chunk, not a tensor)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    out = ((u + (((u >> 16) & 1) + np.uint32(0x7FFF))) >> 16).astype(np.uint16)  # wraps only for NaNs
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        out[nan] = np.where((u[nan] >> 31) != 0, np.uint16(0xFFC0), np.uint16(0x7FC0))
+    return out
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """BF16 bits (uint16) as float32 values: exact."""
+    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 def __getattr__(name: str) -> Any:
     # ``from hf2q._arrays import BF16`` still works; it imports ml_dtypes.
     if name == "BF16":

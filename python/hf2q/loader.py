@@ -751,12 +751,40 @@ def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, bu
             if check_finite:
                 _check_finite_array(chunk, piece.tensor)
             with np.errstate(all="ignore"):  # overflow: check_finite's to report (after the entry), not numpy's
-                out = np.ascontiguousarray(convert(chunk))
+                out = _contiguous(convert(chunk))
             _check_cast(chunk, out, entry, d0 + e0, (piece,), check_finite)
-            device.write(buf, out, offset=d0 + e0, name=entry.name, check_finite=check_finite)
+            _write_cast(device, buf, out, offset=d0 + e0, name=entry.name, check_finite=check_finite)
+
+
+def _contiguous(out: np.ndarray) -> np.ndarray:
+    """``np.ascontiguousarray`` that keeps BF16 bits marked (_Bits)."""
+    if isinstance(out, _Bits):
+        return np.ascontiguousarray(out).view(_Bits)
+    return np.ascontiguousarray(out)
+
+
+def _write_cast(device: Device, buf: Buffer, out: np.ndarray, **kw: Any) -> None:
+    """``Device.write`` of a cast's result: BF16 bits (_Bits) as bf16."""
+    if isinstance(out, _Bits):
+        device.write(buf, out.view(np.ndarray), src_dtype="bf16", **kw)
+    else:
+        device.write(buf, out, **kw)
 
 
 def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
+    if formats.get(dtype).name == "bf16":
+        # To BF16 without ml_dtypes (its import costs 0.5-1.3 s of a load
+        # that hands out no numpy bfloat16): the rounded bits, as _Bits that
+        # the writes pass on as bf16 (_write_cast). Same values as the cast.
+        from ._arrays import f32_to_bf16_bits
+
+        def cast_bits(x: np.ndarray) -> np.ndarray:
+            if formats.can_convert(formats.from_numpy(x.dtype) or "u8", dtype):
+                return x
+            with np.errstate(over="ignore", invalid="ignore"):
+                return f32_to_bf16_bits(x.astype(np.float32, copy=False)).view(_Bits)
+
+        return cast_bits
     # A block format (q8_0) has no element dtype: hand the device float32,
     # which it quantizes natively.
     target = formats.get(dtype).numpy_dtype or np.dtype(np.float32)
@@ -782,8 +810,13 @@ def _check_cast(src: np.ndarray, out: np.ndarray, entry: TensorPlan, offset: int
     already non-finite in ``src`` is left to the file's own check."""
     if out is src or not (check_finite or formats.get(entry.dtype).is_block):
         return
+    bits = isinstance(out, _Bits)
     o = out.reshape(-1)
-    if o.dtype.kind not in "fc":
+    if bits:
+        from ._arrays import bf16_bits_to_f32
+
+        o = bf16_bits_to_f32(o.view(np.ndarray))
+    elif o.dtype.kind not in "fc":
         o = o.astype(np.float32)  # bfloat16 / float16 (kind 'V' for bfloat16): exact
     bad = np.flatnonzero(~np.isfinite(o))
     if not bad.size:
@@ -793,7 +826,7 @@ def _check_cast(src: np.ndarray, out: np.ndarray, entry: TensorPlan, offset: int
     if not np.isfinite(s[i] if s.dtype.kind in "fc" else np.float32(s[i])):
         return  # the file's own NaN/Inf: check_finite (or the quantizer) reports it as such
     a = formats.from_numpy(src.dtype)
-    b = formats.from_numpy(out.dtype)
+    b = formats.get("bf16") if bits else formats.from_numpy(out.dtype)
     step = f"conversion {a.name if a else src.dtype}->{b.name if b else out.dtype}"
     _check_finite_array(o[i:i + 1], entry.name, step, shape=tuple(entry.shape), offset=offset + i, sources=sources)
 
@@ -815,6 +848,8 @@ def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ..
             if entry is not None:
                 _check_cast(x, y, entry, 0, entry.sources, check_finite)
             x = y
+            if isinstance(x, _Bits):
+                x, src_dtype = x.view(np.ndarray), "bf16"
     if into is None:
         return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name, src_dtype=src_dtype,
                              check_finite=check_finite)
@@ -1171,14 +1206,14 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
     if piece.select is not None:
         flat = arr.reshape(-1)
         for d0, s0, n in piece.select.tolist():
-            device.write(buf, np.ascontiguousarray(cast(flat[s0:s0 + n])), offset=d0, name=entry.name,
-                         check_finite=check_finite)
+            _write_cast(device, buf, _contiguous(cast(flat[s0:s0 + n])), offset=d0, name=entry.name,
+                        check_finite=check_finite)
         return
     if piece.rows is not None:
         start, stop = piece.rows
         arr = arr.reshape(piece.shape[0], piece.shape[1], -1)[:, start:stop]
-    device.write(buf, np.ascontiguousarray(cast(arr.reshape(-1))), offset=piece.dest_offset, name=entry.name,
-                 check_finite=check_finite)
+    _write_cast(device, buf, _contiguous(cast(arr.reshape(-1))), offset=piece.dest_offset, name=entry.name,
+                check_finite=check_finite)
 
 
 def _check_block_scales(stored: np.ndarray, entry: TensorPlan, piece: Piece) -> None:
