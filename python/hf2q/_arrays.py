@@ -63,11 +63,6 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    """BF16 bits (uint16) as float32 values: exact."""
-    return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
 def __getattr__(name: str) -> Any:
     # ``from hf2q._arrays import BF16`` still works; it imports ml_dtypes.
     if name == "BF16":

@@ -751,24 +751,18 @@ def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, bu
             if check_finite:
                 _check_finite_array(chunk, piece.tensor)
             with np.errstate(all="ignore"):  # overflow: check_finite's to report (after the entry), not numpy's
-                out = _contiguous(convert(chunk))
+                out = convert(chunk)
             _check_cast(chunk, out, entry, d0 + e0, (piece,), check_finite)
             _write_cast(device, buf, out, offset=d0 + e0, name=entry.name, check_finite=check_finite)
 
 
-def _contiguous(out: np.ndarray) -> np.ndarray:
-    """``np.ascontiguousarray`` that keeps BF16 bits marked (_Bits)."""
-    if isinstance(out, _Bits):
-        return np.ascontiguousarray(out).view(_Bits)
-    return np.ascontiguousarray(out)
-
-
 def _write_cast(device: Device, buf: Buffer, out: np.ndarray, **kw: Any) -> None:
-    """``Device.write`` of a cast's result: BF16 bits (_Bits) as bf16."""
+    """``Device.write`` of a cast's result, made contiguous: BF16 bits
+    (_Bits) as bf16."""
     if isinstance(out, _Bits):
-        device.write(buf, out.view(np.ndarray), src_dtype="bf16", **kw)
+        device.write(buf, np.ascontiguousarray(out.view(np.ndarray)), src_dtype="bf16", **kw)
     else:
-        device.write(buf, out, **kw)
+        device.write(buf, np.ascontiguousarray(out), **kw)
 
 
 def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -813,9 +807,9 @@ def _check_cast(src: np.ndarray, out: np.ndarray, entry: TensorPlan, offset: int
     bits = isinstance(out, _Bits)
     o = out.reshape(-1)
     if bits:
-        from ._arrays import bf16_bits_to_f32
+        from .ops import bf16_to_f32
 
-        o = bf16_bits_to_f32(o.view(np.ndarray))
+        o = bf16_to_f32(np.ascontiguousarray(o.view(np.ndarray)))
     elif o.dtype.kind not in "fc":
         o = o.astype(np.float32)  # bfloat16 / float16 (kind 'V' for bfloat16): exact
     bad = np.flatnonzero(~np.isfinite(o))
@@ -1206,13 +1200,13 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
     if piece.select is not None:
         flat = arr.reshape(-1)
         for d0, s0, n in piece.select.tolist():
-            _write_cast(device, buf, _contiguous(cast(flat[s0:s0 + n])), offset=d0, name=entry.name,
+            _write_cast(device, buf, cast(flat[s0:s0 + n]), offset=d0, name=entry.name,
                         check_finite=check_finite)
         return
     if piece.rows is not None:
         start, stop = piece.rows
         arr = arr.reshape(piece.shape[0], piece.shape[1], -1)[:, start:stop]
-    _write_cast(device, buf, _contiguous(cast(arr.reshape(-1))), offset=piece.dest_offset, name=entry.name,
+    _write_cast(device, buf, cast(arr.reshape(-1)), offset=piece.dest_offset, name=entry.name,
                 check_finite=check_finite)
 
 
