@@ -205,6 +205,72 @@ def test_batch_read_past_the_end_names_that_job(dev: Device, tmp_path: Path) -> 
     assert e.value.code == "FileTruncated"
 
 
+@pytest.fixture
+def threads4():
+    """Four pool threads, so that the raw pieces really are spread (CI has 2 cores)."""
+    old = hf2q.get_num_threads()
+    hf2q.set_num_threads(4)
+    yield
+    hf2q.set_num_threads(old)
+
+
+def test_batch_raw_expert_segments_are_the_file_bytes(dev: Device, tmp_path: Path, threads4: None) -> None:
+    """Raw stacks gathered from many small segments (the host reads all of a
+    batch's raw pieces in one parallel loop): each buffer is exactly the
+    segments' bytes in buffer order, whatever order they lie in the file."""
+    x = RNG.standard_normal((64, 128, 32)).astype(np.float32)  # 64 "experts" of 16 KiB
+    y = RNG.standard_normal((3, 8 << 20)).astype(np.float32)   # pieces above one 8 MiB chunk
+    f, (ox, oy) = _file(tmp_path, "x.bin", x, y)
+    per = 128 * 32
+    order = RNG.permutation(64)
+    segs = [(e * per, ox + int(order[e]) * per * 4, per * 4) for e in range(64)]
+    bufs = dev.alloc_many([((64, 128, 32), "f32"), ((3, 8 << 20), "f32"), ((64, 128, 32), "f32")])
+    dev.write_from_file_batch([(bufs[0], f, segs, "f32", "stack"), (bufs[1], f, [(0, oy, y.nbytes)], "f32", "big"),
+                               (bufs[2], f, segs[::-1], "f32", "stack.reversed")], check_finite=True)
+    want = x[order].tobytes()
+    assert _raw(bufs[0]) == want and _raw(bufs[2]) == want
+    assert _raw(bufs[1]) == y.tobytes()
+
+
+def test_batch_raw_nonfinite_names_the_first_job_and_element(dev: Device, tmp_path: Path, threads4: None) -> None:
+    """check_finite over raw segments: the first job in order holding a NaN
+    or Inf, and the element's index in its buffer (segment offset added),
+    though a later job's piece may be scanned first."""
+    x = RNG.standard_normal((16, 256)).astype(np.float32)
+    bad = x.copy()
+    bad[5, 7] = np.inf
+    worse = x.copy()
+    worse[0, 0] = np.nan
+    f, (ox, ob, ow) = _file(tmp_path, "x.bin", x, bad, worse)
+    per = 256
+    segs = [(e * per, ob + e * per * 4, per * 4) for e in range(16)][::-1]  # read from the last expert first
+    bufs = dev.alloc_many([((16, 256), "f32")] * 3)
+    with pytest.raises(NonFiniteError) as e:
+        dev.write_from_file_batch([(bufs[0], f, [(0, ox, x.nbytes)], "f32", "clean"),
+                                   (bufs[1], f, segs, "f32", "stack"),
+                                   (bufs[2], f, [(0, ow, x.nbytes)], "f32", "later")], check_finite=True)
+    assert e.value.tensor == "stack" and e.value.index == 5 * 256 + 7 and e.value.value_class == "+inf"
+
+
+@pytest.mark.parametrize("first", ["raw", "convert"])
+def test_batch_read_past_the_end_names_the_earliest_failing_job(dev: Device, tmp_path: Path, first: str,
+                                                                threads4: None) -> None:
+    """Two jobs past a truncated file's end, one a raw copy and one a
+    conversion, in either order: the error names the earlier one, as reading
+    the jobs one after another would (the host reads all raw pieces first)."""
+    a = RNG.standard_normal(4096).astype(np.float32)
+    f, (o1, o2) = _file(tmp_path, "x.bin", a, a)
+    with open(f, "r+b") as fh:
+        fh.truncate(o1 + 1000)  # both jobs' ranges run past the end
+    kinds = ["f32", "q8_0"] if first == "raw" else ["q8_0", "f32"]
+    bufs = dev.alloc_many([((4096,), k) for k in kinds])
+    with pytest.raises(FileReadError) as e:
+        dev.write_from_file_batch([(bufs[0], f, [(0, o1, a.nbytes)], "f32", "earlier"),
+                                   (bufs[1], f, [(0, o2, a.nbytes)], "f32", "later")])
+    assert "earlier" in str(e.value) and "later" not in str(e.value)
+    assert e.value.code == "FileTruncated"
+
+
 def test_batch_checks_every_job_before_reading(dev: Device, tmp_path: Path) -> None:
     a = RNG.standard_normal(256).astype(np.float32)
     f, (o,) = _file(tmp_path, "x.bin", a)

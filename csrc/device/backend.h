@@ -206,14 +206,17 @@ class Backend {
                                  std::uint64_t file_offset);
   // Many segments of one buffer, same dtypes (an expert stack gathered from
   // per-expert tensors): one pipeline and one wait instead of one per piece.
-  // first_nonfinite is a buffer element index here. Default: read_file for
-  // each segment in turn.
+  // first_nonfinite is a buffer element index here. Default:
+  // read_file_batch with this one item.
   virtual UploadResult read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments);
   // Many buffers' segments in one call (a loader's run of tensors): a GPU
   // runs one pipeline over all of them, so that neither the staging ring
   // nor the copy engine drains between tensors. One result per item, as
   // read_file_segments gives it; on a throw, nothing of the batch is in
-  // flight any more. Default: read_file_segments for each item in turn.
+  // flight any more; a FileReadError's `job` is the earliest item whose
+  // read failed. Default (CPU-visible memory): every raw segment pread
+  // straight into its buffer, all items' pieces in one parallel loop; each
+  // conversion by read_file, in item order.
   virtual std::vector<UploadResult> read_file_batch(const std::vector<FileBatchItem>& items);
 
   // Convert a whole buffer of the same device (`src`, CPU pointer or device

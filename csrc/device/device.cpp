@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <memory>
 #include <numeric>
 #include <stdexcept>
 
@@ -765,30 +767,119 @@ std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& j
   return backend_->read_file_batch(items);
 }
 
+namespace {
+// A backend whose memory the CPU cannot address must override every entry
+// point that would otherwise go through the pointer: refuse, never write.
+void require_cpu_visible(const Backend& b, const char* what) {
+  if (!b.info().cpu_visible) {
+    throw DeviceError(std::string("the ") + b.info().kind + " backend has no " + what +
+                      " for its memory, which the CPU cannot address");
+  }
+}
+}  // namespace
+
 std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchItem>& items) {
-  std::vector<UploadResult> out;
-  out.reserve(items.size());
-  for (const FileBatchItem& it : items) {
+  require_cpu_visible(*this, "file upload");
+  std::vector<UploadResult> out(items.size());
+  // Raw segments: every item's, in pieces of at most kCopyChunk, pread on
+  // the thread pool in one loop. One segment per expert (2 MiB in Qwen3.6)
+  // is below one piece: read a segment at a time they went to one thread
+  // after another, at one thread's pread rate (5 GB/s on the H200 machine's
+  // 16 cores, the same as on 2).
+  struct Piece {
+    std::size_t item;
+    const FileSegment* seg;
+    std::size_t begin, end;  // bytes of the segment's source
+  };
+  std::vector<Piece> pieces;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    for (const FileSegment& s : items[i].segments) {
+      if (s.plan.op != Op::Raw) continue;
+      const std::size_t elem = s.plan.src_elem == 0 ? 1 : s.plan.src_elem;
+      const std::size_t chunk = kCopyChunk / elem * elem;  // whole elements, for the scan
+      for (std::size_t b = 0; b < s.plan.src_bytes; b += chunk) {
+        pieces.push_back({i, &s, b, std::min(s.plan.src_bytes, b + chunk)});
+      }
+    }
+  }
+  std::vector<std::exception_ptr> failed(pieces.size());
+  std::unique_ptr<std::atomic<std::size_t>[]> first_bad(new std::atomic<std::size_t>[items.size()]);
+  for (std::size_t i = 0; i < items.size(); ++i) first_bad[i].store(kernels::kNoIndex);
+  parallel_for(pieces.size(), 1, [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t k = lo; k < hi; ++k) {
+      const Piece& p = pieces[k];
+      const FileSegment& s = *p.seg;
+      std::uint8_t* dst = items[p.item].dst.base + s.plan.dst_off;
+      try {
+        if (!s.plan.check_finite) {
+          pread_full(s.fd, dst + p.begin, p.end - p.begin, s.file_offset + p.begin);
+          continue;
+        }
+        // check_finite: read and scan in pieces that stay in the core's
+        // cache (L2), each scanned right after its pread.
+        const std::size_t elem = s.plan.src_elem == 0 ? 1 : s.plan.src_elem;
+        for (std::size_t pb = p.begin; pb < p.end; pb += kScanPiece) {
+          const std::size_t pe = std::min(p.end, pb + kScanPiece);
+          pread_full(s.fd, dst + pb, pe - pb, s.file_offset + pb);
+          const std::size_t i = first_nonfinite(s.plan.src_dtype, dst + pb, (pe - pb) / elem);
+          if (i != kernels::kNoIndex) atomic_min(first_bad[p.item], s.elem_offset + pb / elem + i);
+        }
+      } catch (...) {
+        failed[k] = std::current_exception();  // each piece its own slot: no race
+      }
+    }
+  });
+  // A failure is reported as reading the items in order would have met it:
+  // the earliest item whose read failed (pieces are in item order).
+  std::size_t raw_failed = items.size();
+  std::exception_ptr raw_error;
+  for (std::size_t k = 0; k < pieces.size(); ++k) {
+    if (failed[k]) {
+      raw_failed = pieces[k].item;
+      raw_error = failed[k];
+      break;
+    }
+  }
+  // Conversions: one segment at a time, each split over the pool itself.
+  for (std::size_t i = 0; i < raw_failed; ++i) {
+    for (const FileSegment& s : items[i].segments) {
+      if (s.plan.op == Op::Raw) continue;
+      try {
+        const UploadResult r = read_file(items[i].dst, s.plan, s.fd, s.file_offset);
+        if (r.first_nonfinite != kernels::kNoIndex) {
+          out[i].first_nonfinite = std::min(out[i].first_nonfinite, s.elem_offset + r.first_nonfinite);
+        }
+        out[i].inf_scales += r.inf_scales;
+      } catch (FileReadError& e) {
+        if (e.job < 0) e.job = static_cast<long>(i);  // the job that failed, not the batch's first
+        throw;
+      }
+    }
+  }
+  if (raw_error) {
     try {
-      out.push_back(read_file_segments(it.dst, it.segments));
+      std::rethrow_exception(raw_error);
     } catch (FileReadError& e) {
-      if (e.job < 0) e.job = static_cast<long>(out.size());  // the job that failed, not the batch's first
+      if (e.job < 0) e.job = static_cast<long>(raw_failed);
       throw;
     }
+  }
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out[i].first_nonfinite = std::min(out[i].first_nonfinite, first_bad[i].load());
   }
   return out;
 }
 
 UploadResult Backend::read_file_segments(const UploadTarget& dst, const std::vector<FileSegment>& segments) {
-  UploadResult res;
-  for (const FileSegment& s : segments) {
-    const UploadResult r = read_file(dst, s.plan, s.fd, s.file_offset);
-    if (r.first_nonfinite != static_cast<std::size_t>(-1)) {
-      res.first_nonfinite = std::min(res.first_nonfinite, s.elem_offset + r.first_nonfinite);
-    }
-    res.inf_scales += r.inf_scales;
+  std::vector<FileBatchItem> one(1);
+  one[0].dst = dst;
+  one[0].segments = segments;
+  try {
+    return read_file_batch(one)[0];
+  } catch (FileReadError& e) {
+    e.job = -1;  // one buffer: there is no batch to name a job of
+    throw;
   }
-  return res;
 }
 
 UploadResult Device::convert(BufferImpl& dst, BufferImpl& src) {
@@ -923,16 +1014,6 @@ void Device::copy_out(BufferImpl& buf, std::size_t offset, void* out, std::size_
 
 // ------------------------------------------- defaults for CPU-visible memory
 
-namespace {
-// A backend whose memory the CPU cannot address must override every entry
-// point that would otherwise go through the pointer: refuse, never write.
-void require_cpu_visible(const Backend& b, const char* what) {
-  if (!b.info().cpu_visible) {
-    throw DeviceError(std::string("the ") + b.info().kind + " backend has no " + what +
-                      " for its memory, which the CPU cannot address");
-  }
-}
-}  // namespace
 
 UploadResult Backend::write(const UploadTarget& target, const UploadPlan& p, const void* src) {
   require_cpu_visible(*this, "upload");
