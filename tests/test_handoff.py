@@ -252,6 +252,64 @@ def test_missing_tensor_is_refused(tmp_path: Path) -> None:
     assert e.value.missing == ["model.layers.1.mlp.up_proj.weight"]
 
 
+def test_device_opens_beside_the_model_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device is opened on a helper thread while transformers builds the
+    model (a fresh CUDA device takes 0.1 s the main thread would wait for)."""
+    import threading
+
+    opened_on = []
+    real = htf._hf2q_device
+
+    def opening(device):
+        opened_on.append(threading.current_thread() is threading.main_thread())
+        return real(device)
+
+    monkeypatch.setattr(htf, "_hf2q_device", opening)
+    m = htf.from_pretrained(CHECKPOINTS["llama_tied"], "cpu")
+    assert opened_on == [False] and m.hf2q_model.device.kind == "host"
+    host = Device("host")  # a Device given is used as it is, no thread
+    assert htf.from_pretrained(CHECKPOINTS["llama_tied"], host).hf2q_model.device is host
+    assert opened_on == [False]
+
+
+def test_device_errors_reach_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad device string is refused before the model is built; an opening
+    that fails raises its own error; a build that fails leaves no opening
+    thread behind."""
+    import threading
+    import time
+
+    def no_build(*a, **k):
+        raise AssertionError("built the model for a bad device")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(htf, "_build", no_build)
+        with pytest.raises(ValueError, match="bad device"):
+            htf.from_pretrained(CHECKPOINTS["llama_tied"], "cuda:x")
+
+    def failing(device):
+        raise hf2q.DeviceError("no such GPU here")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(htf, "_hf2q_device", failing)
+        with pytest.raises(hf2q.DeviceError, match="no such GPU here"):
+            htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
+
+    def slow(device):
+        time.sleep(0.3)
+        return Device("host")
+
+    def broken_build(*a, **k):
+        raise htf.HandoffError("build failed", missing=["x"])
+
+    with monkeypatch.context() as mp:
+        mp.setattr(htf, "_hf2q_device", slow)
+        mp.setattr(htf, "_build", broken_build)
+        with pytest.raises(htf.HandoffError, match="build failed"):
+            htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
+    assert not [t for t in threading.enumerate() if t.name == "hf2q-device-open"]
+
+
 def test_old_transformers_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transformers, "__version__", "4.57.6")
     with pytest.raises(htf.HandoffError, match="transformers >= 5.0") as e:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 from pathlib import Path
 from typing import Any, Union
 
@@ -148,6 +149,44 @@ def _hf2q_device(device: Any) -> Any:
     if name == "cpu":
         name = "host"
     return Device(name)
+
+
+class _DeviceOpening:
+    """``_hf2q_device(device)`` begun on a helper thread, so that opening a
+    device this process has not opened yet (on CUDA a driver context and
+    NVRTC's kernels: 0.11 s on the H200 machine, the GIL released) overlaps
+    transformers building the model and its conversion mapping (Python).
+    :meth:`result` waits for it and raises what opening raised; a device
+    string is parsed first, here, so that a bad one is refused at once."""
+
+    def __init__(self, device: Any) -> None:
+        from .device import Device, _device_spec
+
+        self._device: Any = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if isinstance(device, Device):
+            self._device = device
+            return
+        if device is not None:
+            _device_spec("host" if str(device) == "cpu" else str(device))  # ValueError now, not later
+        self._thread = threading.Thread(target=self._open, args=(device,), name="hf2q-device-open")
+        self._thread.start()
+
+    def _open(self, device: Any) -> None:
+        try:
+            self._device = _hf2q_device(device)
+        except BaseException as e:  # handed to the caller by result()
+            self._error = e
+
+    def result(self) -> Any:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._device
 
 
 def _build(cls: type, config: Any, dtype: torch.dtype, tf: dict[str, Any]) -> Any:
@@ -277,22 +316,28 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
                            missing=[str(raw.get("model_type"))]) from None
     cls = _model_class(config)
     torch_dtype = _torch_dtype(dtype, config)
-    dev = _hf2q_device(device)
-
-    model = _build(cls, config, torch_dtype, tf)
-    meta_keys = set(model.state_dict())
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    with open_checkpoint(path) as ckpt:
-        targets, skipped, mapping = _targets(model, ckpt, torch_dtype, tf)
-        # Refused before a byte is read: transformers would initialise these at random.
-        lacking = sorted(meta_keys - {t.name for t in targets} - tied)
-        if lacking:
-            raise HandoffError(f"{path}: the checkpoint has no tensor for {len(lacking)} parameter(s) of "
-                               f"{cls.__name__}: {', '.join(lacking[:8])}{' ...' if len(lacking) > 8 else ''}",
-                               missing=lacking)
-        plan = plan_handoff(ckpt, targets, config=config, skipped=skipped)
-        loaded = execute(plan, ckpt, dev, lambda bufs: HandoffModel(dev, config, bufs), progress=progress,
-                         extra={"architecture": cls.__name__, "dtype": dtype})
+    opening = _DeviceOpening(device)
+    try:
+        model = _build(cls, config, torch_dtype, tf)
+        meta_keys = set(model.state_dict())
+        tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+        with open_checkpoint(path) as ckpt:
+            targets, skipped, mapping = _targets(model, ckpt, torch_dtype, tf)
+            # Refused before a byte is read: transformers would initialise these at random.
+            lacking = sorted(meta_keys - {t.name for t in targets} - tied)
+            if lacking:
+                raise HandoffError(f"{path}: the checkpoint has no tensor for {len(lacking)} parameter(s) of "
+                                   f"{cls.__name__}: {', '.join(lacking[:8])}{' ...' if len(lacking) > 8 else ''}",
+                                   missing=lacking)
+            plan = plan_handoff(ckpt, targets, config=config, skipped=skipped)
+            dev = opening.result()
+            loaded = execute(plan, ckpt, dev, lambda bufs: HandoffModel(dev, config, bufs), progress=progress,
+                             extra={"architecture": cls.__name__, "dtype": dtype})
+    finally:
+        try:
+            opening.result()  # a failure above: the opening thread is not left running
+        except BaseException:
+            pass  # the error on its way out says more
     sd = loaded.state_dict()
     model.load_state_dict(sd, strict=False, assign=True)
     for name in sd:
