@@ -199,7 +199,8 @@ class Backend {
   // Uploads, planned and bounds-checked by device.cpp. `src` is CPU memory;
   // a file source is `plan` source bytes at `file_offset` of `fd`. Defaults
   // (device.cpp): the CPU kernels writing through `dst.base`, in parallel;
-  // raw file data is pread straight into the buffer. Throw FileReadError
+  // raw file data is pread straight into the buffer (read_file: the
+  // default read_file_batch with one segment). Throw FileReadError
   // for a short or failed read, DeviceError for device failures.
   virtual UploadResult write(const UploadTarget& dst, const UploadPlan& plan, const void* src);
   virtual UploadResult read_file(const UploadTarget& dst, const UploadPlan& plan, int fd,
@@ -214,9 +215,9 @@ class Backend {
   // nor the copy engine drains between tensors. One result per item, as
   // read_file_segments gives it; on a throw, nothing of the batch is in
   // flight any more; a FileReadError's `job` is the earliest item whose
-  // read failed. Default (CPU-visible memory): every raw segment pread
-  // straight into its buffer, all items' pieces in one parallel loop; each
-  // conversion by read_file, in item order.
+  // read failed. Default (CPU-visible memory): all items' segments in
+  // pieces on the thread pool in one loop, raw ones pread straight into the
+  // buffer, conversions through a per-thread staging chunk.
   virtual std::vector<UploadResult> read_file_batch(const std::vector<FileBatchItem>& items);
 
   // Convert a whole buffer of the same device (`src`, CPU pointer or device

@@ -776,53 +776,123 @@ void require_cpu_visible(const Backend& b, const char* what) {
                       " for its memory, which the CPU cannot address");
   }
 }
+
+// A file conversion's kernels (the rows' decode or encode), looked up and
+// checked once per segment.
+struct Converter {
+  kernels::ToF32Fn decode = nullptr;
+  kernels::EncodeFn encode = nullptr;
+  std::size_t dst_block = 1;
+  std::size_t align = kMinChunkAlignElems;  // chunks: whole destination blocks, and of 32 elements
+};
+
+Converter converter_of(const UploadPlan& p) {
+  Converter c;
+  if (p.op == Op::Decode) c.decode = kernels::to_f32_kernel(p.src_dtype);
+  if (p.op == Op::Encode) c.encode = kernels::encode_kernel(p.dst_dtype, p.src_dtype);
+  c.dst_block = dtype_block_elems(p.dst_dtype);
+  c.align = std::lcm(kMinChunkAlignElems, c.dst_block);
+  return c;
+}
+
+// Elements per chunk of a conversion of `elems` elements: enough chunks that
+// every thread gets work even for one expert's slice (512 x 2048 elements),
+// few enough that each pread stays large.
+std::size_t convert_chunk(std::size_t elems, std::size_t align) {
+  const std::size_t threads = static_cast<std::size_t>(get_num_threads());
+  std::size_t chunk = (elems / (4 * threads) + align - 1) / align * align;
+  return std::max(align, std::min(kConvertChunkElems, std::max(kMinConvertChunkElems, chunk)) / align * align);
+}
+
+// Elements [b, e) of the conversion `p` (into the buffer at `dst`, the
+// segment's first byte): pread into this thread's staging chunk, then
+// decoded or encoded in place. NaN/Inf are reported at `base + index`.
+void convert_range(std::uint8_t* dst, const UploadPlan& p, const Converter& c, int fd, std::uint64_t file_offset,
+                   std::size_t b, std::size_t e, std::size_t base, std::atomic<std::size_t>& first_bad,
+                   std::atomic<std::size_t>& inf_scales) {
+  const std::size_t len = (e - b) * p.src_elem;
+  std::uint8_t* staging = staging_buffer(len);
+  pread_full(fd, staging, len, file_offset + b * p.src_elem);
+  if (p.op == Op::Decode) {
+    if (p.check_finite) {
+      const std::size_t i = first_nonfinite(p.src_dtype, staging, e - b);
+      if (i != kernels::kNoIndex) atomic_min(first_bad, base + b + i);
+    }
+    c.decode(staging, reinterpret_cast<float*>(dst) + b, e - b);
+  } else {
+    const kernels::EncodeResult r =
+        c.encode(p.src_dtype, staging, dst + element_byte_offset(p.dst_dtype, b), (e - b) / c.dst_block);
+    if (r.inf_scales != 0) inf_scales.fetch_add(r.inf_scales);
+    if (r.first_nonfinite != kernels::kNoIndex) atomic_min(first_bad, base + b + r.first_nonfinite);
+  }
+}
 }  // namespace
 
 std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchItem>& items) {
   require_cpu_visible(*this, "file upload");
-  std::vector<UploadResult> out(items.size());
-  // Raw segments: every item's, in pieces of at most kCopyChunk, pread on
-  // the thread pool in one loop. One segment per expert (2 MiB in Qwen3.6)
-  // is below one piece: read a segment at a time they went to one thread
-  // after another, at one thread's pread rate (5 GB/s on the H200 machine's
-  // 16 cores, the same as on 2).
+  // Every segment of every item, in pieces, on the thread pool in one loop:
+  // copied ranges in pieces of at most kCopyChunk bytes, pread straight into
+  // the buffer; conversions in chunks of whole destination blocks, each read
+  // into a per-thread staging chunk and decoded or encoded from there. One
+  // segment per expert (2 MiB in Qwen3.6) is below one piece: read (or
+  // converted) a segment at a time they kept all but one thread idle, or
+  // waited for the pool once per expert.
   struct Piece {
     std::size_t item;
     const FileSegment* seg;
-    std::size_t begin, end;  // bytes of the segment's source
+    std::size_t conv;        // index into convs; npos for a copied range
+    std::size_t begin, end;  // copied: bytes of the segment's source; converted: its elements
   };
+  constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  std::vector<Converter> convs;
   std::vector<Piece> pieces;
   for (std::size_t i = 0; i < items.size(); ++i) {
     for (const FileSegment& s : items[i].segments) {
-      if (s.plan.op != Op::Raw) continue;
-      const std::size_t elem = s.plan.src_elem == 0 ? 1 : s.plan.src_elem;
-      const std::size_t chunk = kCopyChunk / elem * elem;  // whole elements, for the scan
-      for (std::size_t b = 0; b < s.plan.src_bytes; b += chunk) {
-        pieces.push_back({i, &s, b, std::min(s.plan.src_bytes, b + chunk)});
+      if (s.plan.op == Op::Raw) {
+        const std::size_t elem = s.plan.src_elem == 0 ? 1 : s.plan.src_elem;
+        const std::size_t chunk = kCopyChunk / elem * elem;  // whole elements, for the scan
+        for (std::size_t b = 0; b < s.plan.src_bytes; b += chunk) {
+          pieces.push_back({i, &s, npos, b, std::min(s.plan.src_bytes, b + chunk)});
+        }
+        continue;
+      }
+      convs.push_back(converter_of(s.plan));
+      // Chunked as one segment alone would be (the staging chunk per thread
+      // stays as small as before); the batch's other pieces fill the pool.
+      const std::size_t chunk = convert_chunk(s.plan.n_elems, convs.back().align);
+      for (std::size_t b = 0; b < s.plan.n_elems; b += chunk) {
+        pieces.push_back({i, &s, convs.size() - 1, b, std::min(s.plan.n_elems, b + chunk)});
       }
     }
   }
   std::vector<std::exception_ptr> failed(pieces.size());
   std::unique_ptr<std::atomic<std::size_t>[]> first_bad(new std::atomic<std::size_t>[items.size()]);
-  for (std::size_t i = 0; i < items.size(); ++i) first_bad[i].store(kernels::kNoIndex);
+  std::unique_ptr<std::atomic<std::size_t>[]> inf_scales(new std::atomic<std::size_t>[items.size()]);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    first_bad[i].store(kernels::kNoIndex);
+    inf_scales[i].store(0);
+  }
   parallel_for(pieces.size(), 1, [&](std::size_t lo, std::size_t hi) {
     for (std::size_t k = lo; k < hi; ++k) {
       const Piece& p = pieces[k];
       const FileSegment& s = *p.seg;
       std::uint8_t* dst = items[p.item].dst.base + s.plan.dst_off;
       try {
-        if (!s.plan.check_finite) {
+        if (p.conv != npos) {
+          convert_range(dst, s.plan, convs[p.conv], s.fd, s.file_offset, p.begin, p.end, s.elem_offset,
+                        first_bad[p.item], inf_scales[p.item]);
+        } else if (!s.plan.check_finite) {
           pread_full(s.fd, dst + p.begin, p.end - p.begin, s.file_offset + p.begin);
-          continue;
-        }
-        // check_finite: read and scan in pieces that stay in the core's
-        // cache (L2), each scanned right after its pread.
-        const std::size_t elem = s.plan.src_elem == 0 ? 1 : s.plan.src_elem;
-        for (std::size_t pb = p.begin; pb < p.end; pb += kScanPiece) {
-          const std::size_t pe = std::min(p.end, pb + kScanPiece);
-          pread_full(s.fd, dst + pb, pe - pb, s.file_offset + pb);
-          const std::size_t i = first_nonfinite(s.plan.src_dtype, dst + pb, (pe - pb) / elem);
-          if (i != kernels::kNoIndex) atomic_min(first_bad[p.item], s.elem_offset + pb / elem + i);
+        } else {
+          // check_finite: read and scan in pieces that stay in the core's
+          // cache (L2), each scanned right after its pread.
+          const std::size_t elem = s.plan.src_elem == 0 ? 1 : s.plan.src_elem;
+          for (std::size_t pb = p.begin; pb < p.end; pb += kScanPiece) {
+            const std::size_t pe = std::min(p.end, pb + kScanPiece);
+            pread_full(s.fd, dst + pb, pe - pb, s.file_offset + pb);
+            const std::size_t i = first_nonfinite(s.plan.src_dtype, dst + pb, (pe - pb) / elem);
+            if (i != kernels::kNoIndex) atomic_min(first_bad[p.item], s.elem_offset + pb / elem + i);
+          }
         }
       } catch (...) {
         failed[k] = std::current_exception();  // each piece its own slot: no race
@@ -831,41 +901,19 @@ std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchIt
   });
   // A failure is reported as reading the items in order would have met it:
   // the earliest item whose read failed (pieces are in item order).
-  std::size_t raw_failed = items.size();
-  std::exception_ptr raw_error;
   for (std::size_t k = 0; k < pieces.size(); ++k) {
-    if (failed[k]) {
-      raw_failed = pieces[k].item;
-      raw_error = failed[k];
-      break;
-    }
-  }
-  // Conversions: one segment at a time, each split over the pool itself.
-  for (std::size_t i = 0; i < raw_failed; ++i) {
-    for (const FileSegment& s : items[i].segments) {
-      if (s.plan.op == Op::Raw) continue;
-      try {
-        const UploadResult r = read_file(items[i].dst, s.plan, s.fd, s.file_offset);
-        if (r.first_nonfinite != kernels::kNoIndex) {
-          out[i].first_nonfinite = std::min(out[i].first_nonfinite, s.elem_offset + r.first_nonfinite);
-        }
-        out[i].inf_scales += r.inf_scales;
-      } catch (FileReadError& e) {
-        if (e.job < 0) e.job = static_cast<long>(i);  // the job that failed, not the batch's first
-        throw;
-      }
-    }
-  }
-  if (raw_error) {
+    if (!failed[k]) continue;
     try {
-      std::rethrow_exception(raw_error);
+      std::rethrow_exception(failed[k]);
     } catch (FileReadError& e) {
-      if (e.job < 0) e.job = static_cast<long>(raw_failed);
+      if (e.job < 0) e.job = static_cast<long>(pieces[k].item);  // the job that failed, not the batch's first
       throw;
     }
   }
+  std::vector<UploadResult> out(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
-    out[i].first_nonfinite = std::min(out[i].first_nonfinite, first_bad[i].load());
+    out[i].first_nonfinite = first_bad[i].load();
+    out[i].inf_scales = inf_scales[i].load();
   }
   return out;
 }
@@ -875,7 +923,7 @@ UploadResult Backend::read_file_segments(const UploadTarget& dst, const std::vec
   one[0].dst = dst;
   one[0].segments = segments;
   try {
-    return read_file_batch(one)[0];
+    return Backend::read_file_batch(one)[0];
   } catch (FileReadError& e) {
     e.job = -1;  // one buffer: there is no batch to name a job of
     throw;
@@ -1046,66 +1094,8 @@ UploadResult Backend::write(const UploadTarget& target, const UploadPlan& p, con
 
 UploadResult Backend::read_file(const UploadTarget& target, const UploadPlan& p, int fd,
                                 std::uint64_t file_offset) {
-  require_cpu_visible(*this, "file upload");
-  const DType src_dtype = p.src_dtype;
-  const std::size_t nbytes = p.src_bytes;
-  const bool check_finite = p.check_finite;
-  std::uint8_t* dst = target.base + p.dst_off;
-  UploadResult res;
-  std::atomic<std::size_t> first_bad{kernels::kNoIndex};
-  if (p.op == Op::Raw) {
-    if (!check_finite) {
-      read_range(fd, dst, nbytes, file_offset, kCopyChunk);
-      return res;
-    }
-    // check_finite: read and scan in pieces that stay in the core's cache
-    // (L2), each scanned right after its pread (one pass over memory).
-    const std::size_t elem = p.src_elem == 0 ? 1 : p.src_elem;
-    const std::size_t chunk = kCopyChunk / elem * elem;
-    parallel_for(nbytes, chunk, [&](std::size_t b, std::size_t e) {
-      for (std::size_t pb = b; pb < e; pb += kScanPiece) {
-        const std::size_t pe = std::min(e, pb + kScanPiece);
-        pread_full(fd, dst + pb, pe - pb, file_offset + pb);
-        const std::size_t i = first_nonfinite(src_dtype, dst + pb, (pe - pb) / elem);
-        if (i != kernels::kNoIndex) atomic_min(first_bad, pb / elem + i);
-      }
-    });
-    res.first_nonfinite = first_bad.load();
-    return res;
-  }
-  std::atomic<std::size_t> inf_scales{0};
-  // Enough chunks that every thread gets work even for one expert's slice
-  // (512 x 2048 elements), few enough that each pread stays large.
-  const std::size_t threads = static_cast<std::size_t>(get_num_threads());
-  // Chunks of whole destination blocks (and of 32 elements, as always).
-  const std::size_t align = std::lcm(kMinChunkAlignElems, dtype_block_elems(p.dst_dtype));
-  std::size_t chunk = (p.n_elems / (4 * threads) + align - 1) / align * align;
-  chunk = std::min(kConvertChunkElems, std::max(kMinConvertChunkElems, chunk)) / align * align;
-  // The row's kernels, looked up (and checked) once per upload.
-  const kernels::ToF32Fn decode_fn = p.op == Op::Decode ? kernels::to_f32_kernel(src_dtype) : nullptr;
-  const kernels::EncodeFn encode_fn = p.op == Op::Encode ? kernels::encode_kernel(p.dst_dtype, src_dtype) : nullptr;
-  const std::size_t dst_block = dtype_block_elems(p.dst_dtype);
-  parallel_for(p.n_elems, chunk, [&](std::size_t b, std::size_t e) {
-    // One small staging chunk per thread, reused across calls.
-    const std::size_t len = (e - b) * p.src_elem;
-    std::uint8_t* staging = staging_buffer(len);
-    pread_full(fd, staging, len, file_offset + b * p.src_elem);
-    if (p.op == Op::Decode) {
-      if (check_finite) {
-        const std::size_t i = first_nonfinite(src_dtype, staging, e - b);
-        if (i != kernels::kNoIndex) atomic_min(first_bad, b + i);
-      }
-      decode_fn(staging, reinterpret_cast<float*>(dst) + b, e - b);
-    } else {
-      const kernels::EncodeResult r =
-          encode_fn(src_dtype, staging, dst + element_byte_offset(p.dst_dtype, b), (e - b) / dst_block);
-      inf_scales.fetch_add(r.inf_scales);
-      if (r.first_nonfinite != kernels::kNoIndex) atomic_min(first_bad, b + r.first_nonfinite);
-    }
-  });
-  res.first_nonfinite = first_bad.load();
-  res.inf_scales = inf_scales.load();
-  return res;
+  // One segment at element 0: first_nonfinite is relative to the source.
+  return Backend::read_file_segments(target, {FileSegment{p, fd, file_offset, 0}});
 }
 
 void Backend::copy_out(void*, const void* ptr, std::size_t offset, void* out, std::size_t len) {
