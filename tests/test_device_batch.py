@@ -260,12 +260,62 @@ def test_batch_raw_nonfinite_names_the_first_job_and_element(dev: Device, tmp_pa
     assert e.value.tensor == "stack" and e.value.index == 5 * 256 + 7 and e.value.value_class == "+inf"
 
 
+def test_batch_conversions_in_many_chunks_equal_numpy(dev: Device, tmp_path: Path, threads4: None) -> None:
+    """Conversions of segments longer than one chunk (65,536 elements), at
+    non-zero element offsets and against the file's order: the buffer is
+    numpy's widening of the BF16 bits, row for row."""
+    x = RNG.standard_normal((3, 200_000)).astype(np.float32).astype(BF16)
+    f, (o,) = _file(tmp_path, "x.bin", x)
+    row = 200_000 * 2
+    segs = [(r * 200_000, o + (2 - r) * row, row) for r in range(3)]  # row r from file row 2 - r
+    buf, keep = dev.alloc_many([((3, 200_000), "f32"), ((3, 200_000), "bf16")])
+    dev.write_from_file_batch([(buf, f, segs, "bf16", "f32"), (keep, f, segs, "bf16", "bf16")])
+    bits = x[::-1].copy().view(np.uint16)
+    want = (bits.astype(np.uint32) << 16).view(np.float32)
+    assert _raw(buf) == want.tobytes()
+    assert _raw(keep) == bits.tobytes()
+
+
+def test_batch_nonfinite_is_the_smallest_index_of_the_job(dev: Device, tmp_path: Path, threads4: None) -> None:
+    """Two NaNs in one job, in different chunks and segments (which may run in
+    any order): the error names the smaller buffer index."""
+    x = RNG.standard_normal((2, 200_000)).astype(np.float32)
+    x[0, 150_000] = np.nan  # row 0's fourth chunk
+    x[1, 10] = np.nan       # row 1's first chunk
+    f, (o,) = _file(tmp_path, "x.bin", x)
+    row = 200_000 * 4
+    buf = dev.alloc((2, 200_000), "q8_0")
+    with pytest.raises(NonFiniteError) as e:
+        dev.write_from_file_batch([(buf, f, [(200_000, o + row, row), (0, o, row)], "f32", "w")])
+    assert e.value.tensor == "w" and e.value.index == 150_000 and e.value.multi_index == (0, 150_000)
+
+
+def test_batch_names_the_earlier_job_though_a_later_one_fails_first(dev: Device, tmp_path: Path,
+                                                                      threads4: None) -> None:
+    """The earlier job fails only in its last 8 MiB piece, the later one in
+    its first: the later one's failure is met first on the threads, the
+    error still names the earlier job."""
+    a = np.zeros(10 << 20, dtype=np.float32)  # 40 MiB: five 8 MiB pieces
+    f1, (o1,) = _file(tmp_path, "one.bin", a)
+    f2, (o2,) = _file(tmp_path, "two.bin", a[:1024])
+    with open(f1, "r+b") as fh:
+        fh.truncate(o1 + (36 << 20))  # the last piece runs past the end
+    with open(f2, "r+b") as fh:
+        fh.truncate(o2)  # nothing left
+    bufs = dev.alloc_many([((10 << 20,), "f32"), ((1024,), "f32")])
+    with pytest.raises(FileReadError) as e:
+        dev.write_from_file_batch([(bufs[0], f1, [(0, o1, a.nbytes)], "f32", "earlier"),
+                                   (bufs[1], f2, [(0, o2, 4096)], "f32", "later")])
+    assert "earlier" in str(e.value) and "later" not in str(e.value)
+
+
 @pytest.mark.parametrize("first", ["raw", "convert"])
 def test_batch_read_past_the_end_names_the_earliest_failing_job(dev: Device, tmp_path: Path, first: str,
                                                                 threads4: None) -> None:
     """Two jobs past a truncated file's end, one a raw copy and one a
     conversion, in either order: the error names the earlier one, as reading
-    the jobs one after another would (the host reads all raw pieces first)."""
+    the jobs one after another would (the host reads every job's pieces at
+    once)."""
     a = RNG.standard_normal(4096).astype(np.float32)
     f, (o1, o2) = _file(tmp_path, "x.bin", a, a)
     with open(f, "r+b") as fh:

@@ -309,6 +309,13 @@ def test_device_errors_reach_the_caller(monkeypatch: pytest.MonkeyPatch) -> None
             htf.from_pretrained(CHECKPOINTS["llama_tied"], "host")
     assert not [t for t in threading.enumerate() if t.name == "hf2q-device-open"]
 
+    def no_threads(self):
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as mp:  # no thread to be had: the device is opened in line
+        mp.setattr(threading.Thread, "start", no_threads)
+        assert htf.from_pretrained(CHECKPOINTS["llama_tied"], "host").hf2q_model.device.kind == "host"
+
 
 def test_old_transformers_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transformers, "__version__", "4.57.6")

@@ -199,8 +199,10 @@ class Backend {
   // Uploads, planned and bounds-checked by device.cpp. `src` is CPU memory;
   // a file source is `plan` source bytes at `file_offset` of `fd`. Defaults
   // (device.cpp): the CPU kernels writing through `dst.base`, in parallel;
-  // raw file data is pread straight into the buffer (read_file: the
-  // default read_file_batch with one segment). Throw FileReadError
+  // raw file data is pread straight into the buffer. The file defaults
+  // chain read_file -> read_file_segments -> read_file_batch (virtual
+  // calls): a backend with its own file path overrides read_file_batch, or
+  // all three (CUDA), never read_file alone. Throw FileReadError
   // for a short or failed read, DeviceError for device failures.
   virtual UploadResult write(const UploadTarget& dst, const UploadPlan& plan, const void* src);
   virtual UploadResult read_file(const UploadTarget& dst, const UploadPlan& plan, int fd,
@@ -217,7 +219,10 @@ class Backend {
   // flight any more; a FileReadError's `job` is the earliest item whose
   // read failed. Default (CPU-visible memory): all items' segments in
   // pieces on the thread pool in one loop, raw ones pread straight into the
-  // buffer, conversions through a per-thread staging chunk.
+  // buffer, conversions through a per-thread staging chunk; once a piece
+  // fails, later items' pieces are skipped. The batch holds the thread pool
+  // while it runs: a batch started meanwhile on another thread runs inline
+  // on that thread.
   virtual std::vector<UploadResult> read_file_batch(const std::vector<FileBatchItem>& items);
 
   // Convert a whole buffer of the same device (`src`, CPU pointer or device

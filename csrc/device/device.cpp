@@ -670,7 +670,7 @@ UploadResult Device::write(BufferImpl& buf, std::size_t elem_offset, const void*
 }
 
 namespace {
-// check_finite is implemented by the CPU-visible default Backend::read_file;
+// check_finite is implemented by the CPU-visible default Backend::read_file_batch;
 // a backend with its own file path (CUDA) refuses it instead of ignoring it.
 void require_check_finite_support(const Device& d, bool check_finite) {
   if (check_finite && !d.info().cpu_visible) {
@@ -866,6 +866,11 @@ std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchIt
     }
   }
   std::vector<std::exception_ptr> failed(pieces.size());
+  // The earliest item with a failed piece: later items' pieces are skipped
+  // from then on (a truncated shard or a failing disk is not read on to the
+  // end of the batch); earlier items' still run, so that the error named is
+  // the one reading the items in order would have met.
+  std::atomic<std::size_t> first_failed{npos};
   std::unique_ptr<std::atomic<std::size_t>[]> first_bad(new std::atomic<std::size_t>[items.size()]);
   std::unique_ptr<std::atomic<std::size_t>[]> inf_scales(new std::atomic<std::size_t>[items.size()]);
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -875,6 +880,7 @@ std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchIt
   parallel_for(pieces.size(), 1, [&](std::size_t lo, std::size_t hi) {
     for (std::size_t k = lo; k < hi; ++k) {
       const Piece& p = pieces[k];
+      if (p.item > first_failed.load(std::memory_order_relaxed)) continue;
       const FileSegment& s = *p.seg;
       std::uint8_t* dst = items[p.item].dst.base + s.plan.dst_off;
       try {
@@ -896,6 +902,7 @@ std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchIt
         }
       } catch (...) {
         failed[k] = std::current_exception();  // each piece its own slot: no race
+        atomic_min(first_failed, p.item);
       }
     }
   });
@@ -923,7 +930,7 @@ UploadResult Backend::read_file_segments(const UploadTarget& dst, const std::vec
   one[0].dst = dst;
   one[0].segments = segments;
   try {
-    return Backend::read_file_batch(one)[0];
+    return read_file_batch(one)[0];
   } catch (FileReadError& e) {
     e.job = -1;  // one buffer: there is no batch to name a job of
     throw;
@@ -1095,7 +1102,7 @@ UploadResult Backend::write(const UploadTarget& target, const UploadPlan& p, con
 UploadResult Backend::read_file(const UploadTarget& target, const UploadPlan& p, int fd,
                                 std::uint64_t file_offset) {
   // One segment at element 0: first_nonfinite is relative to the source.
-  return Backend::read_file_segments(target, {FileSegment{p, fd, file_offset, 0}});
+  return read_file_segments(target, {FileSegment{p, fd, file_offset, 0}});
 }
 
 void Backend::copy_out(void*, const void* ptr, std::size_t offset, void* out, std::size_t len) {

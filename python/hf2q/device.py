@@ -634,9 +634,9 @@ class Device:
         ``buf``), converted as :meth:`write_from_file` does. On a GPU the
         segments share one pipeline of staged copies (an expert stack gathered
         from per-expert tensors), instead of one round trip each; where the
-        CPU addresses the memory, copied segments are read on every thread at
-        once. Opening, file identity and ``check_finite`` as for
-        :meth:`write_from_file`."""
+        CPU addresses the memory, the segments are read (and converted) on
+        every thread at once. Opening, file identity and ``check_finite`` as
+        for :meth:`write_from_file`."""
         self._own(buf)
         _dtype_name(src_dtype)
         segs = _checked_segments(segments)
@@ -661,15 +661,16 @@ class Device:
         :meth:`write_from_file_segments`. On a GPU all jobs share one pipeline
         of staged copies, so the staging ring and the copy engine stay busy
         from one tensor to the next (a loader's run of tensors); where the CPU
-        addresses the memory, the copied (unconverted) segments of all jobs
-        are read on every thread at once (one 2 MiB expert each would keep
-        all but one thread idle), and conversions run job by job, each split
-        over the threads. Every job is checked before any byte is
-        read. Errors as for :meth:`write_from_file_segments`: a read that
-        fails names the job that failed (where the backend says which: the host
-        always, the earliest in order when several did; else the first job
-        whose ranges the file no longer holds, else the first job); non-finite
-        input names the first job, in order, that
+        addresses the memory, all jobs' segments are cut into pieces that
+        run on every thread at once (one 2 MiB expert at a time would keep
+        all but one thread idle), copied straight into the buffers or
+        converted through a small per-thread chunk, and once a read fails the
+        later jobs' pieces are skipped. Every job is checked before any byte
+        is read. Errors as for :meth:`write_from_file_segments`: a read that
+        fails names the job that failed (where the backend says which: where
+        the CPU addresses the memory always, the earliest in order when
+        several did; else the first job whose ranges the file no longer
+        holds, else the first job); non-finite input names the first job, in order, that
         holds it."""
         planned = []
         for buf, file, segments, src_dtype, name in jobs:

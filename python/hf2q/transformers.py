@@ -157,7 +157,9 @@ class _DeviceOpening:
     NVRTC's kernels: 0.11 s on the H200 machine, the GIL released) overlaps
     transformers building the model and its conversion mapping (Python).
     :meth:`result` waits for it and raises what opening raised; a device
-    string is parsed first, here, so that a bad one is refused at once."""
+    string is parsed first, here, so that a bad one is refused at once (a
+    device that cannot be opened is reported once the model is built and
+    the load planned, and not at all when those fail first)."""
 
     def __init__(self, device: Any) -> None:
         from .device import Device, _device_spec
@@ -171,7 +173,11 @@ class _DeviceOpening:
         if device is not None:
             _device_spec("host" if str(device) == "cpu" else str(device))  # ValueError now, not later
         self._thread = threading.Thread(target=self._open, args=(device,), name="hf2q-device-open")
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:  # no thread to be had (a thread limit, interpreter shutdown): open it here
+            self._thread = None
+            self._device = _hf2q_device(device)
 
     def _open(self, device: Any) -> None:
         try:
@@ -179,14 +185,32 @@ class _DeviceOpening:
         except BaseException as e:  # handed to the caller by result()
             self._error = e
 
+    def _wait(self) -> None:
+        """Until the thread is done; a KeyboardInterrupt that arrives while
+        waiting is raised once it is (no opening is left running)."""
+        interrupted: BaseException | None = None
+        while self._thread is not None and self._thread.is_alive():
+            try:
+                self._thread.join(0.05)
+            except KeyboardInterrupt as e:
+                interrupted = e
+        self._thread = None
+        if interrupted is not None:
+            raise interrupted
+
     def result(self) -> Any:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """The device, or what opening it raised."""
+        self._wait()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
         return self._device
+
+    def close(self) -> None:
+        """Waits for the opening and drops its outcome (the load failed
+        before it was needed: the error on its way out says more)."""
+        self._wait()
+        self._error = None
 
 
 def _build(cls: type, config: Any, dtype: torch.dtype, tf: dict[str, Any]) -> Any:
@@ -334,10 +358,7 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
             loaded = execute(plan, ckpt, dev, lambda bufs: HandoffModel(dev, config, bufs), progress=progress,
                              extra={"architecture": cls.__name__, "dtype": dtype})
     finally:
-        try:
-            opening.result()  # a failure above: the opening thread is not left running
-        except BaseException:
-            pass  # the error on its way out says more
+        opening.close()  # after a failure above: no opening thread is left running
     sd = loaded.state_dict()
     model.load_state_dict(sd, strict=False, assign=True)
     for name in sd:
