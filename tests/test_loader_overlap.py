@@ -177,3 +177,31 @@ def test_no_thread_to_run_a_batch_leaves_nothing(ckpts: dict[str, Path], small_b
         _load(ckpts["experts"], dev)
     monkeypatch.setattr(threading.Thread, "start", real)
     assert _state(dev) == before
+
+
+def test_join_thread_waits_out_an_interrupt_then_raises_it() -> None:
+    """A Ctrl-C while waiting for a helper thread (a batch, the hand-off's
+    device opening) does not leave the thread running: the wait goes on
+    until it is done, then the KeyboardInterrupt is raised."""
+    release = threading.Event()
+    finished = threading.Event()
+
+    def work() -> None:
+        release.wait(5)
+        finished.set()
+
+    class Interrupted(threading.Thread):
+        joins = 0
+
+        def join(self, timeout: float | None = None) -> None:
+            Interrupted.joins += 1
+            if Interrupted.joins == 1:
+                release.set()  # the thread may finish now, but the caller is interrupted first
+                raise KeyboardInterrupt
+            super().join(timeout)
+
+    t = Interrupted(target=work)
+    t.start()
+    with pytest.raises(KeyboardInterrupt):
+        loader.join_thread(t)
+    assert finished.is_set() and not t.is_alive() and Interrupted.joins >= 2

@@ -439,6 +439,20 @@ def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bo
     return out
 
 
+def join_thread(thread: threading.Thread) -> None:
+    """Until ``thread`` is done, whatever arrives meanwhile (its work may
+    still be using memory the caller is about to free). A KeyboardInterrupt
+    that arrives while waiting is raised once the thread is done."""
+    interrupted: BaseException | None = None
+    while thread.is_alive():
+        try:
+            thread.join(0.05)
+        except KeyboardInterrupt as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
+
+
 class _InFlight:
     """One batch run on a helper thread (:func:`execute` on a GPU) while the
     caller prepares the next: its result or error, taken by :meth:`join`."""
@@ -458,17 +472,9 @@ class _InFlight:
             self.error = e
 
     def wait(self) -> None:
-        """Until the thread is done, whatever arrives meanwhile: its buffers
-        may be in use by the device until then. A KeyboardInterrupt that
-        arrives while waiting is raised once the thread is done."""
-        interrupted: BaseException | None = None
-        while self.thread.is_alive():
-            try:
-                self.thread.join(0.05)
-            except KeyboardInterrupt as e:
-                interrupted = e
-        if interrupted is not None:
-            raise interrupted
+        """Until the thread is done (:func:`join_thread`): its buffers may be
+        in use by the device until then."""
+        join_thread(self.thread)
 
     def join(self) -> dict[str, Buffer]:
         self.wait()

@@ -31,6 +31,7 @@ import torch
 import transformers
 
 from ._handoff import HandoffError, Target, plan_handoff
+from .loader import join_thread
 from .model import LoadedModel
 
 __all__ = ["from_pretrained", "HandoffError", "TESTED_TRANSFORMERS", "MIN_TRANSFORMERS"]
@@ -145,10 +146,13 @@ def _hf2q_device(device: Any) -> Any:
         return Device.default()
     if isinstance(device, Device):
         return device
+    return Device(_device_kind(device))
+
+
+def _device_kind(device: Any) -> str:
+    """The hf2q device kind a torch-style name means (``"cpu"``: the host)."""
     name = str(device)
-    if name == "cpu":
-        name = "host"
-    return Device(name)
+    return "host" if name == "cpu" else name
 
 
 class _DeviceOpening:
@@ -171,7 +175,7 @@ class _DeviceOpening:
             self._device = device
             return
         if device is not None:
-            _device_spec("host" if str(device) == "cpu" else str(device))  # ValueError now, not later
+            _device_spec(_device_kind(device))  # ValueError now, not later
         self._thread = threading.Thread(target=self._open, args=(device,), name="hf2q-device-open")
         try:
             self._thread.start()
@@ -186,17 +190,11 @@ class _DeviceOpening:
             self._error = e
 
     def _wait(self) -> None:
-        """Until the thread is done; a KeyboardInterrupt that arrives while
-        waiting is raised once it is (no opening is left running)."""
-        interrupted: BaseException | None = None
-        while self._thread is not None and self._thread.is_alive():
-            try:
-                self._thread.join(0.05)
-            except KeyboardInterrupt as e:
-                interrupted = e
-        self._thread = None
-        if interrupted is not None:
-            raise interrupted
+        """Until the thread is done (no opening is left running); a
+        KeyboardInterrupt meanwhile is raised once it is."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            join_thread(thread)
 
     def result(self) -> Any:
         """The device, or what opening it raised."""
