@@ -67,7 +67,9 @@ import gc
 import json
 import os
 import resource
+import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -283,6 +285,51 @@ def write_checkpoint(d: Path, config: dict[str, Any] | None, specs: dict[str, Sp
     return time.perf_counter() - t0
 
 
+def _tmpfs(path: Path) -> bool:
+    """Whether ``path`` lies on a tmpfs (its files are memory)."""
+    best, fstype = "", ""
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and (str(path) + "/").startswith(parts[1].rstrip("/") + "/") \
+                        and len(parts[1]) >= len(best):
+                    best, fstype = parts[1], parts[2]
+    except OSError:  # pragma: no cover - no /proc
+        return False
+    return fstype == "tmpfs"
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):  # pragma: no cover - no /proc
+        pass
+    return None
+
+
+def check_room(d: Path, nbytes: int) -> None:
+    """Refuse, before writing, a checkpoint that the folder (and, on tmpfs,
+    memory) cannot hold: the old files in ``d`` are about to be replaced,
+    so they count as room. A tmpfs that fills memory gets the benchmark or
+    its machine's other processes killed rather than an error."""
+    d.mkdir(parents=True, exist_ok=True)
+    old = sum(f.stat().st_size for f in d.glob("*.safetensors"))
+    room = shutil.disk_usage(d).free + old
+    where = "free in the folder"
+    if _tmpfs(d):
+        avail = _mem_available()
+        if avail is not None and avail + old < room:
+            room, where = avail + old, "of memory available (the folder is on tmpfs)"
+    need = nbytes + nbytes // 50 + 256 * MiB  # headers, and room for the loads to run
+    if need > room:
+        raise SystemExit(f"{d}: the checkpoint needs {need / GB:.1f} GB, {room / GB:.1f} GB {where}; free some "
+                         f"(an earlier case's checkpoint kept with --keep?) or use smaller --layers")
+
+
 def ensure_checkpoint(root: Path, case: str, args: argparse.Namespace) -> tuple[Path, float | None]:
     config, specs = case_specs(case, args.layers, args.vocab, args.experts, args.dense_shrink)
     key = json.dumps({"config": config, "specs": sorted((k, v[0], list(v[1])) for k, v in specs.items())},
@@ -293,6 +340,7 @@ def ensure_checkpoint(root: Path, case: str, args: argparse.Namespace) -> tuple[
         return d, None
     if marker.exists():
         marker.unlink()
+    check_room(d, sum(_ITEMSIZE[v[0]] * int(np.prod(v[1], dtype=np.int64)) for v in specs.values()))
     t = write_checkpoint(d, config, specs, args.threads)
     marker.write_text(key)
     return d, t
@@ -522,6 +570,80 @@ def bus_seconds(total: int, index: int, repeat: int) -> tuple[float, list[float]
     return min(runs), runs
 
 
+#: Peers run in a child process of their own (``--isolate``). InstantTensor
+#: 0.2.2 leaves every file mapped after its ``safe_open`` has closed: measured on
+#: the H200 machine, the process's RSS grew by the checkpoint's size with each
+#: call (67.8 GB; 137 GB after the warm-up and one run) and stayed there, so the
+#: tmpfs pages of the checkpoint, deleted after its case, were never freed and
+#: writing the next case's 71 GB got the benchmark killed for memory. A child's
+#: exit returns them.
+ISOLATE = ("instanttensor",)
+
+
+def run_isolated(name: str, case: str, d: Path, device: str, repeat: int, timeout: float = 900) -> dict[str, Any]:
+    """``run_case`` of the peer ``name`` in a fresh interpreter (this file's
+    ``--child`` mode); its result as ``run_case`` returns it. A child that
+    fails raises RuntimeError with the end of its output (reported like a
+    peer that fails in process)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--child-case", case, "--dir", str(d),
+           "--device", device, "--repeat", str(repeat)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    last = p.stdout.strip().splitlines()[-1:] if p.stdout.strip() else []
+    if p.returncode != 0 or not last or not last[0].startswith(CHILD_RESULT):
+        tail = (p.stderr + p.stdout).strip()[-2000:]
+        raise RuntimeError(f"child for {name!r} exited with {p.returncode}: {tail}")
+    return json.loads(last[0][len(CHILD_RESULT):])
+
+
+CHILD_RESULT = "child-result: "
+
+
+def child_main(args: argparse.Namespace) -> int:
+    """One peer of one case, timed as in process, its result on the last
+    line of stdout (``run_isolated``)."""
+    dev, cuda, gpu_used, cleanup = open_device(args.device)
+    files = files_of(args.dir)
+    total, _ = data_bytes(files)
+    fns = loaders(args.child_case, args.dir, files, dev, cuda, total)
+    if args.child not in fns:
+        print(f"no loader {args.child!r} here (have: {', '.join(fns)})", file=sys.stderr)
+        return 2
+    r = run_case(fns[args.child], args.repeat, cleanup, gpu_used)
+    print(CHILD_RESULT + json.dumps(r), flush=True)
+    return 0
+
+
+def open_device(kind: str | None) -> tuple[Any, bool, Callable[[], int] | None, Callable[[], None]]:
+    """(device, is CUDA, GPU memory in use or None, cleanup between runs)."""
+    if kind is None:
+        try:
+            dev = hf2q.Device("cuda")
+        except hf2q.DeviceError:
+            dev = hf2q.Device("host")
+    else:
+        dev = hf2q.Device(kind)
+    cuda = dev.kind == "cuda"
+    gpu_used: Callable[[], int] | None = None
+    if cuda:
+        import torch
+
+        torch.cuda.init()
+        torch.empty(1, device=f"cuda:{dev.index}")
+
+        def gpu_used() -> int:
+            free, tot = torch.cuda.mem_get_info(dev.index)
+            return tot - free
+
+        def cleanup() -> None:
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    else:
+        def cleanup() -> None:
+            gc.collect()
+    return dev, cuda, gpu_used, cleanup
+
+
 def run_case(fn: Callable[[], Any], repeat: int, cleanup: Callable[[], None],
              gpu_used: Callable[[], int] | None) -> dict[str, Any]:
     times: list[float] = []
@@ -565,40 +687,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--recipe", help="also time hf2q with this recipe (q4_k_m, ...) on the MoE cases")
+    ap.add_argument("--isolate", default=",".join(ISOLATE),
+                    help="comma-separated peers run in a child process of their own, that the memory they keep is "
+                         f"returned when it exits (default: {','.join(ISOLATE)}; see ISOLATE)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # run_isolated's child: this peer, --child-case, --dir
+    ap.add_argument("--child-case", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     for c in cases:
         if c not in CASES + EXTRA_CASES:
             ap.error(f"unknown case {c!r}; expected one of {', '.join(CASES + EXTRA_CASES)}")
 
-    kind = args.device
-    if kind is None:
-        try:
-            dev = hf2q.Device("cuda")
-        except hf2q.DeviceError:
-            dev = hf2q.Device("host")
-    else:
-        dev = hf2q.Device(kind)
-    cuda = dev.kind == "cuda"
-    gpu_used: Callable[[], int] | None = None
-    if cuda:
-        import torch
-
-        torch.cuda.init()
-        torch.empty(1, device=f"cuda:{dev.index}")
-
-        def gpu_used() -> int:
-            free, tot = torch.cuda.mem_get_info(dev.index)
-            return tot - free
-
-        def cleanup() -> None:
-            gc.collect()
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-    else:
-        def cleanup() -> None:
-            gc.collect()
-
+    if args.child:
+        return child_main(args)
+    dev, cuda, gpu_used, cleanup = open_device(args.device)
+    isolate = {p.strip() for p in args.isolate.split(",") if p.strip()}
+    device_arg = f"cuda:{dev.index}" if cuda else dev.kind
     where = f"{dev.name} ({dev.kind}{':' + str(dev.index) if cuda else ''})"
     results: list[dict[str, Any]] = []
     buses: list[dict[str, Any]] = []
@@ -618,7 +722,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = {}
         for name, fn in fns.items():
             try:
-                rows[name] = run_case(fn, args.repeat, cleanup, gpu_used)
+                if name in isolate:
+                    cleanup()
+                    rows[name] = run_isolated(name, case, d, device_arg, args.repeat)
+                else:
+                    rows[name] = run_case(fn, args.repeat, cleanup, gpu_used)
             except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
                 if name.startswith("hf2q"):
                     raise

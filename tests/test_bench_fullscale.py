@@ -25,7 +25,8 @@ def test_fullscale_smoke_on_the_host(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fullscale.py"), "--dir", str(tmp_path / "ck"),
                         "--device", "host", "--layers", "1", "--vocab", "256", "--experts", "4", "--dense-shrink", "16",
-                        "--repeat", "1", "--threads", "2", "--json", str(out)],
+                        "--repeat", "1", "--threads", "2", "--json", str(out),
+                        "--isolate", "st.load_file"],  # the child path InstantTensor takes on a GPU
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr + p.stdout
     r = json.loads(out.read_text())
@@ -76,3 +77,16 @@ def test_writer_tiles_the_pool_and_shards_like_the_hub(tmp_path: Path) -> None:
     tail = np.frombuffer(raw, np.uint8)[start:]
     want = np.resize(np.roll(pool, -(start % bench_fullscale.POOL_BYTES)), tail.size)
     assert np.array_equal(tail, want)
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_before_writing(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 4096)  # replaced: counts as room
+    bench_fullscale.check_room(tmp_path, 1 << 20)
+    with pytest.raises(SystemExit, match="needs .* GB"):
+        bench_fullscale.check_room(tmp_path, 1 << 60)
+    assert (tmp_path / "model.safetensors").stat().st_size == 4096  # nothing written or removed
+
+
+def test_an_isolated_peer_that_fails_is_reported_with_its_output(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="no loader 'nope'"):
+        bench_fullscale.run_isolated("nope", "qwen-fused", tmp_path, "host", 1)
