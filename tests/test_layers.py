@@ -17,7 +17,7 @@ PKG = Path(__file__).resolve().parents[1] / "python" / "hf2q"
 #: below; the first matching prefix names its layer (``hf2q.models.x.y`` is
 #: in ``hf2q.models``). ``hf2q._core`` is the native extension.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("hf2q._version", "hf2q._env", "hf2q._lazy", "hf2q._frozen", "hf2q._files", "hf2q._core", "hf2q.errors")),
+    ("base", ("hf2q._version", "hf2q._env", "hf2q._lazy", "hf2q._frozen", "hf2q._gc", "hf2q._files", "hf2q._core", "hf2q.errors")),
     ("tables", ("hf2q.formats", "hf2q._arrays", "hf2q.reference", "hf2q._progress", "hf2q._configfile")),
     ("device", ("hf2q._cuda", "hf2q.device", "hf2q.ops")),
     ("files", ("hf2q.safetensors", "hf2q.hub")),

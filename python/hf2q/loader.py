@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import formats
+from ._gc import pausing
 from ._progress import progress_bar, progress_enabled
 from .device import Buffer, Device
 from .device import _detached as detached
@@ -153,6 +154,7 @@ def residency_state(device: Device, buffers: Iterable[Buffer]) -> dict[str, Any]
     }
 
 
+@pausing  # file jobs per piece, no cycles: no collection while they are made (hf2q._gc)
 def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callable[[dict[str, Buffer]], M], *,
             progress: bool = False, extra: dict[str, Any] | None = None, check_finite: bool = False,
             alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None) -> M:

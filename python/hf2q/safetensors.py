@@ -35,6 +35,7 @@ import numpy as np
 
 from . import _core, formats
 from ._frozen import constructor
+from ._gc import pausing
 from ._files import INDEX_MAX_BYTES, FileIdentity, open_regular, read_capped
 from .errors import FileReadError, SafetensorsError
 
@@ -1072,6 +1073,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
+@pausing  # per-tensor objects, no cycles: no collection while they are made (hf2q._gc)
 def open_checkpoint(path: PathLike) -> Checkpoint:
     """Open a checkpoint: a ``.safetensors`` file, an index ``.json`` file, or a
     directory (``model.safetensors.index.json`` if present, else

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._gc import pausing
 from ..device import Buffer, Device
 from ..loader import execute
 from ..model import LoadedModel
@@ -132,6 +133,7 @@ class ModelFamily:
         self.check_options(options)
         return {o.name: options.get(o.name, o.default) for o in self.options}
 
+    @pausing  # entries and pieces per tensor, no cycles: no collection while they are made (hf2q._gc)
     def plan_checkpoint(self, ckpt: Checkpoint, *, config: Mapping[str, Any] | None, shard: Shard | None = None,
                         **options: Any) -> LoadPlan:
         """The plan of an open checkpoint and its parsed ``config.json`` (None:

@@ -1,0 +1,115 @@
+"""The collector paused during opening, planning and loading (hf2q._gc): off
+inside, back as it was after (also after an error, across threads and
+nesting, in a child forked mid-step), and a load really runs with it off."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import hf2q
+from hf2q import _gc, loader, qwen35
+from hf2q.models.qwen35 import FAMILY
+from hf2q.safetensors import open_checkpoint
+from hf2q.testing import make_qwen35_moe_checkpoint
+
+
+@pytest.fixture(autouse=True)
+def collector_on() -> object:
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+def test_off_inside_and_back_after_also_after_an_error() -> None:
+    with _gc.paused():
+        assert not gc.isenabled()
+        with _gc.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer step still runs
+    assert gc.isenabled()
+    with pytest.raises(KeyError), _gc.paused():
+        raise KeyError("x")
+    assert gc.isenabled()
+
+
+def test_left_off_when_the_caller_had_turned_it_off() -> None:
+    gc.disable()
+    with _gc.paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()
+
+
+def test_back_on_only_when_the_last_thread_is_done() -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    def step() -> None:
+        with _gc.paused():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=step)
+    t.start()
+    assert inside.wait(10)
+    with _gc.paused():
+        pass
+    assert not gc.isenabled()  # the other thread's step is still running
+    release.set()
+    t.join(10)
+    assert gc.isenabled()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_child_forked_during_a_step_gets_the_collector_back() -> None:
+    r, w = os.pipe()
+    with _gc.paused():
+        pid = os.fork()
+        if pid == 0:  # child: the step it inherited does not keep the collector off
+            ok = gc.isenabled()
+            with _gc.paused():
+                ok = ok and not gc.isenabled()
+            ok = ok and gc.isenabled()
+            os.write(w, b"1" if ok else b"0")
+            os._exit(0)
+        os.close(w)
+        assert not gc.isenabled()
+    _, status = os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1" and status == 0
+    os.close(r)
+    assert gc.isenabled()
+
+
+def test_open_plan_and_load_run_with_the_collector_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_qwen35_moe_checkpoint(tmp_path / "ckpt", "tiny", seed=3, sharded=True)
+    seen: dict[str, bool] = {}
+    fam = FAMILY
+    real_plan, real_fill = type(fam).plan, loader._fill_batch
+
+    def plan(self: object, *a: object, **k: object) -> object:
+        seen["plan"] = gc.isenabled()
+        return real_plan(self, *a, **k)  # type: ignore[arg-type]
+
+    def fill(*a: object, **k: object) -> object:
+        seen["execute"] = gc.isenabled()
+        return real_fill(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(fam), "plan", plan)
+    monkeypatch.setattr(loader, "_fill_batch", fill)
+    real_open = hf2q.safetensors.open
+
+    def open_(p: object) -> object:
+        seen["open"] = gc.isenabled()
+        return real_open(p)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hf2q.safetensors, "open", open_)
+    model = qwen35.load(path, hf2q.Device("host"), progress=False)
+    assert seen == {"open": False, "plan": False, "execute": False}
+    assert gc.isenabled() and len(model) > 0
+    with open_checkpoint(path):
+        assert gc.isenabled()  # only the opening is paused, not the caller's use of the checkpoint
