@@ -677,3 +677,66 @@ def test_multimodal_filter_names() -> None:
     for n in tiny_specs():
         assert not is_multimodal_tensor(n)
     assert not is_multimodal_tensor("model.mlp.x") and not is_multimodal_tensor("")
+
+
+def test_hub_expert_names_are_never_multimodal() -> None:
+    """The plan's fast path takes per-expert names without the multimodal
+    filter: no prefix or part of the filter can occur in one."""
+    from hf2q.models.qwen35.names import _HUB_EXPERT_NAME_RE, _MM_PREFIXES, _MM_SUBSTRINGS
+    from hf2q.qwen35 import is_multimodal_tensor
+
+    for wrapper in ("", "language_model."):
+        for digits in ("0", "7", "10", "255", "1234567"):
+            for proj in ("gate", "up", "down"):
+                n = f"model.{wrapper}layers.{digits}.mlp.experts.{digits}.{proj}_proj.weight"
+                assert _HUB_EXPERT_NAME_RE.match(n) and not is_multimodal_tensor(n)
+    # the fixed text around the indices holds no filter string (the only
+    # digits any of them has are the 2s of token2wav./code2wav., which need
+    # letters before them: an index follows "layers." or "experts.")
+    skeleton = "model.language_model.layers.#.mlp.experts.#.gate_proj.weight|up_proj|down_proj"
+    assert not any(skeleton.startswith(p) for p in _MM_PREFIXES)
+    assert not any(s in skeleton for s in _MM_SUBSTRINGS)
+    assert all(s[0].isalpha() for s in _MM_SUBSTRINGS if any(c.isdigit() for c in s))
+
+
+def _plan_or_error(specs: dict, cfg: Qwen35Config) -> object:
+    try:
+        p = plan_qwen35_moe(specs, cfg)
+    except Hf2qError as e:
+        return type(e), str(e), getattr(e, "reasons", None), getattr(e, "groups", None)
+    return p.tensors, p.skipped, p.dropped, p.extra, p.mtp_layers
+
+
+def _more_specs(**extra: tuple) -> dict:
+    specs = tiny_specs(multimodal=True)
+    specs.update(extra)
+    return specs
+
+
+@pytest.mark.parametrize("case", [
+    lambda: (tiny_specs(), tiny()),
+    lambda: (tiny_specs(multimodal=True), tiny(multimodal=True)),
+    lambda: (tiny_specs(fused_gate_up=True), tiny()),
+    lambda: (_more_specs(**{"model.layers.1.mlp.experts.3.up_proj.weight": ("BF16", (32, 64))}),
+             tiny(multimodal=True)),  # the same expert under both spellings
+    lambda: (_more_specs(**{"model.language_model.layers.9.mlp.experts.0.up_proj.weight": ("BF16", (32, 64)),
+                            "model.language_model.layers.0.mlp.experts.9.up_proj.weight": ("BF16", (32, 64)),
+                            "model.language_model.layers.0.mlp.experts.01.up_proj.weight": ("BF16", (32, 64)),
+                            "model.language_model.layers.0.mlp.experts.\uff11.up_proj.weight": ("BF16", (32, 64))}),
+             tiny(multimodal=True)),  # indices the fast path leaves to _classify's refusals
+    lambda: (_more_specs(**{"model.language_model.layers.0.mlp.experts.1.gate_proj.weight": ("F16", (32, 64))}),
+             tiny(multimodal=True)),  # a dtype the check refuses
+    lambda: (_more_specs(**{"model.language_model.layers.0.mlp.experts.1.gate_proj.weight": ("BF16", (8, 64))}),
+             tiny(multimodal=True)),  # a shape the check refuses
+    lambda: ({k: v for k, v in tiny_specs().items() if ".experts.2.gate_proj" not in k}, tiny()),  # missing
+    lambda: ({**tiny_specs(), "model.layers.0.mlp.experts.gate_up_proj": ("BF16", (4, 64, 64))}, tiny()),  # mixed
+])
+def test_per_expert_fast_path_plans_as_the_general_path(case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-expert names matched at once plan (or fail) exactly as through
+    the multimodal filter and _classify."""
+    from hf2q.models.qwen35 import plan as plan_module
+
+    specs, cfg = case()
+    fast = _plan_or_error(specs, cfg)
+    monkeypatch.setattr(plan_module, "_HUB_EXPERT_NAME_RE", re.compile(r"(?!)"))  # matches nothing
+    assert _plan_or_error(specs, cfg) == fast

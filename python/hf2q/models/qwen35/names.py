@@ -203,6 +203,13 @@ _MTP_GLOBALS = {
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\Z")
 _MTP_LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.(.+)\Z")
 _PER_EXPERT_RE = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight\Z")
+# A per-expert checkpoint name as the Hub writes it, with or without the
+# multimodal wrapper's "language_model.": once stripped, _LAYER_RE and then
+# _PER_EXPERT_RE on the rest would match it. None of the multimodal filter's
+# prefixes or parts can occur in such a name (tests/test_qwen35_plan.py
+# checks that): the plan's fast path for the layout's 30,000 expert tensors.
+_HUB_EXPERT_NAME_RE = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\."
+                                 + _PER_EXPERT_RE.pattern.removeprefix("^"))
 _FUSED_GATE_UP_RE = re.compile(r"^mlp\.experts\.gate_up_proj(?:\.weight)?\Z")
 _FUSED_DOWN_RE = re.compile(r"^mlp\.experts\.down_proj(?:\.weight)?\Z")
 

@@ -56,6 +56,8 @@ from .names import (  # noqa: F401  (the public names are re-exported in __all__
     TensorKind,
     Transform,
     UnknownTensorError,
+    _HUB_EXPERT_NAME_RE,
+    _canon_int,
     _classify,
     _listing,
     checkpoint_targets,
@@ -473,14 +475,25 @@ def plan_qwen35_moe(
         entries = [e for e in entries if e[0] not in scaled.consumed and e[0] not in scaled.dropped]
 
     # The multimodal filter and the language_model. strip, once per tensor.
+    # A per-expert name as the Hub writes it (30,000 of 32,000 names in that
+    # layout) is neither multimodal nor an MTP name: it is kept with its
+    # match (index and projection), which the loop below takes as is.
     skipped: list[str] = []
-    text: list[tuple[str, str, tuple[int, ...], str]] = []  # (raw name, dtype, shape, stripped name)
+    # (raw name, dtype, shape, stripped name or the per-expert name's match)
+    text: list[tuple[str, str, tuple[int, ...], Any]] = []
+    expert_match = _HUB_EXPERT_NAME_RE.match
+    has_mtp = False
     for n, dt, sh in entries:
-        if is_multimodal_tensor(n):
+        em = expert_match(n)
+        if em is not None:
+            text.append((n, dt, sh, em))
+        elif is_multimodal_tensor(n):
             skipped.append(n)
         else:
-            text.append((n, dt, sh, _strip_lm(n)))
-    has_mtp = any(c.startswith("mtp.") for _, _, _, c in text)
+            c = _strip_lm(n)
+            text.append((n, dt, sh, c))
+            if not has_mtp and c.startswith("mtp."):
+                has_mtp = True
     if has_mtp and not cfg.mtp_num_hidden_layers_stated:
         # config.json does not say: llama.cpp's converter counts mtp.layers.{i}
         # (a default, so it is taken from the names rather than refused).
@@ -506,7 +519,30 @@ def plan_qwen35_moe(
     fused: dict[tuple[int, str], list[tuple[str, str, tuple[int, ...]]]] = {}
     forms: dict[int, tuple[set[str], set[str]]] = {}
 
+    # The per-expert names matched above, as _classify would take them; an
+    # index it would refuse goes through _classify (which words the refusal).
+    n_experts = cfg.num_experts
     for name, dtype, shape, cname in text:
+        if type(cname) is not str:
+            b_text, e_text, proj = cname.groups()
+            b = _canon_int(b_text)
+            e = _canon_int(e_text)
+            if b is not None and b < n_blocks and e is not None and e < n_experts:
+                rec = (name, dtype, shape)
+                layer_forms = forms.get(b)
+                if layer_forms is None:
+                    layer_forms = forms[b] = (set(), set())
+                by_e = per_expert.get((b, proj))
+                if by_e is None:
+                    by_e = per_expert[(b, proj)] = {}
+                recs = by_e.get(e)
+                if recs is None:
+                    by_e[e] = [rec]
+                else:
+                    recs.append(rec)
+                layer_forms[1].add(name)
+                continue
+            cname = _strip_lm(name)
         if cname.startswith("mtp."):
             if not use_mtp:
                 dropped.append(name)
