@@ -16,7 +16,7 @@ warned about once per process, saying what is used instead.
 =====================  ==========================================================
 
 ``HF2Q_CUDA_STAGING_MIB`` and ``HF2Q_CUDA_SLOT_MIB`` set the size of the CUDA
-staging ring and of its slots in MiB (default 128 and 8; slots 1, 2, 4 or 8),
+staging ring and of its slots in MiB (default 128 and 4; slots 1, 2, 4, 8, 16 or 32),
 for benchmarks (docs/CUDA.md); the native core reads them, ignoring any other
 value.
 
