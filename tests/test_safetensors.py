@@ -1117,3 +1117,24 @@ def test_native_scan_equals_the_careful_parse(text: str) -> None:
         careful = hst._validate_header(n, text.encode(), size, "x")
     assert (fast[0], hst._check_layout(n, fast[1], size, "x")) == careful
     assert hst._validate_header(n, text.encode(), size, "x") == careful  # the native path, end to end
+
+
+@pytest.mark.parametrize("text", [
+    '{"weight_map": {"a": "m-1.safetensors"}, "metadata": {"total_size": 12}}',
+    '{"metadata": {"total_size": -12}}', '{"a": [1, -0]}', '{"a": [ -3]}', '{"a": -1.5}', '{"a": 1e3}',
+    '{"a": "x,-1", "b": 2}', '{"a": 18446744073709551616}', '{"a": -Infinity}', '{"a": [{"b": -7}]}',
+])
+def test_index_fast_parse_agrees_with_the_careful_one(text: str) -> None:
+    """The index's fast parse gives the careful parser's tree, or leaves the
+    text to it (negative numbers, floats, constants)."""
+    fast = hst._loads_plain(text)
+    try:
+        careful, duplicate = hst._loads(text)
+    except ValueError:  # refused (NaN / Infinity): never taken by the fast parse
+        assert fast is None
+        return
+    assert duplicate is None
+    if fast is not None:
+        assert fast == careful
+    else:
+        assert any(c in text for c in "-.eI")  # only what the careful parser must decide
