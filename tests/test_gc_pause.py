@@ -65,24 +65,83 @@ def test_back_on_only_when_the_last_thread_is_done() -> None:
     assert gc.isenabled()
 
 
+def _child_status(pid: int, r: int) -> bytes:
+    _, status = os.waitpid(pid, 0)
+    out = os.read(r, 16)
+    os.close(r)
+    assert status == 0
+    return out
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
-def test_a_child_forked_during_a_step_gets_the_collector_back() -> None:
+def test_a_child_forked_during_another_threads_step_gets_the_collector_back() -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    def step() -> None:
+        with _gc.paused():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=step)
+    t.start()
+    assert inside.wait(10)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the other thread's step never ends here
+        ok = gc.isenabled()
+        with _gc.paused():
+            ok = ok and not gc.isenabled()
+        ok = ok and gc.isenabled()
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    assert not gc.isenabled()  # the parent's step still runs
+    release.set()
+    t.join(10)
+    assert _child_status(pid, r) == b"1"
+    assert gc.isenabled()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_child_forked_by_the_steps_own_thread_ends_the_step_there() -> None:
     r, w = os.pipe()
     with _gc.paused():
         pid = os.fork()
-        if pid == 0:  # child: the step it inherited does not keep the collector off
-            ok = gc.isenabled()
-            with _gc.paused():
-                ok = ok and not gc.isenabled()
-            ok = ok and gc.isenabled()
-            os.write(w, b"1" if ok else b"0")
-            os._exit(0)
-        os.close(w)
-        assert not gc.isenabled()
-    _, status = os.waitpid(pid, 0)
-    assert os.read(r, 1) == b"1" and status == 0
-    os.close(r)
-    assert gc.isenabled()
+    if pid == 0:  # child: the step it inherited ended as in the parent
+        os.write(w, b"1" if gc.isenabled() else b"0")
+        os._exit(0)
+    os.close(w)
+    assert _child_status(pid, r) == b"1" and gc.isenabled()
+
+
+def test_an_interrupt_on_the_way_in_or_out_leaves_no_step_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C (a signal's exception) can arrive between any two steps of
+    the bookkeeping: the collector still comes back on."""
+    for fail_at in ("append", "remove"):
+        calls = {"n": 0}
+        real = _gc._steps
+
+        class Flaky(list):  # raises once, where a signal could arrive
+            def append(self, x: object) -> None:
+                if fail_at == "append" and calls["n"] == 0:
+                    calls["n"] += 1
+                    raise KeyboardInterrupt
+                super().append(x)
+
+            def remove(self, x: object) -> None:
+                if fail_at == "remove" and calls["n"] == 0:
+                    calls["n"] += 1
+                    raise KeyboardInterrupt
+                super().remove(x)
+
+        monkeypatch.setattr(_gc, "_steps", Flaky())
+        with pytest.raises(KeyboardInterrupt), _gc.paused():
+            pass
+        assert calls["n"] == 1 and gc.isenabled() and not _gc._steps, fail_at
+        with _gc.paused():
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        monkeypatch.setattr(_gc, "_steps", real)
 
 
 def test_open_plan_and_load_run_with_the_collector_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

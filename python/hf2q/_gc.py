@@ -13,9 +13,14 @@ counting still frees everything at once; only cycles made meanwhile wait for
 the next collection.
 
 Thread-safe and nestable (the collector is one per process: it comes back on
-when the last paused step of any thread ends), and fork-safe: a child forked
-during a paused step (which it never finishes: only the forking thread exists
-in the child) gets the collector back as it was before the step.
+when the last paused step of any thread ends, if it was on when the first of
+them began; a ``gc.disable()`` by other code during a step is undone then).
+A step's bookkeeping is one entry in a list, made inside its ``try``: an
+exception that arrives anywhere on the way in (a Ctrl-C) still ends the step
+and leaves the collector as the other steps need it. Fork-safe: the fork
+waits for the lock, and the child keeps only the forking thread's steps (the
+others' threads do not exist there), so a child forked during another
+thread's step gets the collector back as it was.
 """
 
 from __future__ import annotations
@@ -32,31 +37,47 @@ __all__ = ["paused", "pausing"]
 
 F = TypeVar("F", bound=Callable[..., object])
 
-_lock = threading.Lock()
-_depth = 0  # paused steps running, all threads together
+# Reentrant: a finalizer or signal handler that runs while this thread holds
+# it (and opens a checkpoint) must not wait for itself.
+_lock = threading.RLock()
+_steps: list[tuple[int, object]] = []  # (thread ident, token) of each paused step running
 _restore = False  # whether the collector was on when the first of them began
-_generation = 0  # bumped in a forked child: steps begun before the fork do not count there
 
 
 @contextmanager
 def paused() -> Iterator[None]:
     """The collector off for the ``with`` block (if it was on), then back on
     once no other thread is inside such a block."""
-    global _depth, _restore
-    with _lock:
-        if _depth == 0:
-            _restore = gc.isenabled()
-            gc.disable()
-        _depth += 1
-        generation = _generation
+    global _restore
+    step = (threading.get_ident(), object())
     try:
+        with _lock:
+            if not _steps:
+                _restore = gc.isenabled()
+            _steps.append(step)
+            gc.disable()
         yield
     finally:
-        with _lock:
-            if generation == _generation and _depth > 0:
-                _depth -= 1
-                if _depth == 0 and _restore:
-                    gc.enable()
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                _leave(step)
+                break
+            except KeyboardInterrupt as e:  # (a signal) mid-way: the step is ended first, then it is raised
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted
+
+
+def _leave(step: tuple[int, object]) -> None:
+    """``step`` no longer counted (idempotent), the collector back on after the last."""
+    with _lock:
+        try:
+            _steps.remove(step)
+        except ValueError:  # not counted: interrupted on its way in, or already left
+            pass
+        if not _steps and _restore:
+            gc.enable()
 
 
 def pausing(fn: F) -> F:
@@ -70,18 +91,26 @@ def pausing(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _before_fork() -> None:
+    _lock.acquire()  # no step is half-way in or out while the process is copied
+
+
+def _after_fork_in_parent() -> None:
+    _lock.release()
+
+
 def _after_fork_in_child() -> None:
-    # The lock may have been held by a thread that does not exist here; the
-    # steps that were running do not run here (the forking thread's own,
-    # if any, ends without touching the new state: the generation changed).
-    global _lock, _depth, _restore, _generation
-    _lock = threading.Lock()
-    if _depth > 0 and _restore:
+    # Only the forking thread exists here: the other threads' steps never
+    # end in this process, so they are dropped (the forking thread's own
+    # step, if any, ends as usual and restores the collector then).
+    global _lock
+    mine = threading.get_ident()
+    _steps[:] = [s for s in _steps if s[0] == mine]
+    if not _steps and _restore:
         gc.enable()
-    _depth = 0
-    _restore = False
-    _generation += 1
+    _lock = threading.RLock()  # the parent's is held by this thread's copy
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)

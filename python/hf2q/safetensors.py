@@ -380,8 +380,10 @@ def _unusual(_text: str) -> Any:
 
 def _plain_int(text: str) -> int:
     """An integer as the fast parse takes it: a negative one (or ``-0``),
-    which the careful parser reads as a non-u64 number, is left to it."""
-    if text[0] == "-":
+    which the careful parser reads as a non-u64 number, and one of more
+    digits than a u64 has (20), which it may refuse as beyond f64, are left
+    to it."""
+    if text[0] == "-" or len(text) > 20:
         raise _Unusual
     return int(text)
 
