@@ -408,7 +408,8 @@ def _parse_plain(text: str) -> Any:
     took longer, 20-40 ms for a 32,000-tensor index) and none per object
     (objects as :class:`_Obj` pairs, so repeated keys stay visible), or None
     where the careful parser must decide: a float, NaN / Infinity, a
-    negative number or ``-0``, a lone surrogate escape, invalid JSON."""
+    negative number or ``-0``, an integer of more than 20 digits, a lone
+    surrogate escape, invalid JSON."""
     if "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None:
         return None
     try:
