@@ -49,7 +49,12 @@ REVISIONS = ["main", "dev", "v1.0", "refs/pr/1", "..", "../../../x", "a/../b", "
 def _git_accepts(rev: str) -> bool | None:
     if _GIT is None or "\x00" in rev:
         return None
-    p = subprocess.run([_GIT, "check-ref-format", "--allow-onelevel", rev], capture_output=True)
+    # Under a first component, so that a name starting with '-' is not read
+    # as an option (git printed its usage for "-1%": exit 129, not a
+    # refusal); the whole-name rules hf2q accepts names by are the same.
+    p = subprocess.run([_GIT, "check-ref-format", "x/" + rev], capture_output=True)
+    if p.returncode not in (0, 1):
+        return None  # git did not decide (a usage error)
     return p.returncode == 0
 
 

@@ -47,7 +47,7 @@ INVALID = {
     "a/x.lock/b": "'.lock'", "main.": "ends with '.'", "@": "'@' alone", "a@{1}": "'@{'", "a b": "' '",
     "a:b": "':'", "a~1": "'~'", "a^": "'^'", "a?": "'?'", "a*": "'*'", "a[": "'['", "a\\b": "'\\\\'",
     "a\x01b": "'\\x01'", "a\nb": "'\\n'", "a\x7fb": "'\\x7f'", "x" * 256: "256 characters",
-    "a\udcffb": "not valid UTF-8",
+    "a\udcffb": "not valid UTF-8", "-1%": "starts with '-'", "--help": "starts with '-'",
 }
 
 

@@ -142,6 +142,10 @@ def check_revision(revision: str, repo_id: str) -> str:
         raise bad("contains '..'")
     if "@{" in revision or revision == "@":
         raise bad("'@' alone or '@{' is git's revision syntax, not a name")
+    if revision.startswith("-"):
+        # git refuses it as a branch name, and a command line (the download
+        # command this module suggests) would read it as an option.
+        raise bad("starts with '-'")
     if revision.startswith("/") or revision.endswith("/") or "//" in revision:
         raise bad("a leading, trailing or doubled '/'")
     if revision.endswith("."):
