@@ -5,8 +5,8 @@ Opening and planning make a few objects per tensor (32,000 tensors: about
 100,000 tuples), none of them in a reference cycle. Each 700 new container
 objects start a young collection, every tenth of those a middle one and,
 once enough objects survived, a full collection, which walks every object of
-the process: with torch imported (200,000 objects) the collections took 0.3 of
-the 1.3 s that opening and planning the one-tensor-per-expert Qwen3.6 took on
+the process: with torch imported (200,000 objects) the collections took 0.5 of
+the 1.5-1.6 s that opening and planning the one-tensor-per-expert Qwen3.6 took on
 the CI-sized machine, and found nothing to free. :func:`paused` turns the
 collector off for such a step and back on after it, if it was on: reference
 counting still frees everything at once; only cycles made meanwhile wait for
