@@ -46,7 +46,8 @@ def test_left_off_when_the_caller_had_turned_it_off() -> None:
     assert not gc.isenabled()
 
 
-def test_back_on_only_when_the_last_thread_is_done() -> None:
+def _step_in_another_thread() -> tuple[threading.Thread, threading.Event]:
+    """A thread inside a paused step until the returned event is set."""
     inside, release = threading.Event(), threading.Event()
 
     def step() -> None:
@@ -57,6 +58,11 @@ def test_back_on_only_when_the_last_thread_is_done() -> None:
     t = threading.Thread(target=step)
     t.start()
     assert inside.wait(10)
+    return t, release
+
+
+def test_back_on_only_when_the_last_thread_is_done() -> None:
+    t, release = _step_in_another_thread()
     with _gc.paused():
         pass
     assert not gc.isenabled()  # the other thread's step is still running
@@ -75,16 +81,7 @@ def _child_status(pid: int, r: int) -> bytes:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
 def test_a_child_forked_during_another_threads_step_gets_the_collector_back() -> None:
-    inside, release = threading.Event(), threading.Event()
-
-    def step() -> None:
-        with _gc.paused():
-            inside.set()
-            release.wait(10)
-
-    t = threading.Thread(target=step)
-    t.start()
-    assert inside.wait(10)
+    t, release = _step_in_another_thread()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: the other thread's step never ends here
