@@ -177,6 +177,14 @@ def test_names_shapes_dtypes_and_storage(models, name: str) -> None:
     # tied weights share one buffer, as in transformers
     if getattr(ours.config.get_text_config(), "tie_word_embeddings", False):
         assert ours.get_output_embeddings().weight.data_ptr() == ours.get_input_embeddings().weight.data_ptr()
+    # every tensor filled from the checkpoint is flagged as transformers' loader flags it
+    flagged = {n for n, t in [*ours.named_parameters(remove_duplicate=False),
+                              *ours.named_buffers(remove_duplicate=False)] if getattr(t, "_is_hf_initialized", False)}
+    assert set(ours.hf2q_model) <= flagged
+    theirs_flagged = {n for n, t in [*theirs.named_parameters(remove_duplicate=False),
+                                     *theirs.named_buffers(remove_duplicate=False)]
+                      if getattr(t, "_is_hf_initialized", False)}
+    assert set(ours.hf2q_model) <= theirs_flagged
 
 
 def test_experts_stacked_in_one_buffer(models) -> None:

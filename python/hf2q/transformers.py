@@ -22,6 +22,7 @@ internals moved, is refused with :class:`HandoffError` naming what is missing.
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import threading
 from pathlib import Path
@@ -302,6 +303,21 @@ def _targets(model: Any, ckpt: Any, dtype: torch.dtype, tf: dict[str, Any]
     return targets, skipped, mapping
 
 
+def _mark_initialized(model: Any, names: Any) -> None:
+    """Flag each tensor filled from the checkpoint as transformers' loader
+    does (``_is_hf_initialized``: its initialisation skips them). One walk of
+    the module tree; a name per lookup (``get_parameter_or_buffer``) took 35
+    us each, 0.025 s for Qwen3.6's 693 tensors."""
+    left = set(names)
+    for name, t in itertools.chain(model.named_parameters(remove_duplicate=False),
+                                   model.named_buffers(remove_duplicate=False)):
+        if name in left:
+            t._is_hf_initialized = True
+            left.discard(name)
+    for name in left:  # what the walk does not reach (a module's extra state)
+        model.get_parameter_or_buffer(name)._is_hf_initialized = True
+
+
 def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = "keep",
                     revision: str | None = None, download: bool = False, progress: bool = False) -> Any:
     """transformers' own model for the checkpoint at ``path_or_repo`` (a
@@ -359,8 +375,7 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
         opening.close()  # after a failure above: no opening thread is left running
     sd = loaded.state_dict()
     model.load_state_dict(sd, strict=False, assign=True)
-    for name in sd:
-        model.get_parameter_or_buffer(name)._is_hf_initialized = True
+    _mark_initialized(model, sd)
 
     tdev = next(iter(sd.values())).device if sd else torch.device("cpu")
     info = tf["LoadStateDictInfo"](missing_keys=meta_keys - set(sd), unexpected_keys=set(skipped),
