@@ -325,6 +325,97 @@ def test_device_errors_reach_the_caller(monkeypatch: pytest.MonkeyPatch) -> None
         assert htf.from_pretrained(CHECKPOINTS["llama_tied"], "host").hf2q_model.device.kind == "host"
 
 
+@pytest.fixture
+def overlapped(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The GPU's batch overlap forced on the host with small batches (CI has
+    no GPU): the hand-off assembles transformers' model while the last batch
+    is in flight. Yields the order of events: "assemble" (the model built
+    from the buffers), "landed" (a batch's bytes written and joined)."""
+    from hf2q import loader
+
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    monkeypatch.setattr(loader, "GPU_BATCH_BYTES", 16 << 10)
+    monkeypatch.setattr(loader, "BATCH_BYTES", 16 << 10)
+    events: list[str] = []
+    real_join = loader._InFlight.join
+    real_finalize = transformers.PreTrainedModel._finalize_model_loading
+
+    def join(self):
+        out = real_join(self)
+        events.append("landed")
+        return out
+
+    def finalize(*a, **k):
+        events.append("assemble")
+        return real_finalize(*a, **k)
+
+    monkeypatch.setattr(loader._InFlight, "join", join)
+    monkeypatch.setattr(transformers.PreTrainedModel, "_finalize_model_loading", staticmethod(finalize))
+    return events
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe_per_expert", "qwen35moe_conditional_generation_fused"])
+def test_model_assembled_while_the_last_batch_lands(models, overlapped: list[str], name: str) -> None:
+    """On a GPU the model is assembled (state dict, load_state_dict,
+    transformers' finish) while the last batch is still being written; the
+    logits are still transformers' own, bit for bit."""
+    ours = htf.from_pretrained(CHECKPOINTS[name], Device._isolated("host"), dtype="bf16")
+    assert overlapped.count("landed") > 3 and overlapped[-2:] == ["assemble", "landed"], overlapped
+    _, theirs = models(name, "bf16")
+    with torch.no_grad():
+        assert torch.equal(ours(IDS).logits, theirs(IDS).logits)
+
+
+@pytest.mark.parametrize("fail", ["last batch", "assembly"])
+def test_failure_after_early_assembly_leaves_nothing(overlapped: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                     fail: str) -> None:
+    """The last batch failing after the model was assembled from its buffers,
+    or the assembly failing while the batch runs: the error reaches the
+    caller with every buffer freed, while the caller still holds the error
+    (its traceback keeps from_pretrained's frame, not the model made early)."""
+    import gc
+
+    from hf2q import loader
+
+    dev = Device._isolated("host")
+    htf.from_pretrained(CHECKPOINTS["qwen3_moe_per_expert"], dev)  # one-time costs paid
+    gc.collect()
+    before = dev.residency.stats()["count"]
+    if fail == "last batch":
+        import time
+
+        real_run, real_execute = loader._run_batch, loader.execute
+        last: list[str] = []
+
+        def execute(plan, *a, **k):
+            last.append([e.name for e in plan if e.streamed][-1])
+            return real_execute(plan, *a, **k)
+
+        def run(device, ckpt, batch, check_finite=False):
+            is_last = bool(batch.entries) and batch.entries[-1].name == last[-1]
+            out = real_run(device, ckpt, batch, check_finite)  # (drops the batch's lists)
+            if is_last:  # fails once the model was assembled from its buffers
+                for _ in range(1000):
+                    if "assemble" in overlapped:
+                        raise hf2q.DeviceError("injected: the last batch fails")
+                    time.sleep(0.005)
+            return out
+
+        monkeypatch.setattr(loader, "execute", execute)
+        monkeypatch.setattr(loader, "_run_batch", run)
+    else:
+        def broken(*a, **k):
+            raise htf.HandoffError("injected: assembly fails", missing=["x"])
+
+        monkeypatch.setattr(transformers.PreTrainedModel, "_finalize_model_loading", staticmethod(broken))
+    overlapped.clear()
+    with pytest.raises(hf2q.Hf2qError, match="injected") as ei:
+        htf.from_pretrained(CHECKPOINTS["qwen3_moe_per_expert"], dev)
+    gc.collect()
+    assert dev.residency.stats()["count"] == before  # while the error, its traceback included, is held
+    assert ei.value.__traceback__ is not None
+
+
 def test_old_transformers_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transformers, "__version__", "4.57.6")
     with pytest.raises(htf.HandoffError, match="transformers >= 5.0") as e:

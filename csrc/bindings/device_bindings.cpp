@@ -128,14 +128,16 @@ void bind_device(nb::module_& m) {
              }
              return make_view<nb::numpy>(b, false);
            })
-      .def("dlpack_view",
-           [](std::shared_ptr<BufferImpl> b) {
-             {
-               hf2q::bindings::ReleaseGil nogil;
-               b->device()->synchronize();  // the consumer may read at once, on any stream
-             }
-             return make_view<nb::array_api>(b, true);
-           })
+      .def(
+          "dlpack_view",
+          [](std::shared_ptr<BufferImpl> b, bool wait) {
+            if (wait) {
+              hf2q::bindings::ReleaseGil nogil;
+              b->device()->synchronize();  // the consumer may read at once, on any stream
+            }
+            return make_view<nb::array_api>(b, true);
+          },
+          "wait"_a = true)
       .def_prop_ro("dlpack_device", [](const BufferImpl& b) {
         const auto& info = b.device()->info();
         return std::make_pair(info.dlpack_device_type, info.device_index);

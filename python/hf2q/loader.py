@@ -157,7 +157,7 @@ def residency_state(device: Device, buffers: Iterable[Buffer]) -> dict[str, Any]
 @pausing  # file jobs per piece, no cycles: no collection while they are made (hf2q._gc)
 def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callable[[dict[str, Buffer]], M], *,
             progress: bool = False, extra: dict[str, Any] | None = None, check_finite: bool = False,
-            alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None) -> M:
+            alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None, make_early: bool = False) -> M:
     """Run ``plan`` against the open checkpoint ``ckpt`` on ``device``;
     ``make_model(buffers)`` builds the family's container (and runs its
     layout check) before the summary is attached as ``model.summary``.
@@ -184,7 +184,14 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
 
     ``alloc(entries)``: the zero-filled buffers for those entries (their
     shapes and dtypes), in place of the device's own allocations (``hf2q
-    convert`` places them in its output window)."""
+    convert`` places them in its output window).
+
+    ``make_early``: on a GPU, ``make_model`` runs while the last batch is
+    still being written (the hand-off assembles transformers' model
+    meanwhile); it must not read the buffers' contents, nor export them in a
+    way that waits for the device. The load returns once every byte is
+    written, as always; a failure of the last batch is raised and the model
+    made early dropped."""
     t0 = time.perf_counter()
     _check_representable(plan, ckpt)
     usage0 = process_usage()
@@ -274,17 +281,24 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 # pending around it keeps collecting.
                 bufs[entry.name] = _fill(device, ckpt, entry, check_finite, alloc)
                 bar.update(size)
-        flush()
-        land()
-        bufs = {e.name: bufs[e.name] for e in plan}  # plan order, whatever order they were read in
-        model = make_model(bufs)
+        if pending or inflight is None:
+            flush()  # else the batch in flight is the last: land() below
+        if make_early and inflight is not None:
+            every = {**bufs, **(inflight.buffers or {})}
+            model = make_model({e.name: every[e.name] for e in plan})  # plan order
+            del every
+            land()
+        else:
+            land()
+            bufs = {e.name: bufs[e.name] for e in plan}  # plan order, whatever order they were read in
+            model = make_model(bufs)
     except BaseException as e:
         if inflight is not None:  # its buffers are the device's until it is done
             try:
                 inflight.wait()
             except KeyboardInterrupt:
                 pass  # the error being raised says enough
-            inflight.error = inflight.result = None
+            inflight.error = inflight.result = inflight.buffers = None
             inflight = None
         bufs.clear()
         bar.close()
@@ -461,6 +475,8 @@ class _InFlight:
 
     def __init__(self, device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool, sizes: list[int]) -> None:
         self.sizes = sizes
+        # the batch's buffers by name before their bytes land (execute's make_early)
+        self.buffers: dict[str, Buffer] | None = {e.name: m for e, m in zip(batch.entries, batch.made)}
         self.result: dict[str, Buffer] | None = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(device, ckpt, batch, check_finite),
@@ -480,6 +496,7 @@ class _InFlight:
 
     def join(self) -> dict[str, Buffer]:
         self.wait()
+        self.buffers = None
         if self.error is not None:
             e, self.error = self.error, None
             raise e

@@ -37,13 +37,36 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 _BYTE_VIEWS = {"f8_e4m3": torch.float8_e4m3fn, "f8_e5m2": torch.float8_e5m2}
 
 
+class _Unwaited:
+    """A buffer's DLPack export that does not wait for the device's uploads
+    in flight. Only for a consumer that reads none of the memory before the
+    load writing it has returned and the device is synchronized: the
+    hand-off assembles transformers' model while the last batch of its load
+    is still being written (docs/HANDOFF.md). Every other export waits."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self, buf: Buffer) -> None:
+        self._buf = buf
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        return self._buf._native.dlpack_view(False).__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._buf.__dlpack_device__()
+
+
 def tensor(buf: Buffer) -> torch.Tensor:
     """The buffer as a torch tensor sharing its memory (``torch.from_dlpack``;
     the capsule holds a reference to the buffer). FP8 buffers come as
     ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``. ``q8_0`` buffers come as
     ``uint8`` of shape ``(rows, row_bytes)``: rows are the logical shape's
     leading dimensions flattened, ``row_bytes = last // 32 * 34``."""
-    t = torch.from_dlpack(buf)
+    return _tensor(buf, True)
+
+
+def _tensor(buf: Buffer, wait: bool) -> torch.Tensor:
+    t = torch.from_dlpack(buf if wait else _Unwaited(buf))
     if buf.dtype in _BYTE_VIEWS and t.dtype == torch.uint8:
         t = t.view(_BYTE_VIEWS[buf.dtype])  # same storage, the float8 dtype (state_dict keeps FP8 as FP8)
     if buf.dtype == "q8_0":
@@ -54,8 +77,14 @@ def tensor(buf: Buffer) -> torch.Tensor:
 
 def state_dict(buffers: Mapping[str, Buffer] | Iterable[tuple[str, Buffer]]) -> dict[str, torch.Tensor]:
     """``{name: tensor(buf)}`` for every buffer, in the given order."""
+    return _state_dict(buffers, True)
+
+
+def _state_dict(buffers: Mapping[str, Buffer] | Iterable[tuple[str, Buffer]], wait: bool) -> dict[str, torch.Tensor]:
+    """:func:`state_dict`; ``wait=False``: views that do not wait for the
+    uploads in flight (:class:`_Unwaited`: the hand-off only)."""
     items = buffers.items() if isinstance(buffers, Mapping) else buffers
-    return {name: tensor(buf) for name, buf in items}
+    return {name: _tensor(buf, wait) for name, buf in items}
 
 
 def dequantize(t: torch.Tensor, fmt: str = "q8_0") -> torch.Tensor:

@@ -32,7 +32,9 @@ import torch
 import transformers
 
 from ._handoff import HandoffError, Target, plan_handoff
+from .device import _detached
 from .loader import join_thread
+from .torch import _state_dict
 from .model import LoadedModel
 
 __all__ = ["from_pretrained", "HandoffError", "TESTED_TRANSFORMERS", "MIN_TRANSFORMERS"]
@@ -369,23 +371,41 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
                                    missing=lacking)
             plan = plan_handoff(ckpt, targets, config=config, skipped=skipped)
             dev = opening.result()
-            loaded = execute(plan, ckpt, dev, lambda bufs: HandoffModel(dev, config, bufs), progress=progress,
-                             extra={"architecture": cls.__name__, "dtype": dtype})
+
+            def assemble(bufs: dict[str, Any]) -> HandoffModel:
+                """transformers' model given the buffers, the way its own
+                loader finishes one. On a GPU this runs while the load's last
+                batch is still being written (``make_early``): it reads no
+                weight, and its views do not wait for the device (the load
+                synchronizes once it has returned)."""
+                loaded = HandoffModel(dev, config, bufs)
+                sd = _state_dict(loaded.named_buffers(), False)
+                model.load_state_dict(sd, strict=False, assign=True)
+                _mark_initialized(model, sd)
+                tdev = next(iter(sd.values())).device if sd else torch.device("cpu")
+                info = tf["LoadStateDictInfo"](missing_keys=meta_keys - set(sd), unexpected_keys=set(skipped),
+                                               mismatched_keys=set(), error_msgs=[], conversion_errors={},
+                                               skipped_pp_keys=set())
+                cfg = tf["LoadStateDictConfig"](pretrained_model_name_or_path=str(path), device_map={"": tdev},
+                                                dtype=torch_dtype, dtype_plan=model._get_dtype_plan(torch_dtype),
+                                                weight_mapping=mapping)
+                # transformers' own finish: non-persistent buffers (RoPE
+                # tables) computed on the device, tied weights tied, the
+                # loading report. Loaded tensors are flagged initialized, so
+                # its initialisation does not touch them.
+                cls._finalize_model_loading(model, cfg, info)
+                return loaded
+
+            loaded: HandoffModel | None = None
+            try:
+                loaded = execute(plan, ckpt, dev, assemble, progress=progress, make_early=True,
+                                 extra={"architecture": cls.__name__, "dtype": dtype})
+                dev.synchronize()  # the views above did not wait for the uploads in flight
+            except BaseException as e:
+                model = loaded = None  # the traceback keeps this frame: not the buffers the model holds
+                raise _detached(e)
     finally:
         opening.close()  # after a failure above: no opening thread is left running
-    sd = loaded.state_dict()
-    model.load_state_dict(sd, strict=False, assign=True)
-    _mark_initialized(model, sd)
-
-    tdev = next(iter(sd.values())).device if sd else torch.device("cpu")
-    info = tf["LoadStateDictInfo"](missing_keys=meta_keys - set(sd), unexpected_keys=set(skipped),
-                                   mismatched_keys=set(), error_msgs=[], conversion_errors={}, skipped_pp_keys=set())
-    cfg = tf["LoadStateDictConfig"](pretrained_model_name_or_path=str(path), device_map={"": tdev},
-                                    dtype=torch_dtype, dtype_plan=model._get_dtype_plan(torch_dtype),
-                                    weight_mapping=mapping)
-    # transformers' own finish: non-persistent buffers (RoPE tables) computed
-    # on the device, tied weights tied, the loading report.
-    cls._finalize_model_loading(model, cfg, info)
     model._weight_conversions = [w for w in mapping if w.was_used()]  # save_pretrained writes the checkpoint's layout
     on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if on_meta:
