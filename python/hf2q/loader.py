@@ -293,6 +293,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
             bufs = {e.name: bufs[e.name] for e in plan}  # plan order, whatever order they were read in
             model = make_model(bufs)
     except BaseException as e:
+        # A model made early holds buffers, and the raise below puts this frame back in the traceback.
+        model = every = None  # type: ignore[assignment]
         if inflight is not None:  # its buffers are the device's until it is done
             try:
                 inflight.wait()

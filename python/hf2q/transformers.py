@@ -25,6 +25,7 @@ import copy
 import itertools
 import os
 import threading
+import traceback
 from pathlib import Path
 from typing import Any, Union
 
@@ -375,9 +376,19 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
             def assemble(bufs: dict[str, Any]) -> HandoffModel:
                 """transformers' model given the buffers, the way its own
                 loader finishes one. On a GPU this runs while the load's last
-                batch is still being written (``make_early``): it reads no
-                weight, and its views do not wait for the device (the load
+                batch is still being written (``make_early``), where it reads
+                no weight; its views do not wait for the device (the load
                 synchronizes once it has returned)."""
+                try:
+                    return _assemble(bufs)
+                except Exception as e:
+                    # execute() raises it without its frames (they hold buffers): say where it came from
+                    if hasattr(e, "add_note"):
+                        e.add_note("raised while transformers' model was assembled from hf2q's buffers, at:\n"
+                                   + "".join(traceback.format_tb(e.__traceback__)[-4:]).rstrip())
+                    raise
+
+            def _assemble(bufs: dict[str, Any]) -> HandoffModel:
                 loaded = HandoffModel(dev, config, bufs)
                 sd = _state_dict(loaded.named_buffers(), False)
                 model.load_state_dict(sd, strict=False, assign=True)
@@ -396,9 +407,14 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
                 cls._finalize_model_loading(model, cfg, info)
                 return loaded
 
+            # Tying reads weights: transformers compares the two ends of a tied
+            # pair that are both in the checkpoint (and ties only equal ones),
+            # and pads a tied output layer's bias into a new tensor. A model
+            # that ties anything is assembled once every byte has landed.
+            early = not tied
             loaded: HandoffModel | None = None
             try:
-                loaded = execute(plan, ckpt, dev, assemble, progress=progress, make_early=True,
+                loaded = execute(plan, ckpt, dev, assemble, progress=progress, make_early=early,
                                  extra={"architecture": cls.__name__, "dtype": dtype})
                 dev.synchronize()  # the views above did not wait for the uploads in flight
             except BaseException as e:
