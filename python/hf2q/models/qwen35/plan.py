@@ -519,6 +519,22 @@ def plan_qwen35_moe(
     fused: dict[tuple[int, str], list[tuple[str, str, tuple[int, ...]]]] = {}
     forms: dict[int, tuple[set[str], set[str]]] = {}
 
+    def add_expert(layer: int, proj: str, expert: int, rec: tuple[str, str, tuple[int, ...]]) -> None:
+        # (get-or-insert by hand: setdefault would build its default, a dict
+        # or two sets, for every one of the 30,000 expert tensors)
+        layer_forms = forms.get(layer)
+        if layer_forms is None:
+            layer_forms = forms[layer] = (set(), set())
+        by_e = per_expert.get((layer, proj))
+        if by_e is None:
+            by_e = per_expert[(layer, proj)] = {}
+        recs = by_e.get(expert)
+        if recs is None:
+            by_e[expert] = [rec]
+        else:
+            recs.append(rec)
+        layer_forms[1].add(rec[0])
+
     # The per-expert names matched above, as _classify would take them; an
     # index it would refuse goes through _classify (which words the refusal).
     n_experts = cfg.num_experts
@@ -528,19 +544,7 @@ def plan_qwen35_moe(
             b = _canon_int(b_text)
             e = _canon_int(e_text)
             if b is not None and b < n_blocks and e is not None and e < n_experts:
-                rec = (name, dtype, shape)
-                layer_forms = forms.get(b)
-                if layer_forms is None:
-                    layer_forms = forms[b] = (set(), set())
-                by_e = per_expert.get((b, proj))
-                if by_e is None:
-                    by_e = per_expert[(b, proj)] = {}
-                recs = by_e.get(e)
-                if recs is None:
-                    by_e[e] = [rec]
-                else:
-                    recs.append(rec)
-                layer_forms[1].add(name)
+                add_expert(b, proj, e, (name, dtype, shape))
                 continue
             cname = _strip_lm(name)
         if cname.startswith("mtp."):
@@ -560,28 +564,18 @@ def plan_qwen35_moe(
                 unknown[name] = t
                 break
             rec = (name, dtype, shape)
-            # (get-or-insert by hand: setdefault would build its default, a
-            # dict or two sets, for every expert tensor)
             if t.form == "simple":
                 assert t.spec is not None
                 simple.setdefault(_gguf_name(t.spec, t.layer), []).append((*rec, t))
                 continue
             assert t.layer is not None
-            layer_forms = forms.get(t.layer)
-            if layer_forms is None:
-                layer_forms = forms[t.layer] = (set(), set())
             if t.form == "expert":
                 assert t.proj is not None and t.expert is not None
-                by_e = per_expert.get((t.layer, t.proj))
-                if by_e is None:
-                    by_e = per_expert[(t.layer, t.proj)] = {}
-                recs = by_e.get(t.expert)
-                if recs is None:
-                    by_e[t.expert] = [rec]
-                else:
-                    recs.append(rec)
-                layer_forms[1].add(name)
+                add_expert(t.layer, t.proj, t.expert, rec)
             else:
+                layer_forms = forms.get(t.layer)
+                if layer_forms is None:
+                    layer_forms = forms[t.layer] = (set(), set())
                 projs = ("gate", "up") if t.form == "fused_gate_up" else ("down",)
                 for p in projs:
                     fused.setdefault((t.layer, p), []).append(rec)
