@@ -21,7 +21,8 @@ starts, page cache warmed once), interleaved, ``--repeat`` rounds:
         hf2q.transformers.from_pretrained(dir, "cuda", dtype="bf16")
         AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map="cuda")
 Reported: seconds to a ready model (median and best; for hf2q also the part
-spent executing the load plan, file bytes into buffers), the CPU seconds the
+spent executing the load plan until its last byte was written, without the
+model's assembly, and the ready model over it, x_own_load), the CPU seconds the
 process spent over the same span (user and kernel, all threads, median: on a
 shared machine these move less than the wall time does), peak RSS growth over
 the process's RSS before the load (VmHWM), and on the GPU the device memory
@@ -66,7 +67,7 @@ t0 = time.perf_counter()
 if which == "hf2q":
     m = hf2q.transformers.from_pretrained(path, device, dtype="bf16")
     resident = m.hf2q_model.gpu_resident_bytes()
-    load_s = m.hf2q_model.summary.seconds  # the plan's execution: file bytes into the buffers
+    load_s = m.hf2q_model.summary.landed_seconds  # the plan's execution: file bytes into the buffers
 else:
     kw = {"device_map": "cuda"} if cuda else {}
     m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, **kw)

@@ -394,6 +394,25 @@ def test_model_assembled_while_the_last_batch_lands(models, overlapped: list[str
         assert torch.equal(ours(IDS).logits, theirs(IDS).logits)
 
 
+def test_landed_seconds_leave_out_the_assembly(overlapped: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary's landed_seconds (the benchmark's "own load") end when the
+    last byte is written, not when an assembly that outlasts it ends."""
+    import time
+
+    real = transformers.PreTrainedModel._finalize_model_loading  # the fixture's, which records "assemble"
+
+    def slow(*a, **k):
+        time.sleep(0.3)
+        return real(*a, **k)
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "_finalize_model_loading", staticmethod(slow))
+    s = htf.from_pretrained(CHECKPOINTS["qwen3_moe_per_expert"], Device._isolated("host")).hf2q_model.summary
+    assert overlapped[-3:] == ["assemble", "landed", "synchronized"]
+    assert s.landed_seconds is not None and s.landed_seconds + 0.25 < s.seconds
+    plain = hf2q.load(CHECKPOINTS["qwen3_moe_per_expert"], Device._isolated("host"), progress=False).summary
+    assert plain.landed_seconds is not None and 0 < plain.landed_seconds <= plain.seconds
+
+
 def test_tied_model_assembled_once_landed(tmp_path: Path, overlapped: list[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Tying reads weights (both ends of a tied pair in the checkpoint are

@@ -97,6 +97,10 @@ class LoadSummary:
     cpu_seconds: float | None = None
     system_seconds: float | None = None
     page_faults: int | None = None
+    #: Seconds until the last byte was written, without building the
+    #: model (``seconds`` includes it; in the hand-off that is transformers'
+    #: assembly, which on a GPU runs during the last batch). Benchmarks'.
+    landed_seconds: float | None = None
 
     @property
     def gb_per_s(self) -> float:
@@ -285,11 +289,14 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
             flush()  # else the batch in flight is the last: land() below
         if make_early and inflight is not None:
             every = {**bufs, **(inflight.buffers or {})}
+            last = inflight
             model = make_model({e.name: every[e.name] for e in plan})  # plan order
             del every
             land()
+            landed = (last.finished or time.perf_counter()) - t0
         else:
             land()
+            landed = time.perf_counter() - t0
             bufs = {e.name: bufs[e.name] for e in plan}  # plan order, whatever order they were read in
             model = make_model(bufs)
     except BaseException as e:
@@ -314,6 +321,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         model=plan.family, device=device.kind, tensors=len(bufs),
         resident_bytes=sum(b.byte_len for b in bufs.values()), data_bytes=plan.source_nbytes,
         seconds=seconds, residency=residency_state(device, bufs.values()), extra=dict(extra or {}),
+        landed_seconds=landed,
     )
     if usage0 is not None and usage1 is not None:
         model.summary.cpu_seconds = usage1[0] - usage0[0]  # type: ignore[attr-defined]
@@ -481,6 +489,7 @@ class _InFlight:
         self.buffers: dict[str, Buffer] | None = {e.name: m for e, m in zip(batch.entries, batch.made)}
         self.result: dict[str, Buffer] | None = None
         self.error: BaseException | None = None
+        self.finished: float | None = None  # when its bytes were written (perf_counter)
         self.thread = threading.Thread(target=self._run, args=(device, ckpt, batch, check_finite),
                                        name="hf2q-load-batch", daemon=True)
         self.thread.start()
@@ -490,6 +499,7 @@ class _InFlight:
             self.result = _run_batch(device, ckpt, batch, check_finite)
         except BaseException as e:  # handed to the loading thread
             self.error = e
+        self.finished = time.perf_counter()
 
     def wait(self) -> None:
         """Until the thread is done (:func:`join_thread`): its buffers may be
