@@ -76,6 +76,48 @@ def test_overlap_loads_the_same_bytes(kind: str, ckpts: dict[str, Path], small_b
     assert len(runs) > 3 and set(runs) == {"hf2q-load-batch"}  # many batches, each on the helper thread
 
 
+@pytest.mark.parametrize("early", [False, True])
+def test_a_model_made_early_gets_a_last_batch_of_a_batch_s_bytes(early: bool, ckpts: dict[str, Path],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """With make_early the model is made while the last batch is written:
+    a tail smaller than a batch joins the batch before it, so that the last
+    batch lasts a batch's time (here a batch fills at the entry before the
+    last, which is a batch of its own when the model is made once
+    everything landed)."""
+    import json
+
+    from hf2q import models
+    from hf2q.model import LoadedModel
+    from hf2q.safetensors import open_checkpoint
+
+    path = ckpts["fused"]
+    fam = models.detect(json.loads((path / "config.json").read_text())).impl()
+    dev = Device._isolated("host")
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    batches: list[int] = []
+    real_join = loader._InFlight.join
+
+    def join(self: Any) -> Any:
+        batches.append(sum(self.sizes))
+        return real_join(self)
+
+    monkeypatch.setattr(loader._InFlight, "join", join)
+    with open_checkpoint(path) as ck:
+        plan = fam.plan_checkpoint(ck, config=None)
+        streamed = [e.source_nbytes for e in plan if e.streamed]
+        bound = sum(streamed) - streamed[-1]  # a batch fills at the entry before the last, which is a tail
+        assert streamed[-1] < bound
+        monkeypatch.setattr(loader, "GPU_BATCH_BYTES", bound)
+        monkeypatch.setattr(loader, "BATCH_BYTES", bound)
+        monkeypatch.setattr(loader, "BATCH_ENTRIES", 10**6)
+        model = loader.execute(plan, ck, dev, lambda bufs: LoadedModel(dev, None, bufs), make_early=early)
+    assert len(model) == len(plan)
+    if early:
+        assert batches == [sum(streamed)], (batches, bound)
+    else:
+        assert len(batches) == 2 and batches[-1] < bound, (batches, bound)
+
+
 def _fails_on_second_call(monkeypatch: pytest.MonkeyPatch, name: str, action: Any) -> None:
     real = getattr(loader, name)
     calls = [0]

@@ -193,7 +193,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     ``make_early``: on a GPU, ``make_model`` runs while the last batch is
     still being written (the hand-off assembles transformers' model
     meanwhile); it must not read the buffers' contents, nor export them in a
-    way that waits for the device. The load returns once every byte is
+    way that waits for the device. The last batch then holds at least a
+    batch's bytes where the plan has them (a smaller tail joins it). The load returns once every byte is
     written, as always; a failure of the last batch is raised and the model
     made early dropped."""
     t0 = time.perf_counter()
@@ -260,6 +261,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         pending_sizes.clear()
         pending_bytes = transient_bytes = 0
 
+    early = make_early and overlap
+    rest = plan.source_nbytes  # source bytes of the entries not yet seen
     try:
         for entry in plan:
             if (entry.unit_transpose is not None and not entry.unit_transpose.fits(entry.dtype)
@@ -270,6 +273,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                     device.residency.commit()  # the previous group is written
                 group = entry.group
             size = entry.source_nbytes
+            rest -= size
             scaled = not entry.streamed and _scaled_batchable(device, entry)
             if entry.streamed or scaled:
                 pending.append(entry)
@@ -277,8 +281,11 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 pending_bytes += size
                 if scaled:
                     transient_bytes += size
-                if (pending_bytes >= batch_bytes or len(pending) >= BATCH_ENTRIES
-                        or transient_bytes >= scaled_batch_bytes):
+                full = pending_bytes >= batch_bytes or len(pending) >= BATCH_ENTRIES
+                # A model made early is made while the last batch is written:
+                # that batch takes in a tail smaller than a batch, so that it
+                # lasts a batch's time at least (up to twice the bound).
+                if (full and not (early and rest < batch_bytes)) or transient_bytes >= scaled_batch_bytes:
                     flush()
             else:
                 # Read, transformed or staged now (small tensors); the batch
