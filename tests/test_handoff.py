@@ -406,9 +406,26 @@ def test_landed_seconds_leave_out_the_assembly(overlapped: list[str], monkeypatc
         return real(*a, **k)
 
     monkeypatch.setattr(transformers.PreTrainedModel, "_finalize_model_loading", staticmethod(slow))
+    from hf2q import loader
+
+    marks: dict[str, float] = {}
+    real_execute, real_run = loader.execute, loader._run_batch
+
+    def execute(*a, **k):
+        marks["start"] = time.perf_counter()
+        return real_execute(*a, **k)
+
+    def run(*a, **k):
+        out = real_run(*a, **k)
+        marks["batch written"] = time.perf_counter()  # the last one's stays
+        return out
+
+    monkeypatch.setattr(loader, "execute", execute)
+    monkeypatch.setattr(loader, "_run_batch", run)
     s = htf.from_pretrained(CHECKPOINTS["qwen3_moe_per_expert"], Device._isolated("host")).hf2q_model.summary
     assert overlapped[-3:] == ["assemble", "landed", "synchronized"]
     assert s.landed_seconds is not None and s.landed_seconds + 0.25 < s.seconds
+    assert s.landed_seconds >= marks["batch written"] - marks["start"] - 0.01  # not before the last byte
     plain = hf2q.load(CHECKPOINTS["qwen3_moe_per_expert"], Device._isolated("host"), progress=False).summary
     assert plain.landed_seconds is not None and 0 < plain.landed_seconds <= plain.seconds
 

@@ -118,6 +118,94 @@ def test_a_model_made_early_gets_a_last_batch_of_a_batch_s_bytes(early: bool, ck
         assert len(batches) == 2 and batches[-1] < bound, (batches, bound)
 
 
+def _plan_of(path: Path) -> tuple[Any, Any]:
+    import json
+
+    from hf2q import models
+
+    fam = models.detect(json.loads((path / "config.json").read_text())).impl()
+    return fam, fam.plan_checkpoint
+
+
+def _count_batches(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    """The entries of each batch run on the helper thread, as they start."""
+    seen: list[list[Any]] = []
+    real = loader._run_batch
+
+    def run(device: Any, ckpt: Any, batch: Any, check_finite: bool = False) -> Any:
+        seen.append(list(batch.entries))
+        return real(device, ckpt, batch, check_finite)
+
+    monkeypatch.setattr(loader, "_run_batch", run)
+    return seen
+
+
+def test_tail_merge_keeps_the_fp8_and_entry_bounds(ckpts: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tail joining the last batch of a model made early is bounded by
+    bytes only: FP8 transients (device memory beside the model's) and the
+    entry count still end a batch."""
+    from hf2q.model import LoadedModel
+    from hf2q.safetensors import open_checkpoint
+
+    dev = Device._isolated("host")
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    monkeypatch.setattr(loader, "GPU_BATCH_BYTES", 1 << 40)  # every tail is smaller than a batch
+    monkeypatch.setattr(loader, "BATCH_BYTES", 1 << 40)
+    for limit in ("SCALED_BATCH_BYTES", "BATCH_ENTRIES"):
+        with monkeypatch.context() as mp:
+            if limit == "SCALED_BATCH_BYTES":
+                mp.setattr(loader, "SCALED_BATCH_BYTES", 64 << 10)
+            else:
+                mp.setattr(loader, "BATCH_ENTRIES", 4)
+            seen = _count_batches(mp)
+            fam, plan_checkpoint = _plan_of(ckpts["fp8"])
+            with open_checkpoint(ckpts["fp8"]) as ck:
+                plan = plan_checkpoint(ck, config=None)
+                loader.execute(plan, ck, dev, lambda bufs: LoadedModel(dev, None, bufs), make_early=True)
+            assert len(seen) > 3, limit
+            if limit == "BATCH_ENTRIES":
+                assert max(len(b) for b in seen) <= 4
+            else:  # scaled bytes of a batch: within the (halved, overlapped) bound plus one entry
+                biggest = max(e.source_nbytes for b in seen for e in b)
+                assert max(sum(e.source_nbytes for e in b if not e.streamed) for b in seen) \
+                    < (64 << 10) // 2 + biggest
+
+
+def test_landed_seconds_count_entries_filled_after_the_last_batch(ckpts: dict[str, Path],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry filled on the loading thread after the last batch was sent
+    off is written after that batch may have landed: landed_seconds waits
+    for both."""
+    import dataclasses
+    import time
+
+    from hf2q.model import LoadedModel
+    from hf2q.safetensors import open_checkpoint
+
+    dev = Device._isolated("host")
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    monkeypatch.setattr(loader, "BATCH_ENTRIES", 1)  # each streamed entry leaves at once: no tail merge
+    real_fill = loader._fill
+
+    def slow_fill(device: Any, ckpt: Any, entry: Any, *a: Any) -> Any:
+        if entry.name == "output_norm.weight":
+            time.sleep(0.3)
+        return real_fill(device, ckpt, entry, *a)
+
+    monkeypatch.setattr(loader, "_fill", slow_fill)
+    fam, plan_checkpoint = _plan_of(ckpts["fused"])
+    with open_checkpoint(ckpts["fused"]) as ck:
+        plan = plan_checkpoint(ck, config=None)
+        names = [e.name for e in plan]
+        assert names[-2:] == ["output_norm.weight", "output.weight"]
+        entries = list(plan)
+        entries[-2], entries[-1] = entries[-1], entries[-2]  # the last streamed entry, then an inline one
+        plan = dataclasses.replace(plan, entries=entries)
+        model = loader.execute(plan, ck, dev, lambda bufs: LoadedModel(dev, None, bufs), make_early=True)
+    assert model.summary.landed_seconds >= 0.3
+
+
 def _fails_on_second_call(monkeypatch: pytest.MonkeyPatch, name: str, action: Any) -> None:
     real = getattr(loader, name)
     calls = [0]

@@ -193,8 +193,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     ``make_early``: on a GPU, ``make_model`` runs while the last batch is
     still being written (the hand-off assembles transformers' model
     meanwhile); it must not read the buffers' contents, nor export them in a
-    way that waits for the device. The last batch then holds at least a
-    batch's bytes where the plan has them (a smaller tail joins it). The load returns once every byte is
+    way that waits for the device. A tail of fewer bytes than a batch then
+    joins the last batch (within the entry and FP8 transient bounds). The load returns once every byte is
     written, as always; a failure of the last batch is raised and the model
     made early dropped."""
     t0 = time.perf_counter()
@@ -281,11 +281,12 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 pending_bytes += size
                 if scaled:
                     transient_bytes += size
-                full = pending_bytes >= batch_bytes or len(pending) >= BATCH_ENTRIES
                 # A model made early is made while the last batch is written:
-                # that batch takes in a tail smaller than a batch, so that it
-                # lasts a batch's time at least (up to twice the bound).
-                if (full and not (early and rest < batch_bytes)) or transient_bytes >= scaled_batch_bytes:
+                # that batch takes in a tail of fewer bytes than a batch, so
+                # that it lasts about a batch's time (up to twice the byte
+                # bound; the entry and FP8 transient bounds still hold).
+                full = pending_bytes >= batch_bytes and not (early and rest < batch_bytes)
+                if full or len(pending) >= BATCH_ENTRIES or transient_bytes >= scaled_batch_bytes:
                     flush()
             else:
                 # Read, transformed or staged now (small tensors); the batch
@@ -295,12 +296,13 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         if pending or inflight is None:
             flush()  # else the batch in flight is the last: land() below
         if make_early and inflight is not None:
+            inline_done = time.perf_counter()  # entries filled on this thread after the last batch left
             every = {**bufs, **(inflight.buffers or {})}
             last = inflight
             model = make_model({e.name: every[e.name] for e in plan})  # plan order
             del every
             land()
-            landed = (last.finished or time.perf_counter()) - t0
+            landed = max(last.finished or time.perf_counter(), inline_done) - t0
         else:
             land()
             landed = time.perf_counter() - t0
