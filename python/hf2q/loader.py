@@ -194,9 +194,9 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     still being written (the hand-off assembles transformers' model
     meanwhile); it must not read the buffers' contents, nor export them in a
     way that waits for the device. A tail of fewer bytes than a batch then
-    joins the last batch (within the entry and FP8 transient bounds). The load returns once every byte is
-    written, as always; a failure of the last batch is raised and the model
-    made early dropped."""
+    joins the last batch (within the entry and FP8 transient bounds). The
+    load returns once every byte is written, as always; a failure of the
+    last batch is raised and the model made early dropped."""
     t0 = time.perf_counter()
     _check_representable(plan, ckpt)
     usage0 = process_usage()
