@@ -373,12 +373,20 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
             plan = plan_handoff(ckpt, targets, config=config, skipped=skipped)
             dev = opening.result()
 
+            # Tying reads weights: transformers compares the two ends of a tied
+            # pair that are both in the checkpoint (and ties only equal ones),
+            # and pads a tied output layer's bias into a new tensor. A model
+            # that ties anything is assembled once every byte has landed, from
+            # views that wait for the copies still in flight (a GPU's reads
+            # run on torch's stream, not on the ones hf2q copied with).
+            early = not tied
+
             def assemble(bufs: dict[str, Any]) -> HandoffModel:
                 """transformers' model given the buffers, the way its own
-                loader finishes one. On a GPU this runs while the load's last
-                batch is still being written (``make_early``), where it reads
-                no weight; its views do not wait for the device (the load
-                synchronizes once it has returned)."""
+                loader finishes one. On a GPU, for a model that ties nothing,
+                this runs while the load's last batch is still being written
+                (``make_early``): it reads no weight, and its views do not wait
+                for the device (the load synchronizes once it has returned)."""
                 try:
                     return _assemble(bufs)
                 except Exception as e:
@@ -390,7 +398,7 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
 
             def _assemble(bufs: dict[str, Any]) -> HandoffModel:
                 loaded = HandoffModel(dev, config, bufs)
-                sd = _state_dict(loaded.named_buffers(), False)
+                sd = _state_dict(loaded.named_buffers(), not early)
                 model.load_state_dict(sd, strict=False, assign=True)
                 _mark_initialized(model, sd)
                 tdev = next(iter(sd.values())).device if sd else torch.device("cpu")
@@ -407,16 +415,11 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
                 cls._finalize_model_loading(model, cfg, info)
                 return loaded
 
-            # Tying reads weights: transformers compares the two ends of a tied
-            # pair that are both in the checkpoint (and ties only equal ones),
-            # and pads a tied output layer's bias into a new tensor. A model
-            # that ties anything is assembled once every byte has landed.
-            early = not tied
             loaded: HandoffModel | None = None
             try:
                 loaded = execute(plan, ckpt, dev, assemble, progress=progress, make_early=early,
                                  extra={"architecture": cls.__name__, "dtype": dtype})
-                dev.synchronize()  # the views above did not wait for the uploads in flight
+                dev.synchronize()  # views made early did not wait for the uploads in flight
             except BaseException as e:
                 model = loaded = None  # the traceback keeps this frame: not the buffers the model holds
                 raise _detached(e)
