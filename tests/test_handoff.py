@@ -439,6 +439,27 @@ def test_landed_seconds_leave_out_the_assembly(overlapped: list[str], monkeypatc
     assert plain.landed_seconds is not None and 0 < plain.landed_seconds <= plain.seconds
 
 
+def test_a_failing_synchronize_after_the_load_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device's last synchronize (a copy that failed on the GPU) raises
+    its DeviceError with every buffer freed, while the caller holds it."""
+    import gc
+
+    dev = Device._isolated("host")
+    htf.from_pretrained(CHECKPOINTS["qwen3_moe_per_expert"], dev)
+    gc.collect()
+    before = dev.residency.stats()["count"]
+
+    def failing(self):
+        raise hf2q.DeviceError("injected: a copy failed on the device")
+
+    monkeypatch.setattr(Device, "synchronize", failing)
+    with pytest.raises(hf2q.DeviceError, match="injected") as ei:
+        htf.from_pretrained(CHECKPOINTS["qwen3_moe_per_expert"], dev)
+    gc.collect()
+    assert dev.residency.stats()["count"] == before
+    assert ei.value.__traceback__ is not None
+
+
 def test_tied_model_assembled_once_landed(tmp_path: Path, overlapped: list[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Tying reads weights (both ends of a tied pair in the checkpoint are

@@ -388,32 +388,29 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
                 (``make_early``): it reads no weight, and its views do not wait
                 for the device (the load synchronizes once it has returned)."""
                 try:
-                    return _assemble(bufs)
+                    loaded = HandoffModel(dev, config, bufs)
+                    sd = _state_dict(loaded.named_buffers(), not early)
+                    model.load_state_dict(sd, strict=False, assign=True)
+                    _mark_initialized(model, sd)
+                    tdev = next(iter(sd.values())).device if sd else torch.device("cpu")
+                    info = tf["LoadStateDictInfo"](missing_keys=meta_keys - set(sd), unexpected_keys=set(skipped),
+                                                   mismatched_keys=set(), error_msgs=[], conversion_errors={},
+                                                   skipped_pp_keys=set())
+                    cfg = tf["LoadStateDictConfig"](pretrained_model_name_or_path=str(path), device_map={"": tdev},
+                                                    dtype=torch_dtype, dtype_plan=model._get_dtype_plan(torch_dtype),
+                                                    weight_mapping=mapping)
+                    # transformers' own finish: non-persistent buffers (RoPE
+                    # tables) computed on the device, tied weights tied, the
+                    # loading report. Loaded tensors are flagged initialized, so
+                    # its initialisation does not touch them.
+                    cls._finalize_model_loading(model, cfg, info)
+                    return loaded
                 except Exception as e:
                     # execute() raises it without its frames (they hold buffers): say where it came from
                     if hasattr(e, "add_note"):
                         e.add_note("raised while transformers' model was assembled from hf2q's buffers, at:\n"
                                    + "".join(traceback.format_tb(e.__traceback__)[-4:]).rstrip())
                     raise
-
-            def _assemble(bufs: dict[str, Any]) -> HandoffModel:
-                loaded = HandoffModel(dev, config, bufs)
-                sd = _state_dict(loaded.named_buffers(), not early)
-                model.load_state_dict(sd, strict=False, assign=True)
-                _mark_initialized(model, sd)
-                tdev = next(iter(sd.values())).device if sd else torch.device("cpu")
-                info = tf["LoadStateDictInfo"](missing_keys=meta_keys - set(sd), unexpected_keys=set(skipped),
-                                               mismatched_keys=set(), error_msgs=[], conversion_errors={},
-                                               skipped_pp_keys=set())
-                cfg = tf["LoadStateDictConfig"](pretrained_model_name_or_path=str(path), device_map={"": tdev},
-                                                dtype=torch_dtype, dtype_plan=model._get_dtype_plan(torch_dtype),
-                                                weight_mapping=mapping)
-                # transformers' own finish: non-persistent buffers (RoPE
-                # tables) computed on the device, tied weights tied, the
-                # loading report. Loaded tensors are flagged initialized, so
-                # its initialisation does not touch them.
-                cls._finalize_model_loading(model, cfg, info)
-                return loaded
 
             loaded: HandoffModel | None = None
             try:
