@@ -6,9 +6,13 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "../kernels/checked_ops.h"
 #include "../device/dtype.h"
@@ -176,6 +180,25 @@ NB_MODULE(_core, m) {
     hf2q::bindings::ReleaseGil nogil;
     hf2q::set_num_threads(n);
   }, "n"_a);
+  m.def(
+      "_parallel_probe",
+      [](std::size_t chunks, double chunk_seconds, bool wait_for_pool) {
+        // Tests: how many threads a parallel_for of `chunks` sleeping chunks
+        // ran on (1: inline, e.g. while another thread's loop held the pool).
+        hf2q::bindings::ReleaseGil nogil;
+        std::mutex mu;
+        std::set<std::thread::id> ids;
+        hf2q::parallel_for(
+            chunks, 1,
+            [&](std::size_t, std::size_t) {
+              std::this_thread::sleep_for(std::chrono::duration<double>(chunk_seconds));
+              std::lock_guard<std::mutex> lk(mu);
+              ids.insert(std::this_thread::get_id());
+            },
+            wait_for_pool ? hf2q::WhenBusy::kWait : hf2q::WhenBusy::kInline);
+        return ids.size();
+      },
+      "chunks"_a, "chunk_seconds"_a, "wait_for_pool"_a);
   m.def("simd_isa", [] { return std::string(hf2q::kernels::isa_name(hf2q::kernels::active_isa())); });
   m.def("best_isa", [] { return std::string(hf2q::kernels::isa_name(hf2q::kernels::best_isa())); });
   m.def("set_simd_enabled", &hf2q::kernels::set_simd_enabled, "enabled"_a);

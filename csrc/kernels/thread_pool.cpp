@@ -65,7 +65,7 @@ class Pool {
     num_threads_.store(n);
   }
 
-  void run(std::size_t nchunks, const std::function<void(std::size_t)>& chunk_fn) {
+  void run(std::size_t nchunks, const std::function<void(std::size_t)>& chunk_fn, WhenBusy when_busy) {
     const int threads = num_threads_.load();
     // Nested calls (from a worker or from a body on the calling thread) run
     // inline before touching run_mutex_, which this thread may already own.
@@ -73,7 +73,12 @@ class Pool {
       run_inline(nchunks, chunk_fn);
       return;
     }
-    std::unique_lock<std::mutex> run_lock(run_mutex_, std::try_to_lock);
+    std::unique_lock<std::mutex> run_lock(run_mutex_, std::defer_lock);
+    if (when_busy == WhenBusy::kWait) {
+      run_lock.lock();  // the loop holding the pool ends: its bodies never wait for this thread
+    } else {
+      (void)run_lock.try_lock();
+    }
     if (!run_lock.owns_lock()) {
       run_inline(nchunks, chunk_fn);
       return;
@@ -234,7 +239,7 @@ int get_num_threads() { return pool().num_threads(); }
 void set_num_threads(int n) { pool().set_num_threads(std::min(kMaxThreads, std::max(1, n))); }
 
 void parallel_for(std::size_t n, std::size_t grain,
-                  const std::function<void(std::size_t, std::size_t)>& body) {
+                  const std::function<void(std::size_t, std::size_t)>& body, WhenBusy when_busy) {
   if (n == 0) return;
   grain = std::max<std::size_t>(grain, 1);
   const std::size_t nchunks = n / grain + (n % grain != 0 ? 1 : 0);
@@ -242,10 +247,13 @@ void parallel_for(std::size_t n, std::size_t grain,
     body(0, n);
     return;
   }
-  pool().run(nchunks, [&](std::size_t c) {
-    const std::size_t begin = c * grain;
-    body(begin, std::min(n, begin + grain));
-  });
+  pool().run(
+      nchunks,
+      [&](std::size_t c) {
+        const std::size_t begin = c * grain;
+        body(begin, std::min(n, begin + grain));
+      },
+      when_busy);
 }
 
 }  // namespace hf2q

@@ -810,7 +810,7 @@ class CudaBackend final : public Backend {
       std::vector<UploadResult> res(jobs.size());
       if (!jobs.empty()) {
         try {
-          upload_jobs(jobs.data(), jobs.size(), res.data());
+          upload_jobs(jobs.data(), jobs.size(), res.data(), WhenBusy::kWait);
         } catch (FileReadError& e) {
           // The job whose read failed, as an index into `items` (as the host's batch says it).
           e.job = e.job >= 0 && static_cast<std::size_t>(e.job) < where.size() ? static_cast<long>(where[e.job]) : -1;
@@ -832,8 +832,12 @@ class CudaBackend final : public Backend {
   // copy engine stay busy from one tensor to the next. Raw copies and
   // widening may still be in flight when it returns (synchronize() waits);
   // quantization and failures wait for everything, since the status words
-  // are needed or a buffer may be freed next.
-  void upload_jobs(Job* jobs, std::size_t njobs, UploadResult* results) {
+  // are needed or a buffer may be freed next. `when_busy`: a batch (a
+  // loader's run of tensors, gigabytes, on its helper thread) waits for the
+  // thread pool where another thread holds it (the loading thread filling a
+  // small tensor), instead of running every read on one thread; a single
+  // upload runs inline then.
+  void upload_jobs(Job* jobs, std::size_t njobs, UploadResult* results, WhenBusy when_busy = WhenBusy::kInline) {
     std::size_t total = 0;
     std::size_t quantizing = 0;
     for (std::size_t j = 0; j < njobs; ++j) {
@@ -975,7 +979,7 @@ class CudaBackend final : public Backend {
           check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
           s.pending = true;
         }
-      });
+      }, when_busy);
     } catch (...) {
       failure = std::current_exception();
     }
