@@ -844,13 +844,19 @@ struct ScaledGeo {
   u64 rows, cols, br, bc, srows, scols;
 };
 
-template <int kFmt>  // 0: f8_e4m3, 1: f8_e5m2
-__device__ __forceinline__ float scaled_value(const u8* __restrict__ w, const float* __restrict__ scale,
-                                              const ScaledGeo& g, u64 i) {
-  const u64 row_all = i / g.cols, c = i - row_all * g.cols;
+// The scale row (of the grid) that flat element i's row reads, and i's column.
+__device__ __forceinline__ const float* scale_row(const float* __restrict__ scale, const ScaledGeo& g, u64 i,
+                                                  u64* col) {
+  const u64 row_all = i / g.cols;
+  *col = i - row_all * g.cols;
   const u64 lead = row_all / g.rows, r = row_all - lead * g.rows;
-  const float s = scale[(lead * g.srows + r / g.br) * g.scols + c / g.bc];
-  const float x = __uint_as_float(kFmt == 0 ? f8_e4m3_bits(w[i]) : f8_e5m2_bits(w[i]));
+  return scale + (lead * g.srows + r / g.br) * g.scols;
+}
+
+// One FP8 byte times its block's scale, as the CPUs compute it.
+template <int kFmt>  // 0: f8_e4m3, 1: f8_e5m2
+__device__ __forceinline__ float scaled_product(u32 byte, float s) {
+  const float x = __uint_as_float(kFmt == 0 ? f8_e4m3_bits(byte) : f8_e5m2_bits(byte));
   const float p = __fmul_rn(x, s);
   if (p == p) return p;
   // A NaN product with the CPUs' bits (fp8.cpp multiplies on x86 / ARM): the
@@ -860,6 +866,14 @@ __device__ __forceinline__ float scaled_value(const u8* __restrict__ w, const fl
   if ((xb & 0x7FFFFFFFu) > 0x7F800000u) return __uint_as_float(xb | 0x00400000u);
   if ((sb & 0x7FFFFFFFu) > 0x7F800000u) return __uint_as_float(sb | 0x00400000u);
   return __uint_as_float(0xFFC00000u);
+}
+
+template <int kFmt>
+__device__ __forceinline__ float scaled_value(const u8* __restrict__ w, const float* __restrict__ scale,
+                                              const ScaledGeo& g, u64 i) {
+  u64 c;
+  const float* srow = scale_row(scale, g, i, &c);
+  return scaled_product<kFmt>(w[i], srow[c / g.bc]);
 }
 
 // float32 -> bfloat16, round to nearest even; NaN quiet with its sign and top payload (fp8.cpp's f32_to_bf16_rne).
@@ -894,13 +908,41 @@ __device__ __forceinline__ void scaled_fp8_elems(const u8* __restrict__ w, const
 template <int kFmt>
 __device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const float* __restrict__ scale,
                                                 u8* __restrict__ dst, u64 nblocks, ScaledGeo g, u64* status) {
+  // The index arithmetic (64-bit divisions) once per block, not per element:
+  // a block lies in one row (cols is a multiple of 32, Device::scaled_fp8
+  // checks it), and where the scale blocks are whole Q8_0 blocks wide one
+  // scale serves all 32 values. The block's 32 bytes in two 16-byte loads
+  // where the weights are 16-byte aligned (the loader's transients are).
+  const bool one_scale = g.bc % 32u == 0u;
+  const bool vector_loads = ((unsigned long long)w & 15u) == 0u;
   for (u64 b = global_thread(); b < nblocks; b += grid_threads()) {
     float x[32];
     float amax = 0.0f;
     bool bad = false;
+    u64 c0;
+    const float* srow = scale_row(scale, g, b * 32u, &c0);
+    u32 words[8];
+    if (vector_loads) {
+      const uint4 lo = ((const uint4*)w)[b * 2u], hi = ((const uint4*)w)[b * 2u + 1u];
+      words[0] = lo.x;
+      words[1] = lo.y;
+      words[2] = lo.z;
+      words[3] = lo.w;
+      words[4] = hi.x;
+      words[5] = hi.y;
+      words[6] = hi.z;
+      words[7] = hi.w;
+    } else {
+      for (int k = 0; k < 8; ++k) {
+        const u8* q = w + b * 32u + (u64)(4 * k);
+        words[k] = (u32)q[0] | ((u32)q[1] << 8) | ((u32)q[2] << 16) | ((u32)q[3] << 24);
+      }
+    }
+    const float s0 = srow[c0 / g.bc];
     for (int k = 0; k < 32; ++k) {
       const u64 i = b * 32u + (u64)k;
-      x[k] = scaled_value<kFmt>(w, scale, g, i);
+      const u32 byte = (words[k >> 2] >> (8 * (k & 3))) & 0xFFu;
+      x[k] = scaled_product<kFmt>(byte, one_scale ? s0 : srow[(c0 + (u64)k) / g.bc]);
       if (!bad && nonfinite_bits(__float_as_uint(x[k]))) {
         atomicMin(&status[0], i);
         bad = true;

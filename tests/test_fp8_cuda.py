@@ -56,6 +56,51 @@ def test_fp8_and_mxfp4_kept_on_gpu_read_back() -> None:
             assert gpu.verify(g[n]).ok, n
 
 
+# (lead, rows, cols), block: scale blocks a multiple of 32 wide (one scale per
+# Q8_0 block), narrower and not dividing 32, partial edge blocks, per channel.
+_GEOMETRIES = [((2, 40, 64), (32, 24)), ((3, 130, 256), (128, 128)), ((1, 7, 96), (1, 96)), ((2, 33, 160), (5, 48)),
+               ((1, 64, 320), (16, 16))]
+
+
+@pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
+@pytest.mark.parametrize("geometry", _GEOMETRIES)
+def test_scaled_fp8_kernels_equal_the_cpu_decoder(fmt: str, geometry) -> None:
+    """The GPU's scaled FP8 decoders (Device.scaled_fp8: what the loader runs
+    on an expert stack) against the CPU decoder, byte for byte, into every
+    output format, at an element offset into the destination; a NaN
+    encoding is reported at its flat index."""
+    import ml_dtypes
+
+    from hf2q import formats, ops
+
+    shape, block = geometry
+    gpu = Device._isolated("cuda")
+    rng = np.random.default_rng(sum(shape) + block[1])
+    w = rng.integers(0, 256, shape, dtype=np.uint8)
+    w[(w & 0x7F) >= 0x7C] = 3  # no NaN / Inf encodings here (0x7F is a NaN in both formats)
+    grid = (shape[0], -(-shape[1] // block[0]), -(-shape[2] // block[1]))
+    s = (rng.random(grid, dtype=np.float32) * 1e-2 + 1e-4).astype(np.float32)
+    wf = w.view(ml_dtypes.float8_e4m3fn if fmt == "f8_e4m3" else ml_dtypes.float8_e5m2)
+    per = formats.numel(shape[1:])
+    for to in ("f32", "bf16", "f16", "q8_0"):
+        want, _ = ops.dequantize_fp8(wf, s, block, to=to)
+        buf = gpu.alloc((shape[0] + 1, *shape[1:]), to)
+        first, _ = gpu._native.scaled_fp8(buf._native, per, gpu.upload(wf)._native, gpu.upload(s)._native, shape, block)
+        assert first == -1, (to, first)
+        got = buf.to_host().reshape(-1).view(np.uint8)
+        off = formats.nbytes(shape[1:], to)
+        assert got[off:off + formats.nbytes(shape, to)].tobytes() == want.view(np.uint8).tobytes(), to
+    bad = w.copy()
+    at = (shape[0] - 1, shape[1] // 2, shape[2] - 5)
+    bad.reshape(shape)[at] = 0x7F
+    flat = int(np.ravel_multi_index(at, shape))
+    for to in ("f32", "q8_0"):
+        buf = gpu.alloc(shape, to)
+        first, _ = gpu._native.scaled_fp8(buf._native, 0, gpu.upload(bad.view(wf.dtype))._native,
+                                          gpu.upload(s)._native, shape, block)
+        assert first == flat, (to, first, flat)
+
+
 @pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
 def test_unscaled_fp8_decodes_on_gpu(fmt) -> None:
     from hf2q import reference
