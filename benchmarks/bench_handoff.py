@@ -21,7 +21,8 @@ starts, page cache warmed once), interleaved, ``--repeat`` rounds:
         hf2q.transformers.from_pretrained(dir, "cuda", dtype="bf16")
         AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map="cuda")
   Both: hf2q.load(dir, Device(...), expert_dtype="bf16", dense_dtype="bf16")
-        (hf2q's own load of the checkpoint, bytes kept; "hf2q load")
+        (hf2q's own load of the checkpoint, bytes kept; "hf2q load"; its
+        param_MiB is the resident bytes of its buffers)
 Reported: seconds to a ready model (median and best; for hf2q also the part
 spent executing the load plan until its last byte was written, without the
 model's assembly, and the ready model over it, x_own_load; the ready model

@@ -912,32 +912,24 @@ __device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const 
   // a block lies in one row (cols is a multiple of 32, Device::scaled_fp8
   // checks it), and where the scale blocks are whole Q8_0 blocks wide one
   // scale serves all 32 values. The block's 32 bytes in two 16-byte loads
-  // where the weights are 16-byte aligned (the loader's transients are).
+  // (`w` starts a buffer: 16-byte aligned, the backend checks it).
   const bool one_scale = g.bc % 32u == 0u;
-  const bool vector_loads = ((unsigned long long)w & 15u) == 0u;
   for (u64 b = global_thread(); b < nblocks; b += grid_threads()) {
     float x[32];
     float amax = 0.0f;
     bool bad = false;
     u64 c0;
     const float* srow = scale_row(scale, g, b * 32u, &c0);
-    u32 words[8];
-    if (vector_loads) {
-      const uint4 lo = ((const uint4*)w)[b * 2u], hi = ((const uint4*)w)[b * 2u + 1u];
-      words[0] = lo.x;
-      words[1] = lo.y;
-      words[2] = lo.z;
-      words[3] = lo.w;
-      words[4] = hi.x;
-      words[5] = hi.y;
-      words[6] = hi.z;
-      words[7] = hi.w;
-    } else {
-      for (int k = 0; k < 8; ++k) {
-        const u8* q = w + b * 32u + (u64)(4 * k);
-        words[k] = (u32)q[0] | ((u32)q[1] << 8) | ((u32)q[2] << 16) | ((u32)q[3] << 24);
-      }
-    }
+    const uint4 lo = ((const uint4*)w)[b * 2u], hi = ((const uint4*)w)[b * 2u + 1u];
+    u32 words[8];  // little-endian: byte k of the block is byte k % 4 of word k / 4
+    words[0] = lo.x;
+    words[1] = lo.y;
+    words[2] = lo.z;
+    words[3] = lo.w;
+    words[4] = hi.x;
+    words[5] = hi.y;
+    words[6] = hi.z;
+    words[7] = hi.w;
     const float s0 = srow[c0 / g.bc];
     for (int k = 0; k < 32; ++k) {
       const u64 i = b * 32u + (u64)k;

@@ -59,7 +59,7 @@ def test_fp8_and_mxfp4_kept_on_gpu_read_back() -> None:
 # (lead, rows, cols), block: scale blocks a multiple of 32 wide (one scale per
 # Q8_0 block), narrower and not dividing 32, partial edge blocks, per channel.
 _GEOMETRIES = [((2, 40, 64), (32, 24)), ((3, 130, 256), (128, 128)), ((1, 7, 96), (1, 96)), ((2, 33, 160), (5, 48)),
-               ((1, 64, 320), (16, 16))]
+               ((1, 64, 320), (16, 16)), ((1, 8, 160), (4, 64))]
 
 
 @pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
@@ -93,6 +93,7 @@ def test_scaled_fp8_kernels_equal_the_cpu_decoder(fmt: str, geometry) -> None:
     bad = w.copy()
     at = (shape[0] - 1, shape[1] // 2, shape[2] - 5)
     bad.reshape(shape)[at] = 0x7F
+    bad.reshape(shape)[at[0], at[1], shape[2] - 2] = 0x7F  # a second NaN later in the same Q8_0 block
     flat = int(np.ravel_multi_index(at, shape))
     for to in ("f32", "q8_0"):
         buf = gpu.alloc(shape, to)

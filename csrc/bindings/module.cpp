@@ -6,8 +6,10 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -183,20 +185,31 @@ NB_MODULE(_core, m) {
   m.def(
       "_parallel_probe",
       [](std::size_t chunks, double chunk_seconds, bool wait_for_pool) {
-        // Tests: how many threads a parallel_for of `chunks` sleeping chunks
-        // ran on (1: inline, e.g. while another thread's loop held the pool).
+        // Tests: a parallel_for of `chunks` sleeping chunks; (threads it ran
+        // on, CLOCK_MONOTONIC seconds when its first chunk began and its last
+        // one ended: time.monotonic()'s clock). 1 thread: it ran inline.
         hf2q::bindings::ReleaseGil nogil;
+        auto now = [] {
+          timespec ts{};
+          clock_gettime(CLOCK_MONOTONIC, &ts);
+          return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+        };
         std::mutex mu;
         std::set<std::thread::id> ids;
+        double first = 0.0, last = 0.0;
         hf2q::parallel_for(
             chunks, 1,
             [&](std::size_t, std::size_t) {
+              const double begin = now();
               std::this_thread::sleep_for(std::chrono::duration<double>(chunk_seconds));
+              const double end = now();
               std::lock_guard<std::mutex> lk(mu);
               ids.insert(std::this_thread::get_id());
+              first = first == 0.0 ? begin : std::min(first, begin);
+              last = std::max(last, end);
             },
             wait_for_pool ? hf2q::WhenBusy::kWait : hf2q::WhenBusy::kInline);
-        return ids.size();
+        return std::make_tuple(ids.size(), first, last);
       },
       "chunks"_a, "chunk_seconds"_a, "wait_for_pool"_a);
   m.def("simd_isa", [] { return std::string(hf2q::kernels::isa_name(hf2q::kernels::active_isa())); });

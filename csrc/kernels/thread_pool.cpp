@@ -66,20 +66,22 @@ class Pool {
   }
 
   void run(std::size_t nchunks, const std::function<void(std::size_t)>& chunk_fn, WhenBusy when_busy) {
-    const int threads = num_threads_.load();
     // Nested calls (from a worker or from a body on the calling thread) run
     // inline before touching run_mutex_, which this thread may already own.
-    if (in_pool_work() || threads <= 1 || nchunks < 2) {
+    if (in_pool_work() || num_threads_.load() <= 1 || nchunks < 2) {
       run_inline(nchunks, chunk_fn);
       return;
     }
     std::unique_lock<std::mutex> run_lock(run_mutex_, std::defer_lock);
     if (when_busy == WhenBusy::kWait) {
-      run_lock.lock();  // the loop holding the pool ends: its bodies never wait for this thread
+      run_lock.lock();  // the loop holding the pool ends (thread_pool.h: what a waiting caller may hold)
     } else {
       (void)run_lock.try_lock();
     }
-    if (!run_lock.owns_lock()) {
+    // The count as of now, under the lock: set_num_threads() may have
+    // changed it while this caller waited.
+    const int threads = num_threads_.load();
+    if (!run_lock.owns_lock() || threads <= 1) {
       run_inline(nchunks, chunk_fn);
       return;
     }

@@ -23,7 +23,9 @@ void set_num_threads(int n);
 // runs inline on the calling thread (the default: a short loop goes on at
 // once), or waits for the pool (a loop that would take long on one thread,
 // such as a GPU batch upload started while the loading thread fills a small
-// tensor). A loop inside pool work always runs inline.
+// tensor). A loop inside pool work always runs inline. A caller that waits
+// must hold nothing that a body of another thread's loop may wait for (a
+// lock, a slot, a status cell): the loop holding the pool could not end.
 enum class WhenBusy { kInline, kWait };
 
 // Calls body(begin, end) over [0, n) in chunks of `grain` items (the last one

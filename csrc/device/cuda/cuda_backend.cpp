@@ -527,6 +527,9 @@ class CudaBackend final : public Backend {
     if (wi < 0 || oi < 0 || g.scale != DType::F32) throw DeviceError("GPU scaled FP8: unsupported formats");
     const CUfunction fn = fn_scaled_fp8_[wi][oi];
     if (fn == nullptr) throw DeviceError("GPU scaled FP8: kernel not loaded");
+    // The Q8_0 decoder reads each block's 32 bytes as two 16-byte words; a
+    // buffer starts at a page multiple of its allocation on this backend.
+    if (dptr(w) % 16 != 0) throw DeviceError("GPU scaled FP8: the weights do not start 16-byte aligned");
     struct Geo {
       unsigned long long rows, cols, br, bc, srows, scols;
     } geo{g.rows, g.cols, g.block_rows, g.block_cols, g.scale_rows, g.scale_cols};
