@@ -76,6 +76,15 @@ def test_overlap_loads_the_same_bytes(kind: str, ckpts: dict[str, Path], small_b
     assert len(runs) > 3 and set(runs) == {"hf2q-load-batch"}  # many batches, each on the helper thread
 
 
+def _planner(path: Path) -> Any:
+    """The family's plan_checkpoint for the checkpoint at ``path``."""
+    import json
+
+    from hf2q import models
+
+    return models.detect(json.loads((path / "config.json").read_text())).impl().plan_checkpoint
+
+
 @pytest.mark.parametrize("early", [False, True])
 def test_a_model_made_early_gets_a_last_batch_of_a_batch_s_bytes(early: bool, ckpts: dict[str, Path],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,14 +93,11 @@ def test_a_model_made_early_gets_a_last_batch_of_a_batch_s_bytes(early: bool, ck
     batch lasts a batch's time (here a batch fills at the entry before the
     last, which is a batch of its own when the model is made once
     everything landed)."""
-    import json
-
-    from hf2q import models
     from hf2q.model import LoadedModel
     from hf2q.safetensors import open_checkpoint
 
     path = ckpts["fused"]
-    fam = models.detect(json.loads((path / "config.json").read_text())).impl()
+    plan_checkpoint = _planner(path)
     dev = Device._isolated("host")
     monkeypatch.setattr(loader, "_OVERLAP", True)
     batches: list[int] = []
@@ -103,7 +109,7 @@ def test_a_model_made_early_gets_a_last_batch_of_a_batch_s_bytes(early: bool, ck
 
     monkeypatch.setattr(loader._InFlight, "join", join)
     with open_checkpoint(path) as ck:
-        plan = fam.plan_checkpoint(ck, config=None)
+        plan = plan_checkpoint(ck, config=None)
         streamed = [e.source_nbytes for e in plan if e.streamed]
         bound = sum(streamed) - streamed[-1]  # a batch fills at the entry before the last, which is a tail
         assert streamed[-1] < bound
@@ -116,15 +122,6 @@ def test_a_model_made_early_gets_a_last_batch_of_a_batch_s_bytes(early: bool, ck
         assert batches == [sum(streamed)], (batches, bound)
     else:
         assert len(batches) == 2 and batches[-1] < bound, (batches, bound)
-
-
-def _plan_of(path: Path) -> tuple[Any, Any]:
-    import json
-
-    from hf2q import models
-
-    fam = models.detect(json.loads((path / "config.json").read_text())).impl()
-    return fam, fam.plan_checkpoint
 
 
 def _count_batches(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
@@ -159,7 +156,7 @@ def test_tail_merge_keeps_the_fp8_and_entry_bounds(ckpts: dict[str, Path], monke
             else:
                 mp.setattr(loader, "BATCH_ENTRIES", 4)
             seen = _count_batches(mp)
-            fam, plan_checkpoint = _plan_of(ckpts["fp8"])
+            plan_checkpoint = _planner(ckpts["fp8"])
             with open_checkpoint(ckpts["fp8"]) as ck:
                 plan = plan_checkpoint(ck, config=None)
                 loader.execute(plan, ck, dev, lambda bufs: LoadedModel(dev, None, bufs), make_early=True)
@@ -194,7 +191,7 @@ def test_landed_seconds_count_entries_filled_after_the_last_batch(ckpts: dict[st
         return real_fill(device, ckpt, entry, *a)
 
     monkeypatch.setattr(loader, "_fill", slow_fill)
-    fam, plan_checkpoint = _plan_of(ckpts["fused"])
+    plan_checkpoint = _planner(ckpts["fused"])
     with open_checkpoint(ckpts["fused"]) as ck:
         plan = plan_checkpoint(ck, config=None)
         names = [e.name for e in plan]
