@@ -842,15 +842,37 @@ HF2Q_CHECKSUMS(hf2q_checksums_mxfp4, BitsMXFP4)
 // minimised); status[1]: Q8_0 blocks whose binary16 scale overflowed.
 struct ScaledGeo {
   u64 rows, cols, br, bc, srows, scols;
+  u64 wide;  // nonzero: 64-bit index arithmetic even where 32 bits would do (tests run both)
 };
 
 // The scale row (of the grid) that flat element i's row reads, and i's column.
+// `narrow`: every index of the launch fits 32 bits (the caller checked), so
+// the three divisions are 32-bit ones (a 64-bit division is a long
+// emulated sequence; these dominated the decoders' time).
 __device__ __forceinline__ const float* scale_row(const float* __restrict__ scale, const ScaledGeo& g, u64 i,
-                                                  u64* col) {
+                                                  u64* col, bool narrow) {
+  if (narrow) {
+    const u32 i32 = (u32)i, cols = (u32)g.cols, rows = (u32)g.rows;
+    const u32 row_all = i32 / cols;
+    *col = i32 - row_all * cols;
+    const u32 lead = row_all / rows, r = row_all - lead * rows;
+    return scale + ((u64)lead * g.srows + r / (u32)g.br) * g.scols;
+  }
   const u64 row_all = i / g.cols;
   *col = i - row_all * g.cols;
   const u64 lead = row_all / g.rows, r = row_all - lead * g.rows;
   return scale + (lead * g.srows + r / g.br) * g.scols;
+}
+
+// Whether stack indices below `end` and the geometry fit 32-bit arithmetic.
+__device__ __forceinline__ bool scaled_narrow(const ScaledGeo& g, u64 end) {
+  return g.wide == 0u && end <= 0xFFFFFFFFull && g.cols <= 0xFFFFFFFFull && g.rows <= 0xFFFFFFFFull && g.br <= 0xFFFFFFFFull &&
+         g.bc <= 0xFFFFFFFFull;
+}
+
+// The scale block column of column c (scale_row's `col`).
+__device__ __forceinline__ u64 scale_col(const ScaledGeo& g, u64 c, bool narrow) {
+  return narrow ? (u64)((u32)c / (u32)g.bc) : c / g.bc;
 }
 
 // One FP8 byte times its block's scale, as the CPUs compute it.
@@ -868,14 +890,6 @@ __device__ __forceinline__ float scaled_product(u32 byte, float s) {
   return __uint_as_float(0xFFC00000u);
 }
 
-template <int kFmt>
-__device__ __forceinline__ float scaled_value(const u8* __restrict__ w, const float* __restrict__ scale,
-                                              const ScaledGeo& g, u64 i) {
-  u64 c;
-  const float* srow = scale_row(scale, g, i, &c);
-  return scaled_product<kFmt>(w[i], srow[c / g.bc]);
-}
-
 // float32 -> bfloat16, round to nearest even; NaN quiet with its sign and top payload (fp8.cpp's f32_to_bf16_rne).
 __device__ __forceinline__ u16 f32_to_bf16_rne(float f) {
   const u32 u = __float_as_uint(f);
@@ -890,70 +904,124 @@ __device__ __forceinline__ u16 f32_to_f16_cpu(float f) {
   return f32_to_f16_rn(f);
 }
 
+// The scaled decoders read n weights (`w`) that are the elements first,
+// first + 1, ... of a stack of matrices (the whole stack, or a staged chunk
+// of it: first a multiple of 32), write them at their stack positions in
+// `dst` (the stack's start) and report stack indices.
+template <int kOut>  // 0: f32, 1: bf16, 2: f16
+__device__ __forceinline__ void scaled_store(void* __restrict__ dst, u64 i, float y) {
+  if (kOut == 0) ((float*)dst)[i] = y;
+  if (kOut == 1) ((u16*)dst)[i] = f32_to_bf16_rne(y);
+  if (kOut == 2) ((u16*)dst)[i] = f32_to_f16_cpu(y);
+}
+
+// Four weights per thread (one 4-byte load: `w` is 4-byte aligned), one scale
+// for the four where no row or scale block boundary can fall among them, the
+// four outputs in one 16- or 8-byte store where `dst` is aligned for it.
 template <int kFmt, int kOut>  // kOut 0: f32, 1: bf16, 2: f16
 __device__ __forceinline__ void scaled_fp8_elems(const u8* __restrict__ w, const float* __restrict__ scale,
-                                                 void* __restrict__ dst, u64 n, ScaledGeo g, u64* status) {
-  for (u64 i = global_thread(); i < n; i += grid_threads()) {
-    const float y = scaled_value<kFmt>(w, scale, g, i);
-    if (nonfinite_bits(__float_as_uint(y))) atomicMin(&status[0], i);
-    if (kOut == 0) ((float*)dst)[i] = y;
-    if (kOut == 1) ((u16*)dst)[i] = f32_to_bf16_rne(y);
-    if (kOut == 2) ((u16*)dst)[i] = f32_to_f16_cpu(y);
+                                                 void* __restrict__ dst, u64 n, ScaledGeo g, u64* status, u64 first) {
+  const bool narrow = scaled_narrow(g, first + n);
+  const bool quad_scale = g.cols % 4u == 0u && g.bc % 4u == 0u && first % 4u == 0u;
+  const bool vec = quad_scale && ((unsigned long long)dst % 16u == 0u);
+  const u64 quads = (n + 3u) / 4u;
+  for (u64 q = global_thread(); q < quads; q += grid_threads()) {
+    const u64 t0 = q * 4u, i0 = first + t0;
+    if (quad_scale && t0 + 4u <= n) {
+      u64 c;
+      const float* srow = scale_row(scale, g, i0, &c, narrow);
+      const float sc = srow[scale_col(g, c, narrow)];
+      const u32 word = ((const u32*)w)[q];
+      float y[4];
+      for (int k = 0; k < 4; ++k) {
+        y[k] = scaled_product<kFmt>((word >> (8 * k)) & 0xFFu, sc);
+        if (nonfinite_bits(__float_as_uint(y[k]))) atomicMin(&status[0], i0 + (u64)k);
+      }
+      if (vec && kOut == 0) {
+        ((float4*)dst)[i0 / 4u] = make_float4(y[0], y[1], y[2], y[3]);
+      } else if (vec) {
+        const u16 h[4] = {kOut == 1 ? f32_to_bf16_rne(y[0]) : f32_to_f16_cpu(y[0]),
+                          kOut == 1 ? f32_to_bf16_rne(y[1]) : f32_to_f16_cpu(y[1]),
+                          kOut == 1 ? f32_to_bf16_rne(y[2]) : f32_to_f16_cpu(y[2]),
+                          kOut == 1 ? f32_to_bf16_rne(y[3]) : f32_to_f16_cpu(y[3])};
+        ((uint2*)dst)[i0 / 4u] = make_uint2((u32)h[0] | ((u32)h[1] << 16), (u32)h[2] | ((u32)h[3] << 16));
+      } else {
+        for (int k = 0; k < 4; ++k) scaled_store<kOut>(dst, i0 + (u64)k, y[k]);
+      }
+      continue;
+    }
+    for (u64 t = t0; t < t0 + 4u && t < n; ++t) {  // a row or block edge among the four, or the tail
+      const u64 i = first + t;
+      u64 c;
+      const float* srow = scale_row(scale, g, i, &c, narrow);
+      const float y = scaled_product<kFmt>(w[t], srow[scale_col(g, c, narrow)]);
+      if (nonfinite_bits(__float_as_uint(y))) atomicMin(&status[0], i);
+      scaled_store<kOut>(dst, i, y);
+    }
   }
 }
 
-// Q8_0: one thread per 32-element block (cols a multiple of 32), the block's
-// products computed once into registers, then ggml's quantize_row_q8_0_ref
-// steps as quantize_q8_0 above.
+// Q8_0 (cols a multiple of 32): as quantize_q8_0 above, each lane loads 16
+// weights (one 16-byte load: `w` is 16-byte aligned, the backend checks a
+// buffer's start; staging chunks are), so a warp reads 512 contiguous bytes
+// per step and two neighbouring lanes hold a block, whose maximum is one
+// exact fmaxf across them; each lane then writes its 16 quants and the
+// block's first lane its scale, ggml's quantize_row_q8_0_ref steps. The
+// index arithmetic runs once per lane (16 weights in one row), and where the
+// scale blocks are a multiple of 16 wide one scale serves the lane. (One
+// thread per block, 32 products in its registers, ran at 160 G weights/s on
+// an H100 against 712 G values/s for the BF16 quantizer.)
 template <int kFmt>
 __device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const float* __restrict__ scale,
-                                                u8* __restrict__ dst, u64 nblocks, ScaledGeo g, u64* status) {
-  // The index arithmetic (64-bit divisions) once per block, not per element:
-  // a block lies in one row (cols is a multiple of 32, Device::scaled_fp8
-  // checks it), and where the scale blocks are whole Q8_0 blocks wide one
-  // scale serves all 32 values. The block's 32 bytes in two 16-byte loads
-  // (`w` starts a buffer: 16-byte aligned, the backend checks it).
-  const bool one_scale = g.bc % 32u == 0u;
-  for (u64 b = global_thread(); b < nblocks; b += grid_threads()) {
-    float x[32];
+                                                u8* __restrict__ dst, u64 nblocks, ScaledGeo g, u64* status,
+                                                u64 first) {
+  constexpr int kE = 16, kL = 2, kBlocksPerStep = 16;
+  const u32 lane = threadIdx.x & 31u;
+  const u64 warp = global_thread() >> 5;
+  const u64 warps = grid_threads() >> 5;
+  const u64 steps = (nblocks + kBlocksPerStep - 1) / kBlocksPerStep;
+  const u64 first_block = first / 32u;
+  const bool narrow = scaled_narrow(g, first + nblocks * 32u);
+  const bool lane_scale = g.bc % (u64)kE == 0u;
+  const uint4* w16 = (const uint4*)w;
+  for (u64 st = warp; st < steps; st += warps) {
+    const u64 t = st * kBlocksPerStep + lane / kL;  // this lane's block in the chunk
+    const bool live = t < nblocks;
+    const u64 b = first_block + t;                  // ... in the stack
+    const u64 i0 = b * 32u + (lane % kL) * kE;      // its first weight's stack index
+    float x[kE];
     float amax = 0.0f;
-    bool bad = false;
-    u64 c0;
-    const float* srow = scale_row(scale, g, b * 32u, &c0);
-    const uint4 lo = ((const uint4*)w)[b * 2u], hi = ((const uint4*)w)[b * 2u + 1u];
-    u32 words[8];  // little-endian: byte k of the block is byte k % 4 of word k / 4
-    words[0] = lo.x;
-    words[1] = lo.y;
-    words[2] = lo.z;
-    words[3] = lo.w;
-    words[4] = hi.x;
-    words[5] = hi.y;
-    words[6] = hi.z;
-    words[7] = hi.w;
-    const float s0 = srow[c0 / g.bc];
-    for (int k = 0; k < 32; ++k) {
-      const u64 i = b * 32u + (u64)k;
-      const u32 byte = (words[k >> 2] >> (8 * (k & 3))) & 0xFFu;
-      x[k] = scaled_product<kFmt>(byte, one_scale ? s0 : srow[(c0 + (u64)k) / g.bc]);
-      if (!bad && nonfinite_bits(__float_as_uint(x[k]))) {
-        atomicMin(&status[0], i);
-        bad = true;
+    int bad = -1;
+    if (live) {
+      const uint4 v = w16[st * 32u + lane];
+      const u32 words[4] = {v.x, v.y, v.z, v.w};  // little-endian: weight k is byte k % 4 of word k / 4
+      u64 c0;
+      const float* srow = scale_row(scale, g, i0, &c0, narrow);
+      const float s0 = srow[scale_col(g, c0, narrow)];
+      for (int k = 0; k < kE; ++k) {
+        const u32 byte = (words[k >> 2] >> (8 * (k & 3))) & 0xFFu;
+        x[k] = scaled_product<kFmt>(byte, lane_scale ? s0 : srow[scale_col(g, c0 + (u64)k, narrow)]);
+        if (bad < 0 && nonfinite_bits(__float_as_uint(x[k]))) bad = k;
+        amax = fmaxf(amax, fabsf(x[k]));
       }
-      amax = fmaxf(amax, fabsf(x[k]));
+      if (bad >= 0) atomicMin(&status[0], i0 + (u64)bad);  // the load fails; the block's bytes do not matter
     }
-    if (bad) continue;  // the load fails; the block's bytes do not matter
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    amax = fmaxf(amax, __shfl_xor_sync(HF2Q_FULL_MASK, amax, 1));
+    if (!live) continue;
+    const float d = amax / 127.0f;                 // one float32 division
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;  // reciprocal of the rounded d
     const bool zero_qs = (__float_as_uint(id) & 0x7FFFFFFFu) == 0x7F800000u;
-    // 16-bit stores as quantize_q8_0 above (34 * b and the destination's offset
-    // are even). Byte stores here left the scale's low byte 0 in every block on
-    // the H200 (NVRTC 13): the quants were right, the scale's high byte too.
+    // 16-bit stores as quantize_q8_0 above (34 * b and the destination's
+    // offset are even). Byte stores here left the scale's low byte 0 in every
+    // block on the H200 (NVRTC 13): the quants were right, the scale's high byte too.
     u8* out = dst + b * 34u;
-    const u16 d16 = f32_to_f16_rn(d);
-    *(u16*)out = d16;
-    if (d16 == 0x7C00u) atomicAdd(&status[1], 1ull);
-    u16* qs = (u16*)(out + 2);
-    for (int k = 0; k < 32; k += 2) {
+    if (lane % kL == 0) {
+      const u16 d16 = f32_to_f16_rn(d);
+      *(u16*)out = d16;
+      if (d16 == 0x7C00u) atomicAdd(&status[1], 1ull);
+    }
+    u16* qs = (u16*)(out + 2 + (lane % kL) * kE);
+    for (int k = 0; k < kE; k += 2) {
       const int q0 = zero_qs ? 0 : (int)round_half_away(x[k] * id);
       const int q1 = zero_qs ? 0 : (int)round_half_away(x[k + 1] * id);
       qs[k / 2] = (u16)((u32)(u8)(i8)q0 | ((u32)(u8)(i8)q1 << 8));
@@ -961,22 +1029,22 @@ __device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const 
   }
 }
 
-#define HF2Q_SCALED_FP8(fmt_name, kFmt)                                                                            \
-  extern "C" __global__ void hf2q_scaled_##fmt_name##_f32(const u8* w, const float* s, void* dst, u64 n,         \
-                                                          ScaledGeo g, u64* status) {                            \
-    scaled_fp8_elems<kFmt, 0>(w, s, dst, n, g, status);                                                         \
-  }                                                                                                              \
-  extern "C" __global__ void hf2q_scaled_##fmt_name##_bf16(const u8* w, const float* s, void* dst, u64 n,        \
-                                                           ScaledGeo g, u64* status) {                           \
-    scaled_fp8_elems<kFmt, 1>(w, s, dst, n, g, status);                                                         \
-  }                                                                                                              \
-  extern "C" __global__ void hf2q_scaled_##fmt_name##_f16(const u8* w, const float* s, void* dst, u64 n,         \
-                                                          ScaledGeo g, u64* status) {                            \
-    scaled_fp8_elems<kFmt, 2>(w, s, dst, n, g, status);                                                         \
-  }                                                                                                              \
-  extern "C" __global__ void hf2q_scaled_##fmt_name##_q8_0(const u8* w, const float* s, void* dst, u64 nblocks,  \
-                                                           ScaledGeo g, u64* status) {                           \
-    scaled_fp8_q8_0<kFmt>(w, s, (u8*)dst, nblocks, g, status);                                                  \
+#define HF2Q_SCALED_FP8(fmt_name, kFmt)                                                                         \
+  extern "C" __global__ void hf2q_scaled_##fmt_name##_f32(const u8* w, const float* s, void* dst, u64 n,        \
+                                                          ScaledGeo g, u64* status, u64 first) {                \
+    scaled_fp8_elems<kFmt, 0>(w, s, dst, n, g, status, first);                                                  \
+  }                                                                                                             \
+  extern "C" __global__ void hf2q_scaled_##fmt_name##_bf16(const u8* w, const float* s, void* dst, u64 n,       \
+                                                           ScaledGeo g, u64* status, u64 first) {               \
+    scaled_fp8_elems<kFmt, 1>(w, s, dst, n, g, status, first);                                                  \
+  }                                                                                                             \
+  extern "C" __global__ void hf2q_scaled_##fmt_name##_f16(const u8* w, const float* s, void* dst, u64 n,        \
+                                                          ScaledGeo g, u64* status, u64 first) {                \
+    scaled_fp8_elems<kFmt, 2>(w, s, dst, n, g, status, first);                                                  \
+  }                                                                                                             \
+  extern "C" __global__ void hf2q_scaled_##fmt_name##_q8_0(const u8* w, const float* s, void* dst, u64 nblocks, \
+                                                           ScaledGeo g, u64* status, u64 first) {               \
+    scaled_fp8_q8_0<kFmt>(w, s, (u8*)dst, nblocks, g, status, first);                                           \
   }
 HF2Q_SCALED_FP8(f8_e4m3, 0)
 HF2Q_SCALED_FP8(f8_e5m2, 1)

@@ -86,3 +86,20 @@ def assert_gguf_equals_record(path, want, pre=None) -> None:
         else:
             assert ours[key][2] == v, key
     assert list(ours) == [k for k in theirs if k in ours], "key order differs from the converter's"
+
+
+def build_cuda_emulator(out_dir):
+    """tests/native/cuda_kquants_emu.cpp compiled into ``out_dir`` (the CUDA
+    kernels run on the CPU; None where there is no C++ compiler)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        return None
+    src = Path(__file__).resolve().parent / "native" / "cuda_kquants_emu.cpp"
+    out = Path(out_dir) / "cuda_kquants_emu"
+    subprocess.run([cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w", str(src), "-o", str(out)],
+                   check=True)
+    return out

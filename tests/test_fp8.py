@@ -425,16 +425,17 @@ def test_device_scaled_fp8_op_equals_the_cpu_decoder(monkeypatch) -> None:
     with pytest.raises(ValueError, match="overrun"):
         dev._native.scaled_fp8(buf._native, 32, dev.upload(wf)._native, dev.upload(s)._native, (2, 40, 64), (32, 24))
     monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
-    # A GPU decodes a run of per-expert FP8 tensors (an expert stack) in one call: the
-    # golden bytes must come out of that path too, with several pieces per call.
+    # A GPU decodes a run of per-expert FP8 tensors (an expert stack) as one stack while
+    # their bytes are read: the golden bytes must come out of that path too, with
+    # several pieces per stack.
     runs: list[int] = []
-    stack = loader._decode_scaled
+    judge = loader._judge_scaled
 
-    def counted(*a):
-        runs.append(len(a[3]))  # the pieces one decode call covers
-        return stack(*a)
+    def counted(scaled, *a):
+        runs.extend(len(run) for _, _, run in scaled)  # the pieces each decoded stack covers
+        return judge(scaled, *a)
 
-    monkeypatch.setattr(loader, "_decode_scaled", counted)
+    monkeypatch.setattr(loader, "_judge_scaled", counted)
     # ... and such entries share the loader's batches (one pipeline for many stacks' weights and scales).
     batched: list[int] = []
     fill_batch = loader._fill_batch
@@ -471,8 +472,8 @@ def test_fp8_config_without_fmt_takes_either_kind(tmp_path) -> None:
 
 
 def test_device_decoded_expert_run_names_the_expert_with_a_nan(monkeypatch, tmp_path) -> None:
-    # One decode call covers a whole expert stack on a GPU: a NaN byte in one expert's
-    # weight is still reported with that expert's tensor and its own flat index.
+    # A GPU decodes a whole expert stack as one while it is read: a NaN byte in one
+    # expert's weight is still reported with that expert's tensor and its own flat index.
     from hf2q import loader, qwen35
     from hf2q.safetensors import open_checkpoint
     from hf2q.testing import make_qwen35_moe_checkpoint
@@ -487,9 +488,9 @@ def test_device_decoded_expert_run_names_the_expert_with_a_nan(monkeypatch, tmp_
         f.write(b"\x7f")  # E4M3 NaN
     monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
     runs: list[int] = []
-    stack = loader._decode_scaled
-    monkeypatch.setattr(loader, "_decode_scaled",
-                        lambda *a: (runs.append(len(a[3])), stack(*a))[1])
+    judge = loader._judge_scaled
+    monkeypatch.setattr(loader, "_judge_scaled",
+                        lambda scaled, *a: (runs.extend(len(r) for _, _, r in scaled), judge(scaled, *a))[1])
     with pytest.raises(NonFiniteError) as e:
         qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="q8_0", progress=False)
     assert e.value.tensor == target and e.value.index == 37, (e.value.tensor, e.value.index)

@@ -59,12 +59,14 @@ def test_fp8_and_mxfp4_kept_on_gpu_read_back() -> None:
 # (lead, rows, cols), block: scale blocks a multiple of 32 wide (one scale per
 # Q8_0 block), narrower and not dividing 32, partial edge blocks, per channel.
 _GEOMETRIES = [((2, 40, 64), (32, 24)), ((3, 130, 256), (128, 128)), ((1, 7, 96), (1, 96)), ((2, 33, 160), (5, 48)),
-               ((1, 64, 320), (16, 16)), ((1, 8, 160), (4, 64))]
+               ((1, 64, 320), (16, 16)), ((1, 8, 160), (4, 64)),
+               ((2, 9, 70), (4, 6)), ((1, 5, 13), (2, 13))]  # cols not a multiple of 4 (nor 32: no Q8_0)
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
 @pytest.mark.parametrize("geometry", _GEOMETRIES)
-def test_scaled_fp8_kernels_equal_the_cpu_decoder(fmt: str, geometry) -> None:
+def test_scaled_fp8_kernels_equal_the_cpu_decoder(fmt: str, geometry, wide: bool, monkeypatch) -> None:
     """The GPU's scaled FP8 decoders (Device.scaled_fp8: what the loader runs
     on an expert stack) against the CPU decoder, byte for byte, into every
     output format, at an element offset into the destination; a NaN
@@ -74,7 +76,10 @@ def test_scaled_fp8_kernels_equal_the_cpu_decoder(fmt: str, geometry) -> None:
     from hf2q import formats, ops
 
     shape, block = geometry
+    if wide:  # the kernels' 64-bit index arithmetic, which they take where an index passes 32 bits
+        monkeypatch.setenv("HF2Q_CUDA_WIDE_INDEX", "1")
     gpu = Device._isolated("cuda")
+    outs = ("f32", "bf16", "f16", "q8_0") if shape[2] % 32 == 0 else ("f32", "bf16", "f16")
     rng = np.random.default_rng(sum(shape) + block[1])
     w = rng.integers(0, 256, shape, dtype=np.uint8)
     w[(w & 0x7F) >= 0x7C] = 3  # no NaN / Inf encodings here (0x7F is a NaN in both formats)
@@ -82,7 +87,7 @@ def test_scaled_fp8_kernels_equal_the_cpu_decoder(fmt: str, geometry) -> None:
     s = (rng.random(grid, dtype=np.float32) * 1e-2 + 1e-4).astype(np.float32)
     wf = w.view(ml_dtypes.float8_e4m3fn if fmt == "f8_e4m3" else ml_dtypes.float8_e5m2)
     per = formats.numel(shape[1:])
-    for to in ("f32", "bf16", "f16", "q8_0"):
+    for to in outs:
         want, _ = ops.dequantize_fp8(wf, s, block, to=to)
         buf = gpu.alloc((shape[0] + 1, *shape[1:]), to)
         first, _ = gpu._native.scaled_fp8(buf._native, per, gpu.upload(wf)._native, gpu.upload(s)._native, shape, block)
@@ -95,7 +100,7 @@ def test_scaled_fp8_kernels_equal_the_cpu_decoder(fmt: str, geometry) -> None:
     bad.reshape(shape)[at] = 0x7F
     bad.reshape(shape)[at[0], at[1], shape[2] - 2] = 0x7F  # a second NaN later in the same Q8_0 block
     flat = int(np.ravel_multi_index(at, shape))
-    for to in ("f32", "q8_0"):
+    for to in outs[::3]:  # f32, and q8_0 where the rows are whole blocks
         buf = gpu.alloc(shape, to)
         first, _ = gpu._native.scaled_fp8(buf._native, 0, gpu.upload(bad.view(wf.dtype))._native,
                                           gpu.upload(s)._native, shape, block)

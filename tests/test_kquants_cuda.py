@@ -10,7 +10,6 @@ tests/test_kquants_cuda.py``) and skip cleanly without one."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 import hf2q
 from hf2q import formats, ops, reference
-from _helpers import why_no_cuda
+from _helpers import build_cuda_emulator, why_no_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "kquants"
@@ -42,12 +41,9 @@ def _quiet(x: np.ndarray, fmt: str) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory) -> Path:
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
+    out = build_cuda_emulator(tmp_path_factory.mktemp("cuda_emu"))
+    if out is None:
         pytest.skip("no C++ compiler")
-    out = tmp_path_factory.mktemp("cuda_emu") / "cuda_kquants_emu"
-    subprocess.run([cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w",
-                    str(ROOT / "tests" / "native" / "cuda_kquants_emu.cpp"), "-o", str(out)], check=True)
     return out
 
 

@@ -59,7 +59,7 @@ def _state(dev: Device) -> tuple[Any, ...]:
 def test_overlap_loads_the_same_bytes(kind: str, ckpts: dict[str, Path], small_batches: None,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     dev = Device._isolated("host")
-    if kind == "fp8":  # the GPU's path: weights and scales into transients, one decode per entry
+    if kind == "fp8":  # the GPU's path: scale grids into transients, weights decoded as they are read
         monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
     monkeypatch.setattr(loader, "_OVERLAP", False)
     want = _bytes(_load(ckpts[kind], dev))
@@ -139,8 +139,8 @@ def _count_batches(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
 
 def test_tail_merge_keeps_the_fp8_and_entry_bounds(ckpts: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """The tail joining the last batch of a model made early is bounded by
-    bytes only: FP8 transients (device memory beside the model's) and the
-    entry count still end a batch."""
+    bytes only: FP8 transients (scale grids in device memory beside the
+    model's) and the entry count still end a batch."""
     from hf2q.model import LoadedModel
     from hf2q.safetensors import open_checkpoint
 
@@ -149,24 +149,26 @@ def test_tail_merge_keeps_the_fp8_and_entry_bounds(ckpts: dict[str, Path], monke
     monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
     monkeypatch.setattr(loader, "GPU_BATCH_BYTES", 1 << 40)  # every tail is smaller than a batch
     monkeypatch.setattr(loader, "BATCH_BYTES", 1 << 40)
+    plan_checkpoint = _planner(ckpts["fp8"])
+    with open_checkpoint(ckpts["fp8"]) as ck:
+        grid = max(loader._scaled_grid_bytes(e) for e in plan_checkpoint(ck, config=None))
+    assert grid > 0
     for limit in ("SCALED_BATCH_BYTES", "BATCH_ENTRIES"):
         with monkeypatch.context() as mp:
             if limit == "SCALED_BATCH_BYTES":
-                mp.setattr(loader, "SCALED_BATCH_BYTES", 64 << 10)
+                mp.setattr(loader, "SCALED_BATCH_BYTES", 4 * grid)
             else:
                 mp.setattr(loader, "BATCH_ENTRIES", 4)
             seen = _count_batches(mp)
-            plan_checkpoint = _planner(ckpts["fp8"])
             with open_checkpoint(ckpts["fp8"]) as ck:
                 plan = plan_checkpoint(ck, config=None)
                 loader.execute(plan, ck, dev, lambda bufs: LoadedModel(dev, None, bufs), make_early=True)
             assert len(seen) > 3, limit
             if limit == "BATCH_ENTRIES":
                 assert max(len(b) for b in seen) <= 4
-            else:  # scaled bytes of a batch: within the (halved, overlapped) bound plus one entry
-                biggest = max(e.source_nbytes for b in seen for e in b)
-                assert max(sum(e.source_nbytes for e in b if not e.streamed) for b in seen) \
-                    < (64 << 10) // 2 + biggest
+            else:  # scale grid bytes of a batch: within the (halved, overlapped) bound plus one entry
+                assert max(sum(loader._scaled_grid_bytes(e) for e in b if not e.streamed) for b in seen) \
+                    < 4 * grid // 2 + grid
 
 
 def test_landed_seconds_count_entries_filled_after_the_last_batch(ckpts: dict[str, Path],

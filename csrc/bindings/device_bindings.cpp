@@ -2,6 +2,7 @@
 // zero-copy array views that keep their buffer alive. No logic.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -250,11 +251,17 @@ void bind_device(nb::module_& m) {
           "read_file_batch",
           [](Device& d,
              const std::vector<std::tuple<BufferImpl*, std::vector<std::tuple<std::size_t, int, std::uint64_t, std::size_t>>,
-                                          std::string, bool>>& jobs) {
+                                          std::string, bool,
+                                          std::optional<std::tuple<BufferImpl*, std::size_t, std::size_t, std::size_t,
+                                                                   std::size_t, std::size_t>>>>& jobs) {
             std::vector<Device::BatchJob> v;
             v.reserve(jobs.size());
-            for (const auto& [buf, segs, src_dtype, check_finite] : jobs) {
+            for (const auto& [buf, segs, src_dtype, check_finite, scaled] : jobs) {
               Device::BatchJob j{buf, {}, hf2q::device::dtype_from_name(src_dtype), check_finite};
+              if (scaled) {
+                std::tie(j.scale, j.rows, j.cols, j.block_rows, j.block_cols, j.base) = *scaled;
+                if (j.scale == nullptr) throw std::invalid_argument("read_file_batch: a scaled job has no scale buffer");
+              }
               j.segments.reserve(segs.size());
               for (const auto& [elem_offset, fd, file_offset, nbytes] : segs) {
                 j.segments.push_back(Device::SegmentSpec{elem_offset, fd, file_offset, nbytes});

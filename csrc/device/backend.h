@@ -87,8 +87,9 @@ struct BackendInfo {
 // How an upload turns source elements into buffer bytes (planned and checked
 // by device.cpp before any backend sees it): a copy; into an f32 buffer, the
 // source format's to_f32; into any other format, that format's encode from
-// the source (kernels/format_kernels.h).
-enum class UploadOp { Raw, Decode, Encode };
+// the source (kernels/format_kernels.h); block-scaled FP8 weights decoded
+// with their scale grid as they arrive (FileBatchItem::scaled, docs/FP8.md).
+enum class UploadOp { Raw, Decode, Encode, Scaled };
 
 struct UploadPlan {
   UploadOp op;
@@ -123,11 +124,23 @@ struct UploadResult {
   std::size_t inf_scales = 0;
 };
 
+// The scales of an item whose segments are UploadOp::Scaled: the weights
+// are a stack of `geo.lead` matrices (`geo.rows` x `geo.cols`, the stack's
+// element 0 at buffer element `base`), their scale grids float32, end to end
+// at `scale` (this backend's memory: a CPU pointer or a device address). A
+// segment is whole rows of the stack (Device::read_file_batch checks it).
+struct ScaledSource {
+  const void* scale = nullptr;
+  kernels::ScaledFp8 geo;
+  std::size_t base = 0;
+};
+
 // One buffer's part of a batched file upload (Backend::read_file_batch):
-// its segments, which share one conversion.
+// its segments, which share one conversion (and, for Scaled, one stack).
 struct FileBatchItem {
   UploadTarget dst;
   std::vector<FileSegment> segments;
+  ScaledSource scaled;
 };
 
 // Number of elements summarised by one verification checksum.
@@ -222,7 +235,10 @@ class Backend {
   // buffer, conversions through a per-thread staging chunk; once a piece
   // fails, later items' pieces are skipped. The batch holds the thread pool
   // while it runs: a batch started meanwhile on another thread runs inline
-  // on that thread.
+  // on that thread. A Scaled item's scale grid must be written before the
+  // call (an earlier upload); its result's first_nonfinite is the first
+  // non-finite product (always reported), inf_scales its Q8_0 blocks whose
+  // scale overflowed.
   virtual std::vector<UploadResult> read_file_batch(const std::vector<FileBatchItem>& items);
 
   // Convert a whole buffer of the same device (`src`, CPU pointer or device

@@ -711,6 +711,81 @@ std::vector<FileSegment> plan_segments(const BufferImpl& buf, const std::vector<
   return segs;
 }
 
+// The planned segments of a block-scaled FP8 job (Device::BatchJob::scale)
+// and its scales: the geometry checked as Device::scaled_fp8 checks it, each
+// segment whole rows of the stack, inside the buffer and inside the rows the
+// scale buffer's grids cover (every size overflow-checked).
+std::vector<FileSegment> plan_scaled_segments(const Device::BatchJob& j, ScaledSource* out) {
+  const BufferImpl& buf = *j.buf;
+  const BufferImpl& scale = *j.scale;
+  kernels::ScaledFp8 g;
+  g.weight = j.src_dtype;
+  g.scale = scale.dtype();
+  g.rows = j.rows;
+  g.cols = j.cols;
+  g.block_rows = j.block_rows;
+  g.block_cols = j.block_cols;
+  if (g.scale != DType::F32) throw std::invalid_argument("scaled FP8 read: the scale buffer must be f32");
+  if (g.block_rows == 0 || g.block_cols == 0) throw std::invalid_argument("scaled FP8 read: a block has no zero dimension");
+  g.scale_rows = g.rows / g.block_rows + (g.rows % g.block_rows != 0);
+  g.scale_cols = g.cols / g.block_cols + (g.cols % g.block_cols != 0);
+  std::size_t cells = 0, matrix = 0;
+  if (!ops::checked_mul(g.scale_rows, g.scale_cols, &cells) || !ops::checked_mul(g.rows, g.cols, &matrix)) {
+    throw std::invalid_argument("scaled FP8 read: size overflows");
+  }
+  g.lead = cells == 0 ? 0 : scale.numel() / cells;  // the matrices whose grids the scale buffer holds
+  g.check();  // formats, grid, overflow of lead x rows x cols
+  const DType dst = buf.dtype();
+  if (dst != DType::F32 && dst != DType::BF16 && dst != DType::F16 && dst != DType::Q8_0) {
+    throw std::invalid_argument(std::string("scaled FP8 read: decodes into f32, bf16, f16 or q8_0, not ") +
+                                dtype_name(dst));
+  }
+  const std::size_t block = dtype_block_elems(dst);
+  if (g.cols % block != 0 || j.base % block != 0) {
+    throw std::invalid_argument(std::string("scaled FP8 read: ") + dtype_name(dst) + " rows are whole blocks of " +
+                                std::to_string(block));
+  }
+  std::size_t covered = 0, stack_end = 0;  // elements of the stack the grids cover; where they end in the buffer
+  if (!ops::checked_mul(g.lead, matrix, &covered) || !ops::checked_add(j.base, covered, &stack_end)) {
+    throw std::invalid_argument("scaled FP8 read: size overflows");
+  }
+  std::vector<FileSegment> segs;
+  segs.reserve(j.segments.size());
+  for (const Device::SegmentSpec& sp : j.segments) {
+    std::uint64_t file_end = 0;
+    if (__builtin_add_overflow(sp.file_offset, static_cast<std::uint64_t>(sp.nbytes), &file_end) ||
+        file_end > static_cast<std::uint64_t>(INT64_MAX)) {
+      throw std::invalid_argument("file range overflows");
+    }
+    std::size_t end = 0;  // one byte per FP8 element
+    if (sp.elem_offset < j.base || !ops::checked_add(sp.elem_offset, sp.nbytes, &end) || end > stack_end ||
+        end > buf.numel()) {
+      throw std::invalid_argument("scaled FP8 read: " + std::to_string(sp.nbytes) + " elements at element " +
+                                  std::to_string(sp.elem_offset) + " lie outside the stack of " +
+                                  std::to_string(g.lead) + " matrices at element " + std::to_string(j.base) +
+                                  " that the scale grids cover, or outside the buffer's " +
+                                  std::to_string(buf.numel()) + " elements");
+    }
+    if (g.cols == 0 || (sp.elem_offset - j.base) % g.cols != 0 || sp.nbytes % g.cols != 0) {
+      throw std::invalid_argument("scaled FP8 read: a segment must be whole rows of " + std::to_string(g.cols) +
+                                  " elements");
+    }
+    Plan p{};
+    p.op = Op::Scaled;
+    p.src_dtype = j.src_dtype;
+    p.dst_dtype = dst;
+    p.n_elems = p.src_bytes = sp.nbytes;
+    p.src_elem = 1;
+    p.dst_off = element_byte_offset(dst, sp.elem_offset);
+    p.dst_len = element_byte_offset(dst, sp.nbytes);
+    segs.push_back(FileSegment{p, sp.fd, sp.file_offset, sp.elem_offset});
+  }
+  out->scale = scale.data();
+  out->geo = g;
+  out->base = j.base;
+  return segs;
+}
+
 // Segments of one call may not write the same bytes twice: a GPU writes them
 // on different streams, in no defined order, so the result would depend on
 // timing. Buffers never overlap in memory, so comparing addresses compares
@@ -760,8 +835,19 @@ std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& j
                         "), not to this " + info().kind + " device");
     }
     require_check_finite_support(*this, j.check_finite);
+    if (j.scale != nullptr) {
+      if (j.scale->device().get() != this) {
+        throw DeviceError("read_file_batch: a scale buffer belongs to another device (" +
+                          j.scale->device()->info().kind + "), not to this " + info().kind + " device");
+      }
+      if (j.scale == j.buf) throw std::invalid_argument("read_file_batch: a job's scale buffer is its destination");
+      FileBatchItem item{UploadTarget{j.buf->handle(), j.buf->data()}, {}, {}};
+      item.segments = plan_scaled_segments(j, &item.scaled);
+      items.push_back(std::move(item));
+      continue;
+    }
     items.push_back(FileBatchItem{UploadTarget{j.buf->handle(), j.buf->data()},
-                                  plan_segments(*j.buf, j.segments, j.src_dtype, j.check_finite)});
+                                  plan_segments(*j.buf, j.segments, j.src_dtype, j.check_finite), {}});
   }
   refuse_overlaps(items);
   return backend_->read_file_batch(items);
@@ -826,6 +912,25 @@ void convert_range(std::uint8_t* dst, const UploadPlan& p, const Converter& c, i
     if (r.first_nonfinite != kernels::kNoIndex) atomic_min(first_bad, base + b + r.first_nonfinite);
   }
 }
+
+// Rows of a Scaled segment, elements [b, e) of it (whole rows): pread into
+// this thread's staging chunk, decoded with the item's scale grids into the
+// buffer (`base`: the buffer's first byte). Non-finite products at their
+// buffer element index.
+void scaled_range(std::uint8_t* base, const FileSegment& s, const ScaledSource& sc, std::size_t b, std::size_t e,
+                  std::atomic<std::size_t>& first_bad, std::atomic<std::size_t>& inf_scales) {
+  const std::size_t len = e - b, cols = sc.geo.cols;
+  const std::size_t tmp_at = (len + 63) / 64 * 64;  // the row buffer after the weights, 64-byte aligned
+  std::uint8_t* staging = staging_buffer(tmp_at + cols * sizeof(float));
+  pread_full(s.fd, staging, len, s.file_offset + b);
+  const std::size_t row0 = (s.elem_offset - sc.base + b) / cols;
+  const kernels::EncodeResult r = kernels::scaled_fp8_rows(
+      sc.geo, staging, static_cast<const std::uint8_t*>(sc.scale), s.plan.dst_dtype,
+      base + element_byte_offset(s.plan.dst_dtype, sc.base), row0, row0 + len / cols,
+      reinterpret_cast<float*>(staging + tmp_at));
+  if (r.inf_scales != 0) inf_scales.fetch_add(r.inf_scales);
+  if (r.first_nonfinite != kernels::kNoIndex) atomic_min(first_bad, sc.base + r.first_nonfinite);
+}
 }  // namespace
 
 std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchItem>& items) {
@@ -840,10 +945,11 @@ std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchIt
   struct Piece {
     std::size_t item;
     const FileSegment* seg;
-    std::size_t conv;        // index into convs; npos for a copied range
+    std::size_t conv;        // index into convs; npos for a copied range, kScaledPiece for scaled rows
     std::size_t begin, end;  // copied: bytes of the segment's source; converted: its elements
   };
   constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  constexpr std::size_t kScaledPiece = npos - 1;  // a Scaled segment's rows (scaled_range)
   std::vector<Converter> convs;
   std::vector<Piece> pieces;
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -853,6 +959,14 @@ std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchIt
         const std::size_t chunk = kCopyChunk / elem * elem;  // whole elements, for the scan
         for (std::size_t b = 0; b < s.plan.src_bytes; b += chunk) {
           pieces.push_back({i, &s, npos, b, std::min(s.plan.src_bytes, b + chunk)});
+        }
+        continue;
+      }
+      if (s.plan.op == Op::Scaled) {
+        // Whole rows of the stack per piece (the decoder works by rows).
+        const std::size_t chunk = convert_chunk(s.plan.n_elems, items[i].scaled.geo.cols);
+        for (std::size_t b = 0; b < s.plan.n_elems; b += chunk) {
+          pieces.push_back({i, &s, kScaledPiece, b, std::min(s.plan.n_elems, b + chunk)});
         }
         continue;
       }
@@ -884,7 +998,10 @@ std::vector<UploadResult> Backend::read_file_batch(const std::vector<FileBatchIt
       const FileSegment& s = *p.seg;
       std::uint8_t* dst = items[p.item].dst.base + s.plan.dst_off;
       try {
-        if (p.conv != npos) {
+        if (p.conv == kScaledPiece) {
+          scaled_range(items[p.item].dst.base, s, items[p.item].scaled, p.begin, p.end, first_bad[p.item],
+                       inf_scales[p.item]);
+        } else if (p.conv != npos) {
           convert_range(dst, s.plan, convs[p.conv], s.fd, s.file_offset, p.begin, p.end, s.elem_offset,
                         first_bad[p.item], inf_scales[p.item]);
         } else if (!s.plan.check_finite) {
@@ -1095,6 +1212,8 @@ UploadResult Backend::write(const UploadTarget& target, const UploadPlan& p, con
       res.inf_scales = r.inf_scales;
       break;
     }
+    case Op::Scaled:
+      throw std::logic_error("scaled FP8 weights are read from files only (read_file_batch)");
   }
   return res;
 }

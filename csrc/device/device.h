@@ -205,11 +205,20 @@ class Device : public std::enable_shared_from_this<Device> {
   // Many buffers' file segments in one call (Backend::read_file_batch): one
   // result per job, first_nonfinite a buffer element index of that job's
   // buffer. Every job is planned and checked before any byte is read.
+  // A job with `scale` set reads block-scaled FP8 weights (src_dtype
+  // f8_e4m3 / f8_e5m2) and decodes them as they arrive into its buffer (f32,
+  // bf16, f16 or q8_0): a stack of rows x cols matrices starting at buffer
+  // element `base`, whose scale grids (blocks of block_rows x block_cols,
+  // partial at the edges) lie end to end in `scale` (f32, written before
+  // this call); each segment is whole rows of the stack. Its result reports
+  // non-finite products whatever check_finite says (docs/FP8.md).
   struct BatchJob {
     BufferImpl* buf;
     std::vector<SegmentSpec> segments;
     DType src_dtype;
     bool check_finite = false;
+    BufferImpl* scale = nullptr;
+    std::size_t rows = 0, cols = 0, block_rows = 0, block_cols = 0, base = 0;
   };
   std::vector<UploadResult> read_file_batch(const std::vector<BatchJob>& jobs);
 

@@ -289,7 +289,7 @@ EncodeResult scaled_fp8_rows(const ScaledFp8& s, const std::uint8_t* w, const st
       }
       std::uint8_t* drow = out == DType::Q8_0 ? dst + r * q8_blocks * kQ8BlockBytes : dst + r * cols * out_bytes;
       const std::size_t bad =
-          fp8_avx2::scaled_row(w + r * cols, chunk_scale.data(), cols, e5m2, table, out, drow, &result.inf_scales);
+          fp8_avx2::scaled_row(w + (r - row_begin) * cols, chunk_scale.data(), cols, e5m2, table, out, drow, &result.inf_scales);
       if (bad != kNoIndex && result.first_nonfinite == kNoIndex) {
         result.first_nonfinite = r * cols + bad;
         if (out == DType::Q8_0) return result;  // the quantizer refuses non-finite input
@@ -302,7 +302,7 @@ EncodeResult scaled_fp8_rows(const ScaledFp8& s, const std::uint8_t* w, const st
     const std::size_t lead = r / s.rows;
     const std::size_t row = r % s.rows;
     const std::uint8_t* srow = scale + ((lead * s.scale_rows + row / s.block_rows) * s.scale_cols) * sbytes;
-    const std::uint8_t* wrow = w + r * cols;
+    const std::uint8_t* wrow = w + (r - row_begin) * cols;
     float* y = out == DType::F32 ? reinterpret_cast<float*>(dst + r * cols * 4) : tmp;
     bool bad = false;
 #if defined(HF2Q_FP8_AVX2)
@@ -382,7 +382,7 @@ EncodeResult scaled_fp8_decode(const ScaledFp8& s, const std::uint8_t* w, const 
   std::atomic<std::size_t> inf_scales{0};
   parallel_for(nrows, grain, [&](std::size_t b, std::size_t e) {
     std::vector<float> tmp(out == DType::F32 ? 0 : s.cols);
-    const EncodeResult r = scaled_fp8_rows(s, w, scale, out, dst, b, e, tmp.data());
+    const EncodeResult r = scaled_fp8_rows(s, w + b * s.cols, scale, out, dst, b, e, tmp.data());
     inf_scales.fetch_add(r.inf_scales, std::memory_order_relaxed);
     if (r.first_nonfinite != kNoIndex) {
       std::size_t cur = first_bad.load();

@@ -28,8 +28,10 @@ struct ScaledFp8 {
 };
 
 // Rows [row_begin, row_end) of the lead * rows rows, on the calling thread
-// (`tmp`: cols floats, unused for f32). first_nonfinite: the smallest flat
-// index of a NaN/Inf product (Q8_0: the rows from there on are unwritten).
+// (`tmp`: cols floats, unused for f32): `w` holds those rows' weights (row
+// row_begin first: a chunk read on its own), `scale` and `dst` the whole
+// tensor's grid and output. first_nonfinite: the smallest flat index of a
+// NaN/Inf product (Q8_0: the rows from there on are unwritten).
 EncodeResult scaled_fp8_rows(const ScaledFp8& s, const std::uint8_t* w, const std::uint8_t* scale, DType out,
                              std::uint8_t* dst, std::size_t row_begin, std::size_t row_end, float* tmp);
 

@@ -98,8 +98,14 @@ class NativeDevice:
         check_finite: bool = False,
     ) -> tuple[int, int]: ...
     def read_file_batch(
-        self, jobs: list[tuple[NativeBuffer, list[tuple[int, int, int, int]], str, bool]],
-    ) -> list[tuple[int, int]]: ...
+        self,
+        jobs: list[tuple[NativeBuffer, list[tuple[int, int, int, int]], str, bool,
+                         tuple[NativeBuffer, int, int, int, int, int] | None]],
+    ) -> list[tuple[int, int]]:
+        """One pipeline over every job's (elem_offset, fd, file_offset, nbytes)
+        segments; a job's last element, when given, is (scale buffer, rows,
+        cols, block_rows, block_cols, base): block-scaled FP8 weights decoded
+        with their scales as they are read."""
     def convert(self, dst: NativeBuffer, src: NativeBuffer) -> tuple[int, int]: ...
     def scaled_fp8(
         self, dst: NativeBuffer, elem_offset: int, w: NativeBuffer, scale: NativeBuffer,

@@ -654,8 +654,8 @@ class Device:
         self._check_result(result, buf.shape, name, value_class=cls, buf=buf, src_dtype=src_dtype,
                            check_finite=check_finite)
 
-    def write_from_file_batch(self, jobs: Sequence[tuple[Buffer, PathOrFd, Sequence[tuple[int, int, int]], str, str | None]],
-                              *, check_finite: bool = False) -> None:
+    def write_from_file_batch(self, jobs: Sequence[tuple[Any, ...]], *,
+                              check_finite: bool = False) -> list[tuple[int, int]]:
         """Many buffers' file ranges in one call: each job is ``(buf, file,
         segments, src_dtype, name)``, its ``segments`` as for
         :meth:`write_from_file_segments`. On a GPU all jobs share one pipeline
@@ -671,20 +671,36 @@ class Device:
         the CPU addresses the memory always, the earliest in order when
         several did; else the first job whose ranges the file no longer
         holds, else the first job); non-finite input names the first job, in order, that
-        holds it."""
+        holds it.
+
+        A job may carry a sixth element, ``(scale, rows, cols, block_rows,
+        block_cols, base)``: its file bytes are block-scaled FP8 weights
+        (``src_dtype`` ``f8_e4m3`` / ``f8_e5m2``, each segment whole rows), a
+        stack of ``rows`` x ``cols`` matrices starting at element ``base`` of
+        ``buf``, decoded as they are read (on a GPU inside the staging
+        pipeline) with the scale grids that ``scale`` (an f32 buffer of this
+        device, written before the call) holds end to end (docs/FP8.md).
+        Such a job's result is not checked here: the returned list holds each
+        job's ``(first non-finite buffer element or -1, Q8_0 blocks whose
+        scale overflowed)``, for the caller to judge."""
         planned = []
-        for buf, file, segments, src_dtype, name in jobs:
+        for job in jobs:
+            buf, file, segments, src_dtype, name = job[:5]
+            scaled = job[5] if len(job) > 5 else None
             self._own(buf)
             _dtype_name(src_dtype)
-            planned.append((buf, file, _checked_segments(segments), src_dtype, name))
+            if scaled is not None:
+                self._own(scaled[0])
+                scaled = (scaled[0]._native, *(int(v) for v in scaled[1:]))
+            planned.append((buf, file, _checked_segments(segments), src_dtype, name, scaled))
         if not planned:
-            return
+            return []
         from contextlib import ExitStack
 
         with ExitStack() as stack:
             fds: dict[Any, int] = {}  # each file opened once: by path, or the fd itself
             fd_of = []
-            for _, file, _, _, _ in planned:
+            for _, file, _, _, _, _ in planned:
                 key = file if isinstance(file, int) and not isinstance(file, bool) else os.fspath(file)
                 if key not in fds:
                     fds[key] = stack.enter_context(_opened(file))
@@ -692,26 +708,30 @@ class Device:
             before = {fd: _fd_identity(fd, fd) for fd in set(fd_of)}
             try:
                 results = self._native.read_file_batch(
-                    [(buf._native, [(o, fd, f, n) for o, f, n in segs], src_dtype, bool(check_finite))
-                     for (buf, _, segs, src_dtype, _), fd in zip(planned, fd_of)])
+                    [(buf._native, [(o, fd, f, n) for o, f, n in segs], src_dtype,
+                      bool(check_finite) and scaled is None, scaled)
+                     for (buf, _, segs, src_dtype, _, scaled), fd in zip(planned, fd_of)])
             except FileReadError as e:
                 bad = getattr(e, "job", -1)  # set natively where the backend knows (host: always)
                 if not isinstance(bad, int) or not 0 <= bad < len(planned):
                     bad = 0
-                    for i, ((_, _, segs, _, _), fd) in enumerate(zip(planned, fd_of)):
+                    for i, ((_, _, segs, _, _, _), fd) in enumerate(zip(planned, fd_of)):
                         size = os.fstat(fd).st_size
                         if any(foff + n > size for _, foff, n in segs):
                             bad = i
                             break
                 raise _file_read_error(planned[bad][1], planned[bad][4], e, bad) from None
-            for i, ((_, file, _, _, name), fd) in enumerate(zip(planned, fd_of)):
+            for i, ((_, file, _, _, name, _), fd) in enumerate(zip(planned, fd_of)):
                 if before[fd] is not None and before[fd] != _fd_identity(file, fd):
                     raise _file_error(file, name, "the file was modified while it was read (device, inode, size "
                                       "or modification time changed)")
-            for (buf, _, segs, src_dtype, name), fd, result in zip(planned, fd_of, results):
+            for (buf, _, segs, src_dtype, name, scaled), fd, result in zip(planned, fd_of, results):
+                if scaled is not None:
+                    continue  # the caller judges a scaled decode's products
                 cls = _segment_value_class(fd, segs, result[0], src_dtype)
                 self._check_result(tuple(result), buf.shape, name, value_class=cls, buf=buf, src_dtype=src_dtype,
                                    check_finite=check_finite)
+        return [(int(a), int(b)) for a, b in results]
 
     def upload_from_file(self, file: PathOrFd, offset: int, nbytes: int, src_dtype: str, to: str,
                          shape: Sequence[int], *, name: str | None = None, check_finite: bool = False) -> Buffer:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from math import prod
+from typing import Any, TypeVar, Union
 
 import numpy as np
 
@@ -28,10 +29,11 @@ from ._progress import progress_bar, progress_enabled
 from .device import Buffer, Device
 from .device import _detached as detached
 from .errors import FileReadError, NonFiniteError, SafetensorsError
-from .plan import LoadPlan, Piece, TensorPlan
+from .plan import LoadPlan, Piece, Scale, TensorPlan
 from .safetensors import Checkpoint
 
-__all__ = ["execute", "LoadSummary", "STAGING_BYTES", "BATCH_BYTES", "GPU_BATCH_BYTES", "BATCH_ENTRIES"]
+__all__ = ["execute", "LoadSummary", "STAGING_BYTES", "BATCH_BYTES", "GPU_BATCH_BYTES", "GPU_FIRST_BATCH_BYTES",
+           "BATCH_ENTRIES"]
 
 #: Bytes of source data an ``elementwise`` entry stages at a time (at most).
 STAGING_BYTES = 16 << 20
@@ -44,11 +46,17 @@ BATCH_BYTES = 1 << 30
 #: the next one is planned and allocated, so fewer, larger batches keep the
 #: copy engine busy (4 GiB is about 75 ms of PCIe gen 5 x16).
 GPU_BATCH_BYTES = 4 << 30
+#: ... after a ramp: where a batch runs while the next is prepared (a GPU),
+#: the first holds this many bytes and each next one twice the last, so that
+#: the copy engine starts after a few milliseconds of planning instead of a
+#: whole batch's (0.15 s for 4 GiB of per-expert FP8: 10,000 tensors' file
+#: jobs and allocations, and the small entries filled on the way).
+GPU_FIRST_BATCH_BYTES = 256 << 20
 #: ... or this many entries.
 BATCH_ENTRIES = 256
-#: ... or once its scaled FP8 entries (decoded by a GPU from transient copies
-#: of their weights and scales, :func:`_fill_batch`) read this many bytes: the
-#: transients are device memory beside the model's, freed with the batch.
+#: ... or once its scaled FP8 entries' scale grids (float32 copies in device
+#: memory beside the model's, freed with the batch; the weights are decoded
+#: as they are read, :func:`_fill_batch`) take this many bytes.
 SCALED_BATCH_BYTES = 1 << 30
 #: The batch bound while a progress bar is drawn (a terminal): the bar moves
 #: at least every this many bytes. On the host the jobs of a batch run one
@@ -57,10 +65,13 @@ SCALED_BATCH_BYTES = 1 << 30
 BAR_BATCH_BYTES = 128 << 20
 
 M = TypeVar("M")
-#: A file job of :meth:`Device.write_from_file_batch`: (buffer, fd, segments, source format, name) ...
-Job = tuple[Buffer, int, list[tuple[int, int, int]], str, str]
-#: ... and its segments' owners, for naming a failed read.
-Owner = list[tuple[tuple[int, int, int], Piece]]
+#: A file job of :meth:`Device.write_from_file_batch`: (buffer, fd, segments, source format, name), and for
+#: scaled FP8 weights their scales (:func:`_scaled_jobs`) ...
+Job = tuple[Any, ...]
+#: ... and its segments' owners, for naming a failed read (a weight's piece, or a scale).
+Owner = list[tuple[tuple[int, int, int], Any]]
+#: What names a checkpoint tensor (``.tensor``): a plan's piece, or an FP8 weight's scale.
+Named = Union[Piece, Scale]
 
 
 def file_read_error(e: FileReadError, path: Any, tensor: str) -> SafetensorsError:
@@ -204,9 +215,10 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     bar = progress_bar(plan.source_nbytes, "hf2q load", progress)
     group: object = object()
     pending: list[TensorPlan] = []  # streamed entries not yet read
+    pending_runs: list[list[Piece]] = []  # each one's scaled run (_scaled_run_on_device), [] if none
     pending_sizes: list[int] = []
     pending_bytes = 0
-    transient_bytes = 0  # scaled FP8 entries' transient buffers (weights, scales) in the pending batch
+    transient_bytes = 0  # scaled FP8 entries' scale grids (device transients) in the pending batch
     batch_bytes = BATCH_BYTES if device._native.cpu_visible else GPU_BATCH_BYTES
     if progress_enabled(progress):
         # A batch updates the bar once, when it is done: while a bar is drawn,
@@ -217,13 +229,14 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     # On a GPU a batch's reads and copies run on a helper thread while this
     # one prepares the next (allocations and file jobs: Python work that
     # grows with the tensor count), one batch in flight at a time; the
-    # scaled FP8 transients of the two together stay within
+    # scaled FP8 scale grids of the two together stay within
     # SCALED_BATCH_BYTES. Not where the CPU addresses the memory: there the
     # next batch's allocation populates its pages on the thread pool that
     # the running batch's reads are using.
     overlap = not device._native.cpu_visible if _OVERLAP is None else _OVERLAP
     scaled_batch_bytes = SCALED_BATCH_BYTES // 2 if overlap else SCALED_BATCH_BYTES
     inflight: _InFlight | None = None
+    bound = min(batch_bytes, GPU_FIRST_BATCH_BYTES) if overlap else batch_bytes  # this batch's byte bound
 
     def land() -> None:
         """The batch in flight written: its buffers kept, the bar moved, the layer committed."""
@@ -236,9 +249,11 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
             device.residency.commit()
 
     def flush() -> None:
-        nonlocal pending_bytes, transient_bytes, inflight
+        nonlocal pending_bytes, transient_bytes, inflight, bound
+        if pending:
+            bound = min(batch_bytes, 2 * bound)
         if pending and overlap:
-            batch = _prepare_batch(device, ckpt, pending, alloc)
+            batch = _prepare_batch(device, ckpt, pending, alloc, pending_runs)
             try:
                 land()
             except BaseException:
@@ -253,11 +268,12 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         else:
             land()
             if pending:
-                bufs.update(_fill_batch(device, ckpt, pending, check_finite, alloc))
+                bufs.update(_fill_batch(device, ckpt, pending, check_finite, alloc, pending_runs))
             for n in pending_sizes:
                 bar.update(n)  # one update per tensor, batched or not
             device.residency.commit()
         pending.clear()
+        pending_runs.clear()
         pending_sizes.clear()
         pending_bytes = transient_bytes = 0
 
@@ -274,18 +290,20 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 group = entry.group
             size = entry.source_nbytes
             rest -= size
-            scaled = not entry.streamed and _scaled_batchable(device, entry)
+            run = [] if entry.streamed else _scaled_run_on_device(device, entry)
+            scaled = bool(run) and all(_scale_streamable(p) for p in run)
             if entry.streamed or scaled:
                 pending.append(entry)
+                pending_runs.append(run if scaled else [])
                 pending_sizes.append(size)
                 pending_bytes += size
                 if scaled:
-                    transient_bytes += size
+                    transient_bytes += _scaled_grid_bytes(entry)
                 # A model made early is made while the last batch is written:
                 # that batch takes in a tail of fewer bytes than a batch, so
                 # that it lasts about a batch's time (up to twice the byte
                 # bound; the entry and FP8 transient bounds still hold).
-                full = pending_bytes >= batch_bytes and not (early and rest < batch_bytes)
+                full = pending_bytes >= bound and not (early and rest < bound)
                 if full or len(pending) >= BATCH_ENTRIES or transient_bytes >= scaled_batch_bytes:
                     flush()
             else:
@@ -385,36 +403,40 @@ def _check_representable(plan: LoadPlan, ckpt: Checkpoint) -> None:
 
 
 def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
-                check_finite: bool = False, alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None
-                ) -> dict[str, Buffer]:
+                check_finite: bool = False, alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None,
+                runs: list[list[Piece]] | None = None) -> dict[str, Buffer]:
     """A run of batched entries: their buffers in one allocation call, their
     file bytes in one device call; all of them or none (on failure the
     buffers made so far are freed before the error leaves). Scaled FP8
     entries that the device decodes (:func:`_scaled_batchable`) have their
-    weights and scales read into transient buffers by the same call, then
-    one decode each (on a GPU the ring does not drain between expert stacks)."""
-    return _run_batch(device, ckpt, _prepare_batch(device, ckpt, entries, alloc), check_finite)
+    scale grids read into transient float32 buffers first, then their
+    weights decoded as the same call reads them (on a GPU inside the staging
+    pipeline, so the ring does not drain between expert stacks)."""
+    return _run_batch(device, ckpt, _prepare_batch(device, ckpt, entries, alloc, runs), check_finite)
 
 
 class _Batch:
     """A batch made ready by :func:`_prepare_batch` (buffers allocated, file
     jobs built) for :func:`_run_batch`; ``drop()`` lets its buffers go."""
 
-    __slots__ = ("entries", "pieces", "made", "transients", "scaled", "jobs", "owner", "scaled_jobs",
-                 "scaled_owner")
+    __slots__ = ("entries", "pieces", "files", "made", "transients", "scaled", "jobs", "owner", "scaled_jobs",
+                 "scaled_owner", "scale_jobs", "scale_owner")
 
     def drop(self) -> None:
         for k in self.__slots__:
-            setattr(self, k, [])
+            setattr(self, k, {} if k == "files" else [])
 
 
 def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
-                   alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None) -> _Batch:
+                   alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None,
+                   runs: list[list[Piece]] | None = None) -> _Batch:
     """The Python half of :func:`_fill_batch`: the files checked, the buffers
-    (and FP8 transients) allocated, every file job built. No byte is read."""
-    runs = [_scaled_run_on_device(device, e) if not e.streamed else [] for e in entries]
-    pieces = [p for e in entries for p in e.sources] + [q for run in runs for q in _scale_pieces(run)]
-    _check_unchanged(ckpt, pieces)
+    (and FP8 transients) allocated, every file job built. No byte is read.
+    ``runs``: each entry's scaled run, where the caller has them."""
+    if runs is None:
+        runs = [_scaled_run_on_device(device, e) if not e.streamed else [] for e in entries]
+    pieces: list[Named] = [p for e in entries for p in e.sources]
+    pieces += [q for run in runs for q in _scale_pieces(run)]
     batch = _Batch()
     batch.drop()
     batch.entries, batch.pieces = list(entries), pieces
@@ -422,17 +444,19 @@ def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
     try:
         batch.scaled = [(e, b, run) for e, b, run in zip(entries, batch.made, runs) if run]
         if batch.scaled:
-            batch.transients = device.alloc_many([spec for _, _, run in batch.scaled
-                                                  for spec in _scaled_transients(run)])
-        for k, (entry, _, run) in enumerate(batch.scaled):
-            j, o = _scaled_jobs(ckpt, entry, run, batch.transients[2 * k], batch.transients[2 * k + 1])
-            batch.scaled_jobs += j
-            batch.scaled_owner += o
+            batch.transients = device.alloc_many([_scale_grid_spec(run) for _, _, run in batch.scaled])
+        for (entry, b, run), sbuf in zip(batch.scaled, batch.transients):
+            (wj, wo), (sj, so) = _scaled_jobs(ckpt, entry, run, b, sbuf, files=batch.files)
+            batch.scaled_jobs += wj
+            batch.scaled_owner += wo
+            batch.scale_jobs += sj
+            batch.scale_owner += so
         for entry, b, run in zip(entries, batch.made, runs):
             if not run:
-                j, o = _stream_jobs(ckpt, entry.name, entry.sources, b)
+                j, o = _stream_jobs(ckpt, entry.name, entry.sources, b, files=batch.files)
                 batch.jobs += j
                 batch.owner += o
+        _check_files(batch.files)  # the jobs' files (each met once while the jobs were made), before any read
     except BaseException as e:
         batch.drop()  # nothing may keep a buffer alive in the traceback
         raise detached(e)
@@ -447,20 +471,16 @@ def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bo
     b: Buffer | None = None
     try:
         pieces = batch.pieces
-        if check_finite and batch.scaled_jobs:
-            # FP8 bytes are checked as products by the decode, not as they are read.
-            _write_jobs(device, ckpt, batch.scaled_jobs, batch.scaled_owner, pieces, False)
-            _write_jobs(device, ckpt, batch.jobs, batch.owner, pieces, True)
-        else:
-            _write_jobs(device, ckpt, batch.jobs + batch.scaled_jobs, batch.owner + batch.scaled_owner, pieces,
-                        check_finite)
-        for k, (entry, b, run) in enumerate(batch.scaled):
-            _decode_scaled(device, ckpt, entry, run, b, batch.transients[2 * k], batch.transients[2 * k + 1],
-                           check_finite)
+        if batch.scale_jobs:  # the scale grids land before the weights that need them are read
+            _write_jobs(device, ckpt, batch.scale_jobs, batch.scale_owner, pieces, False)
+        # FP8 bytes are checked as products by the decode (always), not as they are read.
+        results = _write_jobs(device, ckpt, batch.jobs + batch.scaled_jobs, batch.owner + batch.scaled_owner,
+                              pieces, check_finite)
         batch.transients = []
+        _judge_scaled(batch.scaled, batch.scaled_jobs, results[len(batch.jobs):], check_finite)
         for entry, b in zip(batch.entries, batch.made):
             _transpose_units(device, entry, b)
-        _check_unchanged(ckpt, pieces)
+        _check_files(batch.files)
         if check_finite:
             for entry, b in zip(batch.entries, batch.made):
                 _check_converted(b, entry)
@@ -526,19 +546,50 @@ class _InFlight:
         return out
 
 
-def _file_groups(ckpt: Checkpoint, pieces: tuple[Piece, ...] | list[Piece]
+def _file_groups(ckpt: Checkpoint, pieces: tuple[Piece, ...] | list[Piece], files: dict[Any, str] | None = None
                  ) -> dict[tuple[int, str], list[tuple[tuple[int, int, int], Piece]]]:
     """The segments of ``pieces`` by (file descriptor, source format): each
-    group is one device call's worth (one conversion, one file)."""
-    groups: dict[tuple[int, str], list[tuple[tuple[int, int, int], Piece]]] = {}
-    names: dict[str, str] = {}  # a piece's format as the device names it (the table takes either spelling)
+    group is one device call's worth (one conversion, one file). ``files``
+    collects the open files met, as :func:`_files_of` does."""
+    grouping = _Grouping(ckpt, files)
     for piece in pieces:
-        fd = ckpt.file_for(piece.tensor).fileno()
-        name = names.get(piece.dtype)
+        group = grouping.group(piece.tensor, piece.dtype)
+        if piece.rows is None and piece.select is None:  # a whole tensor: one segment (the common case)
+            info = ckpt[piece.tensor]
+            group.append(((piece.dest_offset, info.offset, info.nbytes), piece))
+        else:
+            group.extend((seg, piece) for seg in _segments(ckpt, piece))
+    return grouping.groups
+
+
+class _Grouping:
+    """File segments grouped by (file descriptor, source format), the group
+    of a tensor found with each file's descriptor and each format's device
+    name asked once (an expert stack: hundreds of tensors, a few files);
+    ``files`` (given) collects each open file met with its first tensor."""
+
+    __slots__ = ("ckpt", "files", "groups", "fds", "names")
+
+    def __init__(self, ckpt: Checkpoint, files: dict[Any, str] | None) -> None:
+        self.ckpt, self.files = ckpt, files
+        self.groups: dict[tuple[int, str], list[tuple[tuple[int, int, int], Any]]] = {}
+        self.fds: dict[Any, int] = {}
+        self.names: dict[str, str] = {}  # the table takes either spelling of a format
+
+    def group(self, tensor: str, dtype: str) -> list[tuple[tuple[int, int, int], Any]]:
+        f = self.ckpt.file_for(tensor)
+        fd = self.fds.get(f)
+        if fd is None:
+            fd = self.fds[f] = f.fileno()
+            if self.files is not None and f not in self.files:
+                self.files[f] = tensor
+        name = self.names.get(dtype)
         if name is None:
-            name = names[piece.dtype] = formats.get(piece.dtype).name
-        groups.setdefault((fd, name), []).extend((seg, piece) for seg in _segments(ckpt, piece))
-    return groups
+            name = self.names[dtype] = formats.get(dtype).name
+        group = self.groups.get((fd, name))
+        if group is None:
+            group = self.groups[(fd, name)] = []
+        return group
 
 
 def _read_error(ckpt: Checkpoint, e: FileReadError,
@@ -560,16 +611,28 @@ def _read_error(ckpt: Checkpoint, e: FileReadError,
     return file_read_error(e, ckpt[p.tensor].path, p.tensor)
 
 
-def _check_unchanged(ckpt: Checkpoint, pieces: list[Piece] | tuple[Piece, ...]) -> None:
+def _check_unchanged(ckpt: Checkpoint, pieces: Sequence[Named]) -> None:
     """Each source file still the one validated (rewritten in place?): one
     check per file, naming the first of the pieces it holds (an expert stack
     has hundreds of pieces in a handful of files)."""
-    seen: set[int] = set()
+    _check_files(_files_of(ckpt, pieces))
+
+
+def _files_of(ckpt: Checkpoint, pieces: Sequence[Named]) -> dict[Any, str]:
+    """The open files holding ``pieces``' tensors, each with the first of
+    those tensors (a batch finds them once and checks them twice)."""
+    files: dict[Any, str] = {}
     for p in pieces:
         f = ckpt.file_for(p.tensor)
-        if id(f) not in seen:
-            seen.add(id(f))
-            f.check_unchanged(p.tensor)
+        if f not in files:
+            files[f] = p.tensor
+    return files
+
+
+def _check_files(files: dict[Any, str]) -> None:
+    """:func:`_check_unchanged` for the files :func:`_files_of` found."""
+    for f, tensor in files.items():
+        f.check_unchanged(tensor)
 
 
 def _check_finite_array(a: np.ndarray, name: str, step: str = "file", shape: tuple[int, ...] | None = None,
@@ -743,7 +806,7 @@ def _segments(ckpt: Checkpoint, piece: Piece) -> list[tuple[int, int, int]]:
 
 
 def _stream_jobs(ckpt: Checkpoint, name: str, pieces: list[Piece] | tuple[Piece, ...], buf: Buffer,
-                 base: int = 0) -> tuple[list[Job], list[Owner]]:
+                 base: int = 0, files: dict[Any, str] | None = None) -> tuple[list[Job], list[Owner]]:
     """File jobs (:meth:`Device.write_from_file_batch`) putting ``pieces``'
     bytes into ``buf`` at their element offsets less ``base``: one job per
     file and source format (on a GPU one pipeline of staged copies for a
@@ -751,7 +814,7 @@ def _stream_jobs(ckpt: Checkpoint, name: str, pieces: list[Piece] | tuple[Piece,
     segments' owners."""
     jobs: list[Job] = []
     owners: list[Owner] = []
-    for (fd, dtype), segs in _file_groups(ckpt, pieces).items():
+    for (fd, dtype), segs in _file_groups(ckpt, pieces, files).items():
         if base:
             segs = [((d - base, f, n), p) for (d, f, n), p in segs]
         jobs.append((buf, fd, [seg for seg, _ in segs], dtype, name))
@@ -1036,7 +1099,7 @@ def _scaled_run_on_device(device: Device, entry: TensorPlan) -> list[Piece]:
                 or p.dtype != first.dtype or p.shape[-2:] != first.shape[-2:] or len(p.shape) < 2
                 or sc.block != first.scale.block or p.dest_offset != offset):  # type: ignore[union-attr]
             return []
-        offset += formats.numel(p.shape)
+        offset += prod(p.shape)
     return pieces
 
 
@@ -1077,56 +1140,84 @@ def _scaled_batchable(device: Device, entry: TensorPlan) -> bool:
     return bool(run) and all(_scale_streamable(p) for p in run)
 
 
-def _scaled_transients(pieces: list[Piece]) -> list[tuple[tuple[int, ...], str]]:
-    """The two transient buffers a device decode of ``pieces`` reads: the
-    weights' FP8 bytes, end to end, and their scale grids as float32."""
+def _scale_grid_spec(pieces: list[Piece]) -> tuple[tuple[int, ...], str]:
+    """The transient buffer a device decode of ``pieces`` reads besides
+    their weights: their scale grids as float32, end to end."""
+    cells = sum(prod(p.scale.grid) for p in pieces)  # type: ignore[union-attr]
+    return ((max(cells, 1),), "f32")
+
+
+def _scaled_grid_bytes(entry: TensorPlan) -> int:
+    """Device bytes of a batched scaled entry's scale grids (:func:`_scale_grid_spec`)."""
+    return 4 * sum(prod(p.scale.grid) for p in entry.sources if p.scale is not None)
+
+
+def _scaled_jobs(ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer, sbuf: Buffer,
+                 streamable: bool = True, files: dict[Any, str] | None = None
+                 ) -> tuple[tuple[list[Job], list[Owner]], tuple[list[Job], list[Owner]]]:
+    """File jobs (:meth:`Device.write_from_file_batch`) for a run of scaled
+    pieces (:func:`_scaled_run_on_device`): the weights' segments as
+    :func:`_stream` cuts them, read into ``buf`` and decoded there with the
+    grids in ``sbuf`` (the stack starts at the first piece's offset); and
+    (``streamable``) each scale's bytes at its grid's place in ``sbuf``,
+    widened to float32 by the device, to be written first. With each job,
+    the segments' owners (scales named as themselves). ``files`` collects the
+    open files met (:func:`_file_groups`)."""
     first = pieces[0]
     rows, cols = first.shape[-2:]
-    lead = sum(formats.numel(p.shape[:-2]) for p in pieces)
-    cells = sum(formats.numel(p.scale.grid) for p in pieces)  # type: ignore[union-attr]
-    return [((lead * rows * cols,), formats.get(first.dtype).name), ((max(cells, 1),), "f32")]
-
-
-def _scaled_jobs(ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], wbuf: Buffer,
-                 sbuf: Buffer | None) -> tuple[list[Job], list[Owner]]:
-    """File jobs (:meth:`Device.write_from_file_batch`) filling the
-    transients of :func:`_scaled_transients`: the weights' segments as
-    :func:`_stream` cuts them, shifted to the transient's start, and (``sbuf``
-    given) each scale's bytes at its grid's place, widened to float32 by the
-    device. With each job, the segments' owners (scales named as themselves)."""
-    jobs, owners = _stream_jobs(ckpt, entry.name, pieces, wbuf, base=pieces[0].dest_offset)
-    if sbuf is None:
-        return jobs, owners
-    groups: dict[tuple[int, str], Owner] = {}
+    br, bc = first.scale.block  # type: ignore[union-attr]
+    spec = (sbuf, rows, cols, br, bc, first.dest_offset)
+    jobs, owners = _stream_jobs(ckpt, entry.name, pieces, buf, files=files)
+    weights = ([(*job, spec) for job in jobs], owners)
+    if not streamable:
+        return weights, ([], [])
+    grouping = _Grouping(ckpt, files)
     at = 0
     for p in pieces:
         sc = p.scale
         assert sc is not None
         info = ckpt[sc.tensor]
-        fd = ckpt.file_for(sc.tensor).fileno()
-        name = formats.get(sc.dtype).name
-        groups.setdefault((fd, name), []).append(((at, info.offset, info.nbytes), Piece(sc.tensor, sc.dtype, sc.shape)))
-        at += formats.numel(sc.grid)
-    for (fd, name), segs in groups.items():
-        jobs.append((sbuf, fd, [seg for seg, _ in segs], name, entry.name))
-        owners.append(segs)
-    return jobs, owners
+        grouping.group(sc.tensor, sc.dtype).append(((at, info.offset, info.nbytes), sc))
+        at += prod(sc.grid)
+    scale_jobs: list[Job] = []
+    scale_owners: list[Owner] = []
+    for (fd, name), segs in grouping.groups.items():
+        scale_jobs.append((sbuf, fd, [seg for seg, _ in segs], name, entry.name))
+        scale_owners.append(segs)
+    return weights, (scale_jobs, scale_owners)
 
 
-def _scale_pieces(pieces: list[Piece]) -> list[Piece]:
-    """The scale tensors of scaled pieces, as pieces (their files' identity
-    is checked with the weights')."""
-    return [Piece(p.scale.tensor, p.scale.dtype, p.scale.shape) for p in pieces if p.scale is not None]
+def _judge_scaled(scaled: list[tuple[TensorPlan, Buffer, list[Piece]]], jobs: list[Job],
+                  results: list[tuple[int, int]], check_finite: bool) -> None:
+    """The outcome of batched scaled decodes: each entry's jobs' results
+    (first non-finite buffer element, overflowed Q8_0 scales) combined, then
+    judged by :func:`_scaled_outcome`, entries in order."""
+    by_buf: dict[int, tuple[int, int]] = {}
+    for job, (bad, inf) in zip(jobs, results):
+        k = id(job[0])
+        was_bad, was_inf = by_buf.get(k, (-1, 0))
+        by_buf[k] = (bad if was_bad < 0 or 0 <= bad < was_bad else was_bad, was_inf + inf)
+    for entry, buf, run in scaled:
+        bad, inf = by_buf.get(id(buf), (-1, 0))
+        _scaled_outcome(entry, run, buf, bad - run[0].dest_offset if bad >= 0 else -1, inf, check_finite)
+
+
+def _scale_pieces(pieces: list[Piece]) -> list[Named]:
+    """The scale tensors of scaled pieces (their files' identity is checked
+    with the weights'; a :class:`~hf2q.plan.Scale` names its tensor as a
+    piece does)."""
+    return [p.scale for p in pieces if p.scale is not None]
 
 
 def _write_jobs(device: Device, ckpt: Checkpoint, jobs: list[Job], owners: list[Owner],
-                pieces: list[Piece], check_finite: bool) -> None:
+                pieces: Sequence[Named], check_finite: bool) -> list[tuple[int, int]]:
     """One :meth:`Device.write_from_file_batch` call, its errors named after
     the checkpoint: a file changed since validation first, a failed read by
     the job's tensor; non-finite input found in the bytes as read is the
-    ``"file"`` step."""
+    ``"file"`` step. Returns the jobs' results (scaled jobs' are the caller's
+    to judge)."""
     try:
-        device.write_from_file_batch(jobs, check_finite=check_finite)
+        return device.write_from_file_batch(jobs, check_finite=check_finite)
     except NonFiniteError as e:
         _check_unchanged(ckpt, pieces)  # a file changed since validation explains it better
         if e.step is None:
@@ -1140,18 +1231,20 @@ def _write_jobs(device: Device, ckpt: Checkpoint, jobs: list[Job], owners: list[
 def _scaled_stack_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer,
                             check_finite: bool) -> None:
     """Block-scaled FP8 pieces laid end to end (an expert stack) decoded by
-    the device in one kernel: the weights' file bytes go to a transient FP8
-    buffer through the device's file pipeline (on a GPU the staging ring, at
-    the speed of a raw load), and so do their scale grids (widened to float32
-    by the device), or, where a scale is one value for its whole grid, the
-    values read here; one decode call covers the whole run as a stack of
+    the device as their file bytes are read (on a GPU inside the staging
+    ring, at the speed of a raw load): their scale grids go first to a
+    transient float32 buffer, through the device's file pipeline (widened by
+    the device) or, where a scale is one value for its whole grid, as the
+    values read here; the weights then stream into ``buf`` as one stack of
     matrices (docs/FP8.md). A batch of such entries does the same in one
     pipeline (:func:`_fill_batch`)."""
     streamable = all(_scale_streamable(p) for p in pieces)
-    wbuf, sbuf = device.alloc_many(_scaled_transients(pieces))
+    sbuf = device.alloc_many([_scale_grid_spec(pieces)])[0]
+    every = list(pieces) + _scale_pieces(pieces)
     try:
-        jobs, owners = _scaled_jobs(ckpt, entry, pieces, wbuf, sbuf if streamable else None)
-        _write_jobs(device, ckpt, jobs, owners, list(pieces) + _scale_pieces(pieces), False)
+        (jobs, owners), (sjobs, sowners) = _scaled_jobs(ckpt, entry, pieces, buf, sbuf, streamable)
+        if sjobs:
+            _write_jobs(device, ckpt, sjobs, sowners, every, False)
         if not streamable:
             grids = []
             for p in pieces:
@@ -1161,27 +1254,37 @@ def _scaled_stack_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan,
                 grids.append(np.broadcast_to(s, (formats.numel(sc.grid),)) if s.size == 1 else s)
             _check_unchanged(ckpt, _scale_pieces(pieces))
             device.write(sbuf, np.ascontiguousarray(np.concatenate(grids)))
-        _decode_scaled(device, ckpt, entry, pieces, buf, wbuf, sbuf, check_finite)
+        results = _write_jobs(device, ckpt, jobs, owners, every, False)
     finally:
-        del wbuf, sbuf
-    _check_unchanged(ckpt, list(pieces) + _scale_pieces(pieces))
+        del sbuf
+    _judge_scaled([(entry, buf, pieces)], jobs, results, check_finite)
+    _check_unchanged(ckpt, every)
 
 
 def _decode_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer,
                    wbuf: Buffer, sbuf: Buffer, check_finite: bool) -> None:
-    """The device's decode of a run of scaled pieces from its transients
-    (:func:`_scaled_transients`, filled) into ``buf``; a non-finite product is
-    a :class:`~hf2q.NonFiniteError` naming its piece (its tensor, its own
-    flat index), an overflowing Q8_0 block scale a warning (an error under
-    ``check_finite``). :func:`_scaled_on_device` is the same for one piece
-    uploaded from host memory."""
-    from .errors import NonFiniteError
-
+    """The device's decode of scaled pieces uploaded whole (``wbuf``: their
+    FP8 bytes end to end, ``sbuf``: their scale grids as float32) into
+    ``buf``, judged by :func:`_scaled_outcome` (:func:`_scaled_on_device`:
+    one piece from host memory)."""
     first = pieces[0]
     rows, cols = (1, first.shape[0]) if len(first.shape) == 1 else first.shape[-2:]  # a vector: one row
     lead = sum(formats.numel(p.shape[:-2]) for p in pieces)
     firstbad, inf_scales = device._native.scaled_fp8(buf._native, first.dest_offset, wbuf._native, sbuf._native,
                                                      (lead, rows, cols), first.scale.block)  # type: ignore[union-attr]
+    _scaled_outcome(entry, pieces, buf, firstbad, inf_scales, check_finite)
+
+
+def _scaled_outcome(entry: TensorPlan, pieces: list[Piece], buf: Buffer, firstbad: int, inf_scales: int,
+                    check_finite: bool) -> None:
+    """A device decode of scaled ``pieces`` (a stack from the first piece's
+    offset) judged: a non-finite product (``firstbad``, a stack index) is a
+    :class:`~hf2q.NonFiniteError` naming its piece (its tensor, its own flat
+    index) where the output is Q8_0 or ``check_finite`` asks; an overflowing
+    Q8_0 block scale a warning (an error under ``check_finite``)."""
+    from .errors import NonFiniteError
+
+    first = pieces[0]
     if firstbad >= 0 and (check_finite or entry.dtype == "q8_0"):
         at = firstbad
         for p in pieces:

@@ -522,17 +522,13 @@ class CudaBackend final : public Backend {
                           const kernels::ScaledFp8& g, DType out) override {
     const std::size_t n = g.numel();
     if (n == 0) return {};
-    const int wi = g.weight == DType::F8_E4M3 ? 0 : g.weight == DType::F8_E5M2 ? 1 : -1;
-    const int oi = out == DType::F32 ? 0 : out == DType::BF16 ? 1 : out == DType::F16 ? 2 : out == DType::Q8_0 ? 3 : -1;
-    if (wi < 0 || oi < 0 || g.scale != DType::F32) throw DeviceError("GPU scaled FP8: unsupported formats");
-    const CUfunction fn = fn_scaled_fp8_[wi][oi];
-    if (fn == nullptr) throw DeviceError("GPU scaled FP8: kernel not loaded");
+    if (g.scale != DType::F32) throw DeviceError("GPU scaled FP8: the scales must be f32");
+    const CUfunction fn = scaled_kernel(g.weight, out);
+    if (fn == nullptr) throw DeviceError("GPU scaled FP8: no kernel for these formats");
     // The Q8_0 decoder reads each block's 32 bytes as two 16-byte words; a
     // buffer starts at a page multiple of its allocation on this backend.
     if (dptr(w) % 16 != 0) throw DeviceError("GPU scaled FP8: the weights do not start 16-byte aligned");
-    struct Geo {
-      unsigned long long rows, cols, br, bc, srows, scols;
-    } geo{g.rows, g.cols, g.block_rows, g.block_cols, g.scale_rows, g.scale_cols};
+    ScaledGeoArg geo = scaled_geo(g);
     Ctx c(*this);
     // The weight and scale buffers were just uploaded: their raw copies may
     // still be in flight on the staging streams, and this kernel runs on
@@ -540,8 +536,8 @@ class CudaBackend final : public Backend {
     check(wait_uploads(), "cuStreamSynchronize (uploads in flight)");
     return with_status_cell([&](CUdeviceptr status) {
       CUdeviceptr wp = dptr(w), sp = dptr(scale), to = dptr(dst.base) + dst_off;
-      unsigned long long items = oi == 3 ? n / 32 : n;
-      void* args[] = {&wp, &sp, &to, &items, &geo, &status};
+      unsigned long long items = out == DType::Q8_0 ? n / 32 : n, first = 0;
+      void* args[] = {&wp, &sp, &to, &items, &geo, &status, &first};
       launch(fn, grid_for(items, kBlock), misc_, args);
     });
   }
@@ -717,9 +713,25 @@ class CudaBackend final : public Backend {
     UploadTarget dst;
     const Source* srcs;
     std::size_t nsrcs;
+    const ScaledSource* scaled = nullptr;  // UploadOp::Scaled: the stack's scales and geometry
     CUfunction kernel = nullptr;
     int cell = -1;
   };
+
+  // The scaled FP8 decoder for these formats (null where none is loaded).
+  CUfunction scaled_kernel(DType weight, DType out) const {
+    const int wi = weight == DType::F8_E4M3 ? 0 : weight == DType::F8_E5M2 ? 1 : -1;
+    const int oi = out == DType::F32 ? 0 : out == DType::BF16 ? 1 : out == DType::F16 ? 2 : out == DType::Q8_0 ? 3 : -1;
+    return wi < 0 || oi < 0 ? nullptr : fn_scaled_fp8_[wi][oi];
+  }
+
+  // The geometry argument of the scaled FP8 kernels (cuda_kernels.cu's ScaledGeo).
+  struct ScaledGeoArg {
+    unsigned long long rows, cols, br, bc, srows, scols, wide;
+  };
+  ScaledGeoArg scaled_geo(const kernels::ScaledFp8& g) const {
+    return {g.rows, g.cols, g.block_rows, g.block_cols, g.scale_rows, g.scale_cols, wide_index_ ? 1ull : 0ull};
+  }
 
   // The sources of one buffer's segments, which must share their conversion.
   static std::vector<Source> sources_of(const std::vector<FileSegment>& segments) {
@@ -734,11 +746,23 @@ class CudaBackend final : public Backend {
     return srcs;
   }
 
+  // Uploads whose kernels report through a status cell: quantization, and
+  // scaled FP8 decodes (a non-finite product is always reported).
+  static bool reports(UploadOp op) { return op == UploadOp::Encode || op == UploadOp::Scaled; }
+
   // The conversion kernel of a planned upload (null for raw copies); a
   // conversion the table allows but this backend has no kernel for is
   // refused, never run as another.
   CUfunction kernel_for(const UploadPlan& p) const {
     if (p.op == UploadOp::Raw) return nullptr;
+    if (p.op == UploadOp::Scaled) {
+      const CUfunction fn = scaled_kernel(p.src_dtype, p.dst_dtype);
+      if (fn == nullptr) {
+        throw DeviceError(std::string("the CUDA backend has no kernel decoding scaled ") + dtype_name(p.src_dtype) +
+                          " to " + dtype_name(p.dst_dtype));
+      }
+      return fn;
+    }
     const int s = static_cast<int>(p.src_dtype), d = static_cast<int>(p.dst_dtype);
     CUfunction fn = nullptr;
     if (s >= 0 && s < kNumDTypes && d >= 0 && d < kNumDTypes) {
@@ -785,9 +809,12 @@ class CudaBackend final : public Backend {
  public:
   std::vector<UploadResult> read_file_batch(const std::vector<FileBatchItem>& items) override {
     std::vector<UploadResult> out(items.size());
-    // Quantizing jobs per pipeline, each holding a status cell: well under
-    // kStatusCells, so that concurrent batches never wait for one another.
-    constexpr std::size_t kQuantizeJobsPerRun = 32;
+    // Reporting jobs (quantizing, scaled FP8) per pipeline, each holding a
+    // status cell: two batches at once (a loader's helper thread and its
+    // loading thread) stay under kStatusCells, so that neither waits for the
+    // other; each pipeline ends waiting for the device (the status is read),
+    // so a batch of FP8 entries, one job per stack, should fit in one.
+    constexpr std::size_t kQuantizeJobsPerRun = 120;
     std::size_t begin = 0;
     while (begin < items.size()) {
       std::vector<std::vector<Source>> srcs;
@@ -795,7 +822,7 @@ class CudaBackend final : public Backend {
       for (; end < items.size(); ++end) {
         const auto& segs = items[end].segments;
         if (segs.empty()) continue;
-        if (segs[0].plan.op == UploadOp::Encode) {
+        if (reports(segs[0].plan.op)) {
           if (quantizing == kQuantizeJobsPerRun) break;
           ++quantizing;
         }
@@ -807,7 +834,8 @@ class CudaBackend final : public Backend {
       for (std::size_t i = begin; i < end; ++i) {
         if (items[i].segments.empty()) continue;
         srcs.push_back(sources_of(items[i].segments));
-        jobs.push_back(Job{items[i].dst, srcs.back().data(), srcs.back().size()});
+        jobs.push_back(Job{items[i].dst, srcs.back().data(), srcs.back().size(),
+                           items[i].scaled.scale != nullptr ? &items[i].scaled : nullptr});
         where.push_back(i);
       }
       std::vector<UploadResult> res(jobs.size());
@@ -843,13 +871,18 @@ class CudaBackend final : public Backend {
   void upload_jobs(Job* jobs, std::size_t njobs, UploadResult* results, WhenBusy when_busy = WhenBusy::kInline) {
     std::size_t total = 0;
     std::size_t quantizing = 0;
+    bool scaled = false;
     for (std::size_t j = 0; j < njobs; ++j) {
       for (std::size_t i = 0; i < jobs[j].nsrcs; ++i) total += jobs[j].srcs[i].plan->src_bytes;
-      if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Encode) ++quantizing;
+      if (jobs[j].nsrcs > 0 && reports(jobs[j].srcs[0].plan->op)) ++quantizing;
+      if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Scaled) scaled = true;
     }
     if (total == 0) return;
     Ctx c(*this);
     ensure_ring();
+    // A scaled job's grids were uploaded just before (their copies may still
+    // be in flight on the staging streams): landed before its decodes run.
+    if (scaled) check(wait_uploads(), "cuStreamSynchronize (scales in flight)");
 
     // 64 KiB granules: a multiple of 32 elements of every source dtype.
     constexpr std::size_t kGranule = 64u << 10;
@@ -859,7 +892,10 @@ class CudaBackend final : public Backend {
     // A piece is one staging slot's worth: a part of a large source, or a
     // run of whole small sources that lie back to back in the buffer (an
     // expert stack gathered from per-expert tensors), read one after another
-    // into the slot and copied (and converted) as one.
+    // into the slot and copied (and converted) as one. At most kMaxGathered
+    // sources: one thread reads a piece, and a run of 4,000 FP8 scale grids
+    // (256 bytes each) read by one thread took 6-10 ms of a batch.
+    constexpr std::uint32_t kMaxGathered = 64;
     struct Piece {
       std::uint32_t job;
       std::uint32_t src;    // first source
@@ -896,7 +932,7 @@ class CudaBackend final : public Backend {
           }
           continue;
         }
-        if (run.count > 0 && (run.len + n > chunk || p.dst_off != run_end ||
+        if (run.count > 0 && (run.len + n > chunk || run.count == kMaxGathered || p.dst_off != run_end ||
                               job.srcs[i].base_elem != job.srcs[i - 1].base_elem + job.srcs[i - 1].plan->n_elems)) {
           flush();
         }
@@ -912,7 +948,7 @@ class CudaBackend final : public Backend {
     {
       std::size_t k = 0;
       for (std::size_t j = 0; j < njobs; ++j) {
-        if (jobs[j].nsrcs > 0 && jobs[j].srcs[0].plan->op == UploadOp::Encode) jobs[j].cell = cells[k++];
+        if (jobs[j].nsrcs > 0 && reports(jobs[j].srcs[0].plan->op)) jobs[j].cell = cells[k++];
       }
     }
     if (!cells.empty()) {
@@ -966,7 +1002,18 @@ class CudaBackend final : public Backend {
             check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
             CUdeviceptr from = s.scratch;
             const unsigned long long elems = pc.len / p.src_elem, first = pc.off / p.src_elem;
-            if (p.op == UploadOp::Decode) {
+            if (p.op == UploadOp::Scaled) {
+              // Decoded with the stack's scales: the kernel indexes the stack
+              // (its element `stack_first` is the chunk's first weight).
+              const ScaledSource& sc = *job.scaled;
+              CUdeviceptr sp = dptr(sc.scale), to = dptr(job.dst.base) + element_byte_offset(p.dst_dtype, sc.base);
+              CUdeviceptr status = status_dev_ + static_cast<std::size_t>(job.cell) * 16;
+              ScaledGeoArg geo = scaled_geo(sc.geo);
+              unsigned long long stack_first = src.base_elem - sc.base + first;
+              unsigned long long items = p.dst_dtype == DType::Q8_0 ? elems / 32 : elems;
+              void* args[] = {&from, &sp, &to, &items, &geo, &status, &stack_first};
+              launch(job.kernel, grid_for(items, kBlock), s.stream, args);
+            } else if (p.op == UploadOp::Decode) {
               CUdeviceptr to = out + element_byte_offset(p.dst_dtype, first);
               unsigned long long n = elems;
               void* args[] = {&from, &to, &n};
@@ -1013,7 +1060,9 @@ class CudaBackend final : public Backend {
         for (std::size_t j = 0; j < njobs && sync == CUDA_SUCCESS; ++j) {
           if (jobs[j].cell < 0) continue;
           const std::uint64_t* h = status_host_ + static_cast<std::size_t>(jobs[j].cell) * 2;
-          results[j].first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
+          // A scaled decode reports a stack index: made the buffer's, as the others report.
+          const std::size_t shift = jobs[j].scaled != nullptr ? jobs[j].scaled->base : 0;
+          results[j].first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]) + shift;
           results[j].inf_scales = static_cast<std::size_t>(h[1]);
         }
       }
@@ -1030,6 +1079,9 @@ class CudaBackend final : public Backend {
   int sm_count_;
   int cc_;
   std::uint32_t default_nan_;
+  // HF2Q_CUDA_WIDE_INDEX=1 (tests): the scaled FP8 decoders' 64-bit index
+  // arithmetic even where every index fits 32 bits, so both paths are checked.
+  bool wide_index_ = env_long("HF2Q_CUDA_WIDE_INDEX") != 0;
   pid_t pid_;  // the process that opened the device (fork: see cuda::kForkedChild)
   CUstream misc_ = nullptr;  // allocation zeroing, status words, read-back
   CUmodule module_ = nullptr;
