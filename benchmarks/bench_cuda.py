@@ -28,6 +28,10 @@ and the two hf2q rates they bound:
   GPU Q8_0        bf16 buffer -> q8_0 buffer on the GPU (the conversion Device.convert
                   runs, into a preallocated buffer), bytes read + written; also the
                   whole Device.convert, its zero-filled allocation included
+  GPU FP8 decode  block-scaled f8_e4m3 (128 x 128 blocks, f32 scales) -> q8_0 and -> bf16
+                  on the GPU (the kernels the staging pipeline runs on each chunk of a
+                  scaled FP8 load, docs/FP8.md), bytes read + written, beside the
+                  Q8_0 quantizer (both are bound by the D2D copy)
 
 Whole processes (--processes N, default 3; 0 skips): what a user who runs one
 load per process waits for, page cache warm, the median of N fresh
@@ -54,6 +58,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, subprocess_json  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 import hf2q  # noqa: E402
 from hf2q import dflash, qwen35  # noqa: E402
@@ -215,6 +221,26 @@ def main() -> int:
     q8_bytes = elems * 2 + elems // 32 * 34
     q8_rate = q8_bytes / statistics.median(q_times) / GB
     del dst_q
+    # Scaled FP8 decodes of the same element count (the weights' values do not
+    # change the kernels' work; the scales are 1e-3, every product finite).
+    lead, r, c = elems // (512 * 2048), 512, 2048
+    w8 = dev.alloc((elems,), "f8_e4m3")
+    dev.write(w8, np.random.default_rng(0).integers(0, 0x70, elems, dtype=np.uint8), src_dtype="f8_e4m3")
+    grid = dev.alloc((lead * (r // 128) * (c // 128),), "f32")
+    dev.write(grid, np.full(grid.shape, 1e-3, np.float32))
+    dev.synchronize()
+    fp8_rates = {}
+    for to, out_bytes in (("q8_0", elems // 32 * 34), ("bf16", elems * 2)):
+        out = dev.alloc((lead, r, c), to)
+        ts = []
+        for i in range(11):
+            t0 = time.perf_counter()
+            dev._native.scaled_fp8(out._native, 0, w8._native, grid._native, (lead, r, c), (128, 128))
+            if i:
+                ts.append(time.perf_counter() - t0)
+        fp8_rates[to] = (elems + out_bytes) / statistics.median(ts) / GB
+        del out
+    del w8, grid
     t0 = time.perf_counter()
     q = dev.convert(src, "q8_0")
     q8_alloc_rate = q8_bytes / (time.perf_counter() - t0) / GB
@@ -224,7 +250,8 @@ def main() -> int:
 
     ck = ensure_checkpoints(args.dir)
     rows: list[dict[str, Any]] = []
-    results: dict[str, Any] = {"gpu": gpu, "pinned_h2d_GBps": h2d, "d2d_GBps_rw": d2d, "q8_0_GBps_rw": q8_rate}
+    results: dict[str, Any] = {"gpu": gpu, "pinned_h2d_GBps": h2d, "d2d_GBps_rw": d2d, "q8_0_GBps_rw": q8_rate,
+                               "fp8_q8_0_GBps_rw": fp8_rates["q8_0"], "fp8_bf16_GBps_rw": fp8_rates["bf16"]}
 
     # raw upload of the Qwen file's tensor bytes, page cache -> GPU
     qfiles = _files(ck["qwen"])
@@ -337,6 +364,10 @@ def main() -> int:
         {"rate": "GPU Q8_0 from BF16 (read + write)", "GB/s": q8_rate, "hf2q": "vs D2D", "ratio": q8_rate / d2d},
         {"rate": "  the same with Device.convert's allocation", "GB/s": q8_alloc_rate, "hf2q": "vs D2D",
          "ratio": q8_alloc_rate / d2d},
+        {"rate": "GPU block-scaled FP8 -> Q8_0 (read + write)", "GB/s": fp8_rates["q8_0"], "hf2q": "vs D2D",
+         "ratio": fp8_rates["q8_0"] / d2d},
+        {"rate": "GPU block-scaled FP8 -> BF16 (read + write)", "GB/s": fp8_rates["bf16"], "hf2q": "vs D2D",
+         "ratio": fp8_rates["bf16"] / d2d},
     ]
     print(f"\nGPU: {gpu}; host threads: {hf2q._core.get_num_threads()}")
     print_table("Bandwidth limits and hf2q's rates", limits, ["rate", "GB/s", "hf2q", "ratio"])
