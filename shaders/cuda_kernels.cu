@@ -1007,7 +1007,10 @@ __device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const 
       if (bad >= 0) atomicMin(&status[0], i0 + (u64)bad);  // the load fails; the block's bytes do not matter
     }
     amax = fmaxf(amax, __shfl_xor_sync(HF2Q_FULL_MASK, amax, 1));
-    if (!live) continue;
+    // A block with a non-finite product is left unwritten and uncounted (the
+    // load fails), as the CPU decoder leaves it: either lane may have found it.
+    const int block_bad = (bad >= 0) | __shfl_xor_sync(HF2Q_FULL_MASK, (int)(bad >= 0), 1);
+    if (!live || block_bad) continue;
     const float d = amax / 127.0f;                 // one float32 division
     const float id = d != 0.0f ? 1.0f / d : 0.0f;  // reciprocal of the rounded d
     const bool zero_qs = (__float_as_uint(id) & 0x7FFFFFFFu) == 0x7F800000u;

@@ -156,7 +156,7 @@ def _refused(tmp_path: Path, **change: Any) -> str:
     (dict(block=(0, 32)), "no zero dimension"),
     (dict(to="f8_e4m3"), "decodes into f32, bf16, f16 or q8_0"),
     (dict(fmt="bf16"), "f8_e4m3 or f8_e5m2"),
-    (dict(to="q8_0", cols=48, rows=32, block=(16, 16)), "whole blocks of 32"),
+    (dict(to="q8_0", cols=48, rows=32, block=(16, 16), scale=np.ones(12, np.float32)), "whole blocks of 32"),
     (dict(segs=[(8 * 64 + 5, 13, 64)]), "whole rows"),
     (dict(segs=[(8 * 64, 13, 100)]), "whole rows"),
     (dict(segs=[(0, 13, 64)]), "outside the stack"),  # before the stack's base
@@ -164,10 +164,25 @@ def _refused(tmp_path: Path, **change: Any) -> str:
     (dict(segs=[(2 * 8 * 64, 13, 2 * 8 * 64)]), "outside the stack"),  # past the buffer's end
     (dict(rows=1 << 40, cols=1 << 40), "overflow"),
     (dict(segs=[(8 * 64, (1 << 63) - 8, 64)]), "file range overflows"),
-    (dict(sbuf="self"), "scale buffer is its destination"),
+    (dict(sbuf="self"), "scale buffer is written by the same call"),
+    (dict(scale=np.ones(4 * 2 + 1, np.float32)), "not a whole number of 4-value grids"),
 ])
 def test_a_malformed_scaled_job_is_refused(tmp_path, change, message) -> None:
     assert message in _refused(tmp_path, **change)
+
+
+def test_a_scale_buffer_another_job_writes_is_refused(tmp_path) -> None:
+    # The scales are read while the call's jobs write: a job of the same call may not write them.
+    rng = np.random.default_rng(2)
+    w = _stack(rng, "f8_e4m3", 1, 8, 64)
+    path, junk = _file(tmp_path, w)
+    dev = hf2q.Device._isolated("host")
+    buf, sbuf = dev.alloc((8, 64), "f32"), dev.alloc((4,), "f32")
+    jobs = [(buf, path, [(0, junk, 512)], "f8_e4m3", "w", (sbuf, 8, 64, 4, 32, 0)),
+            (sbuf, path, [(0, junk, 4)], "f8_e4m3", "s")]
+    with pytest.raises(ValueError, match="scale buffer is written by the same call"):
+        dev.write_from_file_batch(jobs)
+    assert not np.ascontiguousarray(buf.to_host()).view(np.uint8).any()
 
 
 def test_a_scale_buffer_of_another_device_is_refused(tmp_path) -> None:

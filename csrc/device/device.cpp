@@ -733,6 +733,10 @@ std::vector<FileSegment> plan_scaled_segments(const Device::BatchJob& j, ScaledS
   if (!ops::checked_mul(g.scale_rows, g.scale_cols, &cells) || !ops::checked_mul(g.rows, g.cols, &matrix)) {
     throw std::invalid_argument("scaled FP8 read: size overflows");
   }
+  if (cells != 0 && scale.numel() % cells != 0) {
+    throw std::invalid_argument("scaled FP8 read: the scale buffer holds " + std::to_string(scale.numel()) +
+                                " values, not a whole number of " + std::to_string(cells) + "-value grids");
+  }
   g.lead = cells == 0 ? 0 : scale.numel() / cells;  // the matrices whose grids the scale buffer holds
   g.check();  // formats, grid, overflow of lead x rows x cols
   const DType dst = buf.dtype();
@@ -828,6 +832,19 @@ UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<Segme
 std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& jobs) {
   std::vector<FileBatchItem> items;
   items.reserve(jobs.size());
+  // A scale buffer is read while the call writes: no job of it may write one.
+  std::vector<const BufferImpl*> scales;
+  for (const BatchJob& j : jobs) {
+    if (j.scale != nullptr) scales.push_back(j.scale);
+  }
+  if (!scales.empty()) {
+    std::sort(scales.begin(), scales.end());
+    for (const BatchJob& j : jobs) {
+      if (std::binary_search(scales.begin(), scales.end(), j.buf)) {
+        throw std::invalid_argument("read_file_batch: a job's scale buffer is written by the same call");
+      }
+    }
+  }
   for (const BatchJob& j : jobs) {
     if (j.buf == nullptr) throw std::invalid_argument("read_file_batch: a job has no buffer");
     if (j.buf->device().get() != this) {
@@ -840,7 +857,6 @@ std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& j
         throw DeviceError("read_file_batch: a scale buffer belongs to another device (" +
                           j.scale->device()->info().kind + "), not to this " + info().kind + " device");
       }
-      if (j.scale == j.buf) throw std::invalid_argument("read_file_batch: a job's scale buffer is its destination");
       FileBatchItem item{UploadTarget{j.buf->handle(), j.buf->data()}, {}, {}};
       item.segments = plan_scaled_segments(j, &item.scaled);
       items.push_back(std::move(item));

@@ -290,11 +290,11 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 group = entry.group
             size = entry.source_nbytes
             rest -= size
-            run = [] if entry.streamed else _scaled_run_on_device(device, entry)
-            scaled = bool(run) and all(_scale_streamable(p) for p in run)
+            run = _batched_run(device, entry)
+            scaled = bool(run)
             if entry.streamed or scaled:
                 pending.append(entry)
-                pending_runs.append(run if scaled else [])
+                pending_runs.append(run)
                 pending_sizes.append(size)
                 pending_bytes += size
                 if scaled:
@@ -408,7 +408,7 @@ def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
     """A run of batched entries: their buffers in one allocation call, their
     file bytes in one device call; all of them or none (on failure the
     buffers made so far are freed before the error leaves). Scaled FP8
-    entries that the device decodes (:func:`_scaled_batchable`) have their
+    entries that the device decodes (:func:`_batched_run`) have their
     scale grids read into transient float32 buffers first, then their
     weights decoded as the same call reads them (on a GPU inside the staging
     pipeline, so the ring does not drain between expert stacks)."""
@@ -434,7 +434,7 @@ def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
     (and FP8 transients) allocated, every file job built. No byte is read.
     ``runs``: each entry's scaled run, where the caller has them."""
     if runs is None:
-        runs = [_scaled_run_on_device(device, e) if not e.streamed else [] for e in entries]
+        runs = [_batched_run(device, e) for e in entries]
     pieces: list[Named] = [p for e in entries for p in e.sources]
     pieces += [q for run in runs for q in _scale_pieces(run)]
     batch = _Batch()
@@ -1132,12 +1132,16 @@ def _scale_streamable(piece: Piece) -> bool:
             and formats.get(sc.dtype).name in ("f32", "bf16", "f16"))
 
 
-def _scaled_batchable(device: Device, entry: TensorPlan) -> bool:
-    """The entry decodes on the device from transient buffers that the
-    loader's batched file pipeline fills (weights and scales alike), so it
-    joins a batch like a streamed entry (docs/FP8.md)."""
+def _batched_run(device: Device, entry: TensorPlan) -> list[Piece]:
+    """The entry's scaled run (:func:`_scaled_run_on_device`) where the
+    device decodes it while the loader's batched file pipeline reads its
+    weights, its scale grids read by the same pipeline first, so it joins a
+    batch like a streamed entry (docs/FP8.md); else [] (a streamed entry, or
+    one decoded some other way)."""
+    if entry.streamed:
+        return []
     run = _scaled_run_on_device(device, entry)
-    return bool(run) and all(_scale_streamable(p) for p in run)
+    return run if run and all(_scale_streamable(p) for p in run) else []
 
 
 def _scale_grid_spec(pieces: list[Piece]) -> tuple[tuple[int, ...], str]:

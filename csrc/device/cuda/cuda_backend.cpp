@@ -812,8 +812,10 @@ class CudaBackend final : public Backend {
     // Reporting jobs (quantizing, scaled FP8) per pipeline, each holding a
     // status cell: two batches at once (a loader's helper thread and its
     // loading thread) stay under kStatusCells, so that neither waits for the
-    // other; each pipeline ends waiting for the device (the status is read),
-    // so a batch of FP8 entries, one job per stack, should fit in one.
+    // other. Each pipeline ends waiting for the device (the status is read):
+    // a 4 GiB batch of a MoE's FP8 layers (about 50 stacks and matrices) is
+    // one; a batch of more small matrices (up to the loader's 256 entries,
+    // more where they span files) is several.
     constexpr std::size_t kQuantizeJobsPerRun = 120;
     std::size_t begin = 0;
     while (begin < items.size()) {
@@ -965,73 +967,94 @@ class CudaBackend final : public Backend {
       }
     }
 
+    // One piece: staged in a slot (read or copied), its copy and kernel queued.
+    auto stage = [&](std::size_t ci) {
+      const Piece& pc = pieces[ci];
+      const Job& job = jobs[pc.job];
+      const Source& src = job.srcs[pc.src];
+      const UploadPlan& p = *src.plan;
+      const CUdeviceptr out = dptr(job.dst.base) + p.dst_off;
+      Lease lease(*this);
+      Slot& s = lease.slot();
+      auto* host = static_cast<std::uint8_t*>(s.host);
+      std::size_t at = 0;
+      for (std::uint32_t k = 0; k < pc.count; ++k) {
+        const Source& sk = job.srcs[pc.src + k];
+        const std::size_t off = k == 0 ? pc.off : 0;
+        const std::size_t len = pc.count == 1 ? pc.len : sk.plan->src_bytes;
+        if (sk.mem != nullptr) {
+          std::memcpy(host + at, sk.mem + off, len);
+        } else {
+          try {
+            pread_full(sk.fd, host + at, len, sk.file_offset + off);
+          } catch (FileReadError& e) {
+            e.job = static_cast<long>(pc.job);  // this pipeline's job; read_file_batch maps it to the batch's
+            throw;
+          }
+        }
+        at += len;
+      }
+      if (p.op == UploadOp::Raw) {
+        check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
+      } else {
+        if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, slot_bytes_), "cuMemAlloc (scratch)");
+        check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
+        CUdeviceptr from = s.scratch;
+        const unsigned long long elems = pc.len / p.src_elem, first = pc.off / p.src_elem;
+        if (p.op == UploadOp::Scaled) {
+          // Decoded with the stack's scales: the kernel indexes the stack
+          // (its element `stack_first` is the chunk's first weight).
+          const ScaledSource& sc = *job.scaled;
+          CUdeviceptr sp = dptr(sc.scale), to = dptr(job.dst.base) + element_byte_offset(p.dst_dtype, sc.base);
+          CUdeviceptr status = status_dev_ + static_cast<std::size_t>(job.cell) * 16;
+          ScaledGeoArg geo = scaled_geo(sc.geo);
+          unsigned long long stack_first = src.base_elem - sc.base + first;
+          unsigned long long items = p.dst_dtype == DType::Q8_0 ? elems / 32 : elems;
+          void* args[] = {&from, &sp, &to, &items, &geo, &status, &stack_first};
+          launch(job.kernel, grid_for(items, kBlock), s.stream, args);
+        } else if (p.op == UploadOp::Decode) {
+          CUdeviceptr to = out + element_byte_offset(p.dst_dtype, first);
+          unsigned long long n = elems;
+          void* args[] = {&from, &to, &n};
+          launch(job.kernel, grid_for(elems, kBlock), s.stream, args);
+        } else {
+          CUdeviceptr to = out + element_byte_offset(p.dst_dtype, first);
+          CUdeviceptr status = status_dev_ + static_cast<std::size_t>(job.cell) * 16;
+          unsigned long long nblocks = elems / dtype_block_elems(p.dst_dtype), base = src.base_elem + first;
+          void* args[] = {&from, &to, &nblocks, &base, &status};
+          launch(job.kernel, grid_for(nblocks, encode_blocks_per_cta(p)), s.stream, args);
+        }
+      }
+      check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
+      s.pending = true;
+    };
+    // Once a piece fails, later jobs' pieces are skipped, and the failure
+    // reported is the earliest job's (reading the jobs in order would have
+    // met it first; the host's rule), not whichever thread failed first.
+    std::vector<std::exception_ptr> failed(pieces.size());
+    std::atomic<std::uint32_t> first_failed{UINT32_MAX};
     std::exception_ptr failure;
     try {
       parallel_for(pieces.size(), 1, [&](std::size_t c0, std::size_t c1) {
         Ctx tc(*this);
         for (std::size_t ci = c0; ci < c1; ++ci) {
-          const Piece& pc = pieces[ci];
-          const Job& job = jobs[pc.job];
-          const Source& src = job.srcs[pc.src];
-          const UploadPlan& p = *src.plan;
-          const CUdeviceptr out = dptr(job.dst.base) + p.dst_off;
-          Lease lease(*this);
-          Slot& s = lease.slot();
-          auto* host = static_cast<std::uint8_t*>(s.host);
-          std::size_t at = 0;
-          for (std::uint32_t k = 0; k < pc.count; ++k) {
-            const Source& sk = job.srcs[pc.src + k];
-            const std::size_t off = k == 0 ? pc.off : 0;
-            const std::size_t len = pc.count == 1 ? pc.len : sk.plan->src_bytes;
-            if (sk.mem != nullptr) {
-              std::memcpy(host + at, sk.mem + off, len);
-            } else {
-              try {
-                pread_full(sk.fd, host + at, len, sk.file_offset + off);
-              } catch (FileReadError& e) {
-                e.job = static_cast<long>(pc.job);  // this pipeline's job; read_file_batch maps it to the batch's
-                throw;
-              }
-            }
-            at += len;
-          }
-          if (p.op == UploadOp::Raw) {
-            check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
-          } else {
-            if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, slot_bytes_), "cuMemAlloc (scratch)");
-            check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
-            CUdeviceptr from = s.scratch;
-            const unsigned long long elems = pc.len / p.src_elem, first = pc.off / p.src_elem;
-            if (p.op == UploadOp::Scaled) {
-              // Decoded with the stack's scales: the kernel indexes the stack
-              // (its element `stack_first` is the chunk's first weight).
-              const ScaledSource& sc = *job.scaled;
-              CUdeviceptr sp = dptr(sc.scale), to = dptr(job.dst.base) + element_byte_offset(p.dst_dtype, sc.base);
-              CUdeviceptr status = status_dev_ + static_cast<std::size_t>(job.cell) * 16;
-              ScaledGeoArg geo = scaled_geo(sc.geo);
-              unsigned long long stack_first = src.base_elem - sc.base + first;
-              unsigned long long items = p.dst_dtype == DType::Q8_0 ? elems / 32 : elems;
-              void* args[] = {&from, &sp, &to, &items, &geo, &status, &stack_first};
-              launch(job.kernel, grid_for(items, kBlock), s.stream, args);
-            } else if (p.op == UploadOp::Decode) {
-              CUdeviceptr to = out + element_byte_offset(p.dst_dtype, first);
-              unsigned long long n = elems;
-              void* args[] = {&from, &to, &n};
-              launch(job.kernel, grid_for(elems, kBlock), s.stream, args);
-            } else {
-              CUdeviceptr to = out + element_byte_offset(p.dst_dtype, first);
-              CUdeviceptr status = status_dev_ + static_cast<std::size_t>(job.cell) * 16;
-              unsigned long long nblocks = elems / dtype_block_elems(p.dst_dtype), base = src.base_elem + first;
-              void* args[] = {&from, &to, &nblocks, &base, &status};
-              launch(job.kernel, grid_for(nblocks, encode_blocks_per_cta(p)), s.stream, args);
+          const std::uint32_t job = pieces[ci].job;
+          if (job > first_failed.load(std::memory_order_relaxed)) continue;
+          try {
+            stage(ci);
+          } catch (...) {
+            failed[ci] = std::current_exception();  // each piece its own slot: no race
+            std::uint32_t cur = first_failed.load();
+            while (job < cur && !first_failed.compare_exchange_weak(cur, job)) {
             }
           }
-          check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
-          s.pending = true;
         }
       }, when_busy);
     } catch (...) {
       failure = std::current_exception();
+    }
+    for (std::size_t k = 0; k < pieces.size() && !failure; ++k) {
+      if (failed[k] && pieces[k].job == first_failed.load()) failure = failed[k];
     }
     // Nothing is asked of the device (raw copies, widening): the copies stay
     // in flight, overlapping the next upload's reads; synchronize() (called
