@@ -824,7 +824,7 @@ void refuse_overlaps(const std::vector<FileBatchItem>& items) {
 UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<SegmentSpec>& segments,
                                         DType src_dtype, bool check_finite) {
   require_check_finite_support(*this, check_finite);
-  std::vector<FileBatchItem> one{{UploadTarget{buf.handle(), buf.data()}, plan_segments(buf, segments, src_dtype, check_finite)}};
+  std::vector<FileBatchItem> one{{UploadTarget{buf.handle(), buf.data()}, plan_segments(buf, segments, src_dtype, check_finite), {}}};
   refuse_overlaps(one);
   return backend_->read_file_segments(one[0].dst, one[0].segments);
 }
