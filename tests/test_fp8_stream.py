@@ -253,3 +253,42 @@ def test_cuda_fp8_kernels_emulated_on_the_cpu(emulator: Path, tmp_path: Path, wi
             else:
                 assert bad == (1 << 64) - 1 and inf == 0, (to, bad)
             assert got.tobytes() == want_bytes.tobytes(), (fmt, to)
+
+
+def test_a_stack_read_from_two_files_names_its_first_nan(monkeypatch, tmp_path) -> None:
+    # An expert stack whose experts lie in two shards is two scaled jobs (one per file): their
+    # results combine to the stack's first non-finite product, named by its expert and own index.
+    from hf2q import loader, qwen35
+    from hf2q.errors import NonFiniteError
+    from hf2q.safetensors import open_checkpoint
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = make_qwen35_moe_checkpoint(tmp_path / "ck", "tiny", seed=1, fp8_block=(32, 32), sharded=True)
+    with open_checkpoint(d) as ck:
+        stacks: dict[str, list[str]] = {}
+        for n in ck.keys():
+            if ".mlp.experts." in n and n.endswith("_proj.weight") and ck[n].dtype == "F8_E4M3":
+                head, tail = n.split(".mlp.experts.")
+                stacks.setdefault(head + tail.split(".", 1)[1], []).append(n)
+        split = [v for v in stacks.values() if len({ck[n].path for n in v}) == 2]
+        assert split  # a stack spanning two shards: two jobs
+        names = sorted(split[0], key=lambda n: int(n.split(".mlp.experts.")[1].split(".")[0]))
+        where = {n: (ck[n].path, ck[n].offset) for n in names}
+    files = [where[n][0] for n in names]
+    later = [n for n in names if files[names.index(n)] != files[0]]
+
+    def poison(name: str, at: int) -> None:
+        path, offset = where[name]
+        with open(path, "r+b") as f:
+            f.seek(offset + at)
+            f.write(b"\x7f")  # E4M3 NaN
+
+    monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+    poison(later[-1], 70)  # only in the second file's job
+    with pytest.raises(NonFiniteError) as e:
+        qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="q8_0", progress=False)
+    assert (e.value.tensor, e.value.index) == (later[-1], 70)
+    poison(names[0], 9)  # and in the first file's: the earlier expert is named
+    with pytest.raises(NonFiniteError) as e:
+        qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="q8_0", progress=False)
+    assert (e.value.tensor, e.value.index) == (names[0], 9)

@@ -1144,16 +1144,20 @@ def _batched_run(device: Device, entry: TensorPlan) -> list[Piece]:
     return run if run and all(_scale_streamable(p) for p in run) else []
 
 
+def _grid_cells(pieces: Iterable[Piece]) -> int:
+    """Values in the scale grids of ``pieces`` (those with a scale)."""
+    return sum(prod(p.scale.grid) for p in pieces if p.scale is not None)
+
+
 def _scale_grid_spec(pieces: list[Piece]) -> tuple[tuple[int, ...], str]:
     """The transient buffer a device decode of ``pieces`` reads besides
     their weights: their scale grids as float32, end to end."""
-    cells = sum(prod(p.scale.grid) for p in pieces)  # type: ignore[union-attr]
-    return ((max(cells, 1),), "f32")
+    return ((max(_grid_cells(pieces), 1),), "f32")
 
 
 def _scaled_grid_bytes(entry: TensorPlan) -> int:
     """Device bytes of a batched scaled entry's scale grids (:func:`_scale_grid_spec`)."""
-    return 4 * sum(prod(p.scale.grid) for p in entry.sources if p.scale is not None)
+    return 4 * _grid_cells(entry.sources)
 
 
 def _scaled_jobs(ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: Buffer, sbuf: Buffer,
