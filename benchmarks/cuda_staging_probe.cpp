@@ -9,7 +9,8 @@
 // rate) and the time spent waiting for a free slot.
 //
 //   g++ -O2 -std=c++17 -pthread benchmarks/cuda_staging_probe.cpp -o /tmp/probe -ldl
-//   /tmp/probe s|d|sd FILE...      (s: slot/ring/thread sweep, d: registered mappings)
+//   /tmp/probe s|d|g|... FILE...   (s: slot/ring/thread sweep, d: registered mappings,
+//                                   g: K gathered reads per slot)
 //
 // Files in /dev/shm (tmpfs: the page cache is not the question). The
 // device needs room for all of the files' bytes.
@@ -49,13 +50,25 @@ static std::vector<File> files;
 static double cpu() { rusage u; getrusage(RUSAGE_SELF, &u); return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6; }
 static double sys() { rusage u; getrusage(RUSAGE_SELF, &u); return u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6; }
 
-// hf2q's scheme: T threads, ring of S slots x B bytes, a stream per slot.
-static void ring(int T, int S, size_t B) {
+// hf2q's scheme: T threads, ring of S slots x B bytes, a stream per slot;
+// each slot filled by K reads of B/K bytes (K > 1: gathered tensors, as an
+// expert stack of per-expert tensors is), scattered over the file when
+// `scatter` (the reads of one slot K strides apart) or back to back.
+static void ring(int T, int S, size_t B, int K = 1, bool scatter = false) {
   struct Slot { void* h; CUstream s; CUevent e; bool pend; };
   std::vector<Slot> slots(S); void* host; CK(cuMemHostAlloc(&host, (size_t)S * B, 1));
   for (int i = 0; i < S; ++i) { slots[i].h = (char*)host + (size_t)i * B; CK(cuStreamCreate(&slots[i].s, 1)); CK(cuEventCreate(&slots[i].e, 2)); slots[i].pend = false; }
   struct Piece { int f; size_t off, len, dst; }; std::vector<Piece> pcs; size_t d = 0;
-  for (int f = 0; f < (int)files.size(); ++f) for (size_t o = 0; o < files[f].size; o += B) { size_t l = std::min(B, files[f].size - o); pcs.push_back({f, o, l, d}); d += l; }
+  const size_t P = B / K;  // one read
+  for (int f = 0; f < (int)files.size(); ++f) {
+    const size_t n = files[f].size / P, rows = (n + K - 1) / K;  // reads of this file; slots' worth
+    for (size_t i = 0; i < n; ++i) {
+      // slot r's read j is read i = r * K + j (back to back) or j * rows + r (scattered)
+      const size_t r = i / K, j = i % K, src = scatter ? j * rows + r : i;
+      if (src >= n) continue;
+      pcs.push_back({f, src * P, P, d}); d += P;
+    }
+  }
   std::mutex mu; std::condition_variable cv; std::deque<int> free_; for (int i = 0; i < S; ++i) free_.push_back(i);
   std::atomic<size_t> next{0}; std::vector<double> tread(T), twait(T);
   double t0 = now(), c0 = cpu(), s0 = sys();
@@ -63,14 +76,19 @@ static void ring(int T, int S, size_t B) {
   for (int t = 0; t < T; ++t) th.emplace_back([&, t] {
     CK(cuCtxSetCurrent(ctx));
     for (;;) {
-      size_t i = next++; if (i >= pcs.size()) break;
+      size_t i0 = next.fetch_add(K); if (i0 >= pcs.size()) break;
+      size_t i1 = std::min(pcs.size(), i0 + K);
       double a = now(); int k;
       { std::unique_lock<std::mutex> lk(mu); cv.wait(lk, [&] { return !free_.empty(); }); k = free_.front(); free_.pop_front(); }
       Slot& s = slots[k]; if (s.pend) CK(cuEventSynchronize(s.e));
       double b = now(); twait[t] += b - a;
-      size_t got = 0; while (got < pcs[i].len) { ssize_t r = pread(files[pcs[i].f].fd, (char*)s.h + got, pcs[i].len - got, pcs[i].off + got); if (r <= 0) { fprintf(stderr, "pread: %s\n", r == 0 ? "unexpected end of file" : strerror(errno)); exit(1); } got += r; }
+      size_t at = 0;
+      for (size_t i = i0; i < i1; ++i) {
+        size_t got = 0; while (got < pcs[i].len) { ssize_t r = pread(files[pcs[i].f].fd, (char*)s.h + at + got, pcs[i].len - got, pcs[i].off + got); if (r <= 0) { fprintf(stderr, "pread: %s\n", r == 0 ? "unexpected end of file" : strerror(errno)); exit(1); } got += r; }
+        at += got;
+      }
       tread[t] += now() - b;
-      CK(cuMemcpyHtoDAsync_v2(dbuf + pcs[i].dst, s.h, pcs[i].len, s.s)); CK(cuEventRecord(s.e, s.s)); s.pend = true;
+      CK(cuMemcpyHtoDAsync_v2(dbuf + pcs[i0].dst, s.h, at, s.s)); CK(cuEventRecord(s.e, s.s)); s.pend = true;
       { std::lock_guard<std::mutex> lk(mu); free_.push_back(k); } cv.notify_one();
     }
   });
@@ -79,7 +97,7 @@ static void ring(int T, int S, size_t B) {
   double t = now() - t0; double sr = 0, sw = 0; for (int i = 0; i < T; ++i) { sr += tread[i]; sw += twait[i]; }
   for (Slot& x : slots) { CK(cuStreamDestroy_v2(x.s)); CK(cuEventDestroy_v2(x.e)); }
   CK(cuMemFreeHost(host));
-  printf("ring T=%d S=%d B=%zuM: %.3f s %.1f GB/s cpu %.2f sys %.2f; per thread pread %.3f s (%.1f GB/s/thread) wait %.3f s\n", T, S, B >> 20, t, total / t / 1e9, cpu() - c0, sys() - s0, sr / T, total / sr / 1e9, sw / T);
+  printf("ring T=%d S=%d B=%zuM K=%d%s: %.3f s %.1f GB/s cpu %.2f sys %.2f; per thread pread %.3f s (%.1f GB/s/thread) wait %.3f s\n", T, S, B >> 20, K, scatter ? " scattered" : "", t, d / t / 1e9, cpu() - c0, sys() - s0, sr / T, d / sr / 1e9, sw / T);
 }
 
 // Direct DMA from registered mappings: a window of W bytes at a time per
@@ -123,7 +141,7 @@ static void limit() {
 }
 
 int main(int argc, char** argv) {
-  if (argc < 3) { fprintf(stderr, "usage: %s s|d|sd FILE...\n", argv[0]); return 2; }
+  if (argc < 3) { fprintf(stderr, "usage: %s s|d|g|... FILE...\n", argv[0]); return 2; }
   void* lib = dlopen("libcuda.so.1", RTLD_NOW); if (!lib) { puts("no libcuda"); return 1; }
 #define L(n) n = (decltype(n))dlsym(lib, #n); if (!n) { printf("no %s\n", #n); return 1; }
   L(cuInit) L(cuDeviceGet) L(cuDevicePrimaryCtxRetain) L(cuCtxSetCurrent) L(cuMemAlloc_v2) L(cuMemHostAlloc) L(cuMemHostRegister_v2)
@@ -133,7 +151,7 @@ int main(int argc, char** argv) {
   CK(cuMemAlloc_v2(&dbuf, total + (64 << 20)));
   printf("%zu files, %.1f GB\n", files.size(), total / 1e9);
   std::string mode = argv[1];
-  if (mode.find_first_not_of("sd") != std::string::npos) { fprintf(stderr, "mode: s, d or sd\n"); return 2; }
+  if (mode.find_first_not_of("sdg") != std::string::npos) { fprintf(stderr, "mode: s, d, g or a mix\n"); return 2; }
   limit();
   if (mode.find('s') != std::string::npos) {
     ring(16, 16, 8 << 20);
@@ -141,6 +159,13 @@ int main(int argc, char** argv) {
       ring(16, 16, 8 << 20); ring(16, 8, 8 << 20); ring(8, 8, 8 << 20); ring(12, 12, 8 << 20);
       ring(16, 16, 4 << 20); ring(16, 32, 4 << 20); ring(16, 32, 2 << 20); ring(16, 16, 2 << 20); ring(8, 16, 4 << 20);
       ring(16, 16, 1 << 20); ring(16, 64, 1 << 20); ring(16, 24, 8 << 20);
+    }
+  }
+  if (mode.find('g') != std::string::npos) {  // gathered reads: K per 4 MiB slot, as per-expert tensors fill one
+    ring(16, 32, 4 << 20);
+    for (int rep = 0; rep < 2; ++rep) {
+      ring(16, 32, 4 << 20); ring(16, 32, 4 << 20, 4, false); ring(16, 32, 4 << 20, 4, true);
+      ring(16, 32, 4 << 20, 2, true); ring(16, 32, 8 << 20, 8, true); ring(16, 64, 4 << 20, 4, true);
     }
   }
   if (mode.find('d') != std::string::npos) {

@@ -19,6 +19,7 @@ SIGBUS), EINTR and short reads retried, EOF before the expected end reported as
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import operator
@@ -977,57 +978,57 @@ def _open_index(index_path: Path) -> Checkpoint:
     wm = top["weight_map"]
     if not isinstance(wm, _Obj):
         raise _index_error(INVALID_INDEX, spath, f"'weight_map' must be an object of string -> string, got {_describe(wm)}")
-    weight_map: dict[str, str] = {}
-    checked: dict[str, str | None] = {}  # shard name -> why it is refused (a few names, 30,000 tensors)
-    for tensor, shard in wm:
-        if not isinstance(shard, str):
-            raise _index_error(
-                INVALID_INDEX, spath, f"weight_map value must be a shard file name (string), got {_describe(shard)}", tensor
-            )
-        why = checked.get(shard, "")
-        if why == "":
-            why = checked[shard] = _bad_shard_name(shard)
-        if why is not None:
-            raise _index_error(
-                INVALID_SHARD_NAME, spath, f"shard name {shard!r} {why}: shards must be plain file names in the index's directory", tensor
-            )
-        weight_map[tensor] = shard
+    # Keys are unique (a repeated one was refused above). The values are
+    # checked per distinct shard name (a few, against 60,000 tensors) at C
+    # speed; where one is not a string or not a plain file name, the entries
+    # are walked in order so the first offending tensor is the one named.
+    weight_map: dict[str, str] = dict(wm)
+    shard_names = set(weight_map.values()) if set(map(type, weight_map.values())) <= {str} else None
+    if shard_names is None or any(_bad_shard_name(s) is not None for s in shard_names):
+        for tensor, shard in wm:
+            if not isinstance(shard, str):
+                raise _index_error(
+                    INVALID_INDEX, spath, f"weight_map value must be a shard file name (string), got {_describe(shard)}", tensor
+                )
+            why = _bad_shard_name(shard)
+            if why is not None:
+                raise _index_error(
+                    INVALID_SHARD_NAME, spath, f"shard name {shard!r} {why}: shards must be plain file names in the index's directory", tensor
+                )
+        raise AssertionError("unreachable: a refused weight_map value was not found")  # pragma: no cover
     meta = top.get("metadata")
     index_metadata = _plain(meta) if isinstance(meta, _Obj) else {}
 
     directory = index_path.parent
-    by_shard: dict[str, list[str]] = {}
-    for tensor, shard in weight_map.items():
-        by_shard.setdefault(shard, []).append(tensor)
+    by_shard_cache: dict[str, list[str]] = {}
+
+    def by_shard(shard: str) -> list[str]:
+        """The tensors the index maps to ``shard`` (error paths only)."""
+        if not by_shard_cache:
+            for tensor, s in weight_map.items():
+                by_shard_cache.setdefault(s, []).append(tensor)
+        return by_shard_cache.get(shard, [])
+
     opened: list[SafetensorsFile] = []
     try:
-        for shard in sorted(by_shard):
+        for shard in sorted(shard_names):
             shard_path = directory / shard
             if not shard_path.is_file():
                 raise _index_error(
                     MISSING_SHARD,
                     str(shard_path),
                     f"shard named by index {spath} does not exist or is not a regular file",
-                    sorted(by_shard[shard])[0],
+                    min(by_shard(shard)),
                 )
             opened.append(open(shard_path))
-        # The common case first, in one pass: every tensor of every shard is
-        # mapped by the index to that shard. Then, with as many index entries
-        # as shard tensors, no name is in two shards and the index names no
-        # tensor a shard lacks (the full checks below find those, in their
-        # order, only when this fails).
-        total = 0
-        consistent = True
-        for f in opened:
-            fname = f.path.name
-            total += len(f._tensors)
-            get = weight_map.get
-            for name in f._tensors:
-                if get(name) != fname:
-                    consistent = False
-                    break
-            if not consistent:
-                break
+        # The common case first, in one pass at C speed: every tensor of
+        # every shard is mapped by the index to that shard. Then, with as
+        # many index entries as shard tensors, no name is in two shards and
+        # the index names no tensor a shard lacks (the full checks below find
+        # those, in their order, only when this fails).
+        total = sum(len(f._tensors) for f in opened)
+        get = weight_map.get
+        consistent = all(all(map(operator.eq, itertools.repeat(f.path.name), map(get, f._tensors))) for f in opened)
         problems: list[tuple[str, str, str, str]] = []  # (code, shard path, tensor, reason)
         if not consistent or total != len(weight_map):
             seen: dict[str, str] = {}
@@ -1039,7 +1040,7 @@ def _open_index(index_path: Path) -> Checkpoint:
                     else:
                         seen[name] = fname
             for f in opened:
-                for name in sorted(by_shard[f.path.name]):
+                for name in sorted(by_shard(f.path.name)):
                     if name not in f:
                         problems.append((TENSOR_NOT_IN_SHARD, str(f.path), name, f"index {spath} maps the tensor to this shard but it is not there"))
             for f in opened:
