@@ -53,20 +53,34 @@ static double sys() { rusage u; getrusage(RUSAGE_SELF, &u); return u.ru_stime.tv
 // hf2q's scheme: T threads, ring of S slots x B bytes, a stream per slot;
 // each slot filled by K reads of B/K bytes (K > 1: gathered tensors, as an
 // expert stack of per-expert tensors is), scattered over the file when
-// `scatter` (the reads of one slot K strides apart) or back to back.
-static void ring(int T, int S, size_t B, int K = 1, bool scatter = false) {
+// `scatter` (the reads of one slot K strides apart) or back to back, each
+// read `shift` bytes past a multiple of B/K (an FP8 checkpoint's weights
+// lie between 256-byte scale tensors).
+// `registered`: the ring is hf2q's kind of memory (an anonymous mapping
+// advised to use huge pages, pinned with cuMemHostRegister) instead of
+// cuMemHostAlloc's.
+static void ring(int T, int S, size_t B, int K = 1, bool scatter = false, size_t shift = 0, bool registered = false) {
   struct Slot { void* h; CUstream s; CUevent e; bool pend; };
-  std::vector<Slot> slots(S); void* host; CK(cuMemHostAlloc(&host, (size_t)S * B, 1));
+  std::vector<Slot> slots(S); void* host;
+  const size_t ring_len = (size_t)S * B;
+  if (registered) {
+    host = mmap(nullptr, ring_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (host == MAP_FAILED) { perror("mmap"); exit(1); }
+    madvise(host, ring_len, MADV_HUGEPAGE);
+    CK(cuMemHostRegister_v2(host, ring_len, 1));
+  } else {
+    CK(cuMemHostAlloc(&host, ring_len, 1));
+  }
   for (int i = 0; i < S; ++i) { slots[i].h = (char*)host + (size_t)i * B; CK(cuStreamCreate(&slots[i].s, 1)); CK(cuEventCreate(&slots[i].e, 2)); slots[i].pend = false; }
   struct Piece { int f; size_t off, len, dst; }; std::vector<Piece> pcs; size_t d = 0;
   const size_t P = B / K;  // one read
   for (int f = 0; f < (int)files.size(); ++f) {
-    const size_t n = files[f].size / P, rows = (n + K - 1) / K;  // reads of this file; slots' worth
+    const size_t n = (files[f].size - shift) / P, rows = (n + K - 1) / K;  // reads of this file; slots' worth
     for (size_t i = 0; i < n; ++i) {
       // slot r's read j is read i = r * K + j (back to back) or j * rows + r (scattered)
       const size_t r = i / K, j = i % K, src = scatter ? j * rows + r : i;
       if (src >= n) continue;
-      pcs.push_back({f, src * P, P, d}); d += P;
+      pcs.push_back({f, src * P + shift, P, d}); d += P;
     }
   }
   std::mutex mu; std::condition_variable cv; std::deque<int> free_; for (int i = 0; i < S; ++i) free_.push_back(i);
@@ -96,8 +110,8 @@ static void ring(int T, int S, size_t B, int K = 1, bool scatter = false) {
   CK(cuCtxSynchronize());
   double t = now() - t0; double sr = 0, sw = 0; for (int i = 0; i < T; ++i) { sr += tread[i]; sw += twait[i]; }
   for (Slot& x : slots) { CK(cuStreamDestroy_v2(x.s)); CK(cuEventDestroy_v2(x.e)); }
-  CK(cuMemFreeHost(host));
-  printf("ring T=%d S=%d B=%zuM K=%d%s: %.3f s %.1f GB/s cpu %.2f sys %.2f; per thread pread %.3f s (%.1f GB/s/thread) wait %.3f s\n", T, S, B >> 20, K, scatter ? " scattered" : "", t, d / t / 1e9, cpu() - c0, sys() - s0, sr / T, d / sr / 1e9, sw / T);
+  if (registered) { CK(cuMemHostUnregister(host)); munmap(host, ring_len); } else { CK(cuMemFreeHost(host)); }
+  printf("ring T=%d S=%d B=%zuM K=%d%s shift=%zu%s: %.3f s %.1f GB/s cpu %.2f sys %.2f; per thread pread %.3f s (%.1f GB/s/thread) wait %.3f s\n", T, S, B >> 20, K, scatter ? " scattered" : "", shift, registered ? " registered" : "", t, d / t / 1e9, cpu() - c0, sys() - s0, sr / T, d / sr / 1e9, sw / T);
 }
 
 // Direct DMA from registered mappings: a window of W bytes at a time per
@@ -164,8 +178,8 @@ int main(int argc, char** argv) {
   if (mode.find('g') != std::string::npos) {  // gathered reads: K per 4 MiB slot, as per-expert tensors fill one
     ring(16, 32, 4 << 20);
     for (int rep = 0; rep < 2; ++rep) {
-      ring(16, 32, 4 << 20); ring(16, 32, 4 << 20, 4, false); ring(16, 32, 4 << 20, 4, true);
-      ring(16, 32, 4 << 20, 2, true); ring(16, 32, 8 << 20, 8, true); ring(16, 64, 4 << 20, 4, true);
+      ring(16, 32, 4 << 20); ring(16, 32, 4 << 20, 4, true, 256);
+      ring(16, 32, 4 << 20, 1, false, 0, true); ring(16, 32, 4 << 20, 4, true, 256, true);
     }
   }
   if (mode.find('d') != std::string::npos) {

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <condition_variable>
 #include <cstdint>
@@ -967,6 +968,13 @@ class CudaBackend final : public Backend {
       }
     }
 
+    // HF2Q_CUDA_TRACE: nanoseconds summed over the threads (slot waits, reads, queueing).
+    using TraceClock = std::chrono::steady_clock;
+    std::atomic<long long> t_lease{0}, t_read{0}, t_queue{0};
+    const TraceClock::time_point t_begin = TraceClock::now();
+    auto ns_since = [](TraceClock::time_point a) {
+      return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(TraceClock::now() - a).count());
+    };
     // One piece: staged in a slot (read or copied), its copy and kernel queued.
     auto stage = [&](std::size_t ci) {
       const Piece& pc = pieces[ci];
@@ -974,8 +982,14 @@ class CudaBackend final : public Backend {
       const Source& src = job.srcs[pc.src];
       const UploadPlan& p = *src.plan;
       const CUdeviceptr out = dptr(job.dst.base) + p.dst_off;
+      TraceClock::time_point t0{};
+      if (trace_) t0 = TraceClock::now();
       Lease lease(*this);
       Slot& s = lease.slot();
+      if (trace_) {
+        t_lease.fetch_add(ns_since(t0), std::memory_order_relaxed);
+        t0 = TraceClock::now();
+      }
       auto* host = static_cast<std::uint8_t*>(s.host);
       std::size_t at = 0;
       for (std::uint32_t k = 0; k < pc.count; ++k) {
@@ -993,6 +1007,10 @@ class CudaBackend final : public Backend {
           }
         }
         at += len;
+      }
+      if (trace_) {
+        t_read.fetch_add(ns_since(t0), std::memory_order_relaxed);
+        t0 = TraceClock::now();
       }
       if (p.op == UploadOp::Raw) {
         check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
@@ -1027,6 +1045,7 @@ class CudaBackend final : public Backend {
       }
       check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
       s.pending = true;
+      if (trace_) t_queue.fetch_add(ns_since(t0), std::memory_order_relaxed);
     };
     // Once a piece fails, later jobs' pieces are skipped, and the failure
     // reported is the earliest job's (reading the jobs in order would have
@@ -1055,6 +1074,19 @@ class CudaBackend final : public Backend {
     }
     for (std::size_t k = 0; k < pieces.size() && !failure; ++k) {
       if (failed[k] && pieces[k].job == first_failed.load()) failure = failed[k];
+    }
+    if (trace_) {
+      std::size_t gathered = 0;
+      for (const Piece& pc : pieces) gathered += pc.count;
+      std::fprintf(stderr,
+                   "hf2q cuda pipeline: %zu jobs, %zu pieces (%.2f sources each), %.1f MB, chunk %zu KiB, "
+                   "%zu threads: issued in %.4f s (%.1f GB/s); per thread: slot wait %.4f s, read %.4f s, "
+                   "queue %.4f s\n",
+                   njobs, pieces.size(), pieces.empty() ? 0.0 : double(gathered) / double(pieces.size()),
+                   double(total) / 1e6, chunk >> 10, threads, double(ns_since(t_begin)) / 1e9,
+                   double(total) / double(std::max<long long>(1, ns_since(t_begin))),
+                   double(t_lease.load()) / 1e9 / double(threads), double(t_read.load()) / 1e9 / double(threads),
+                   double(t_queue.load()) / 1e9 / double(threads));
     }
     // Nothing is asked of the device (raw copies, widening): the copies stay
     // in flight, overlapping the next upload's reads; synchronize() (called
@@ -1105,6 +1137,9 @@ class CudaBackend final : public Backend {
   // HF2Q_CUDA_WIDE_INDEX=1 (tests): the scaled FP8 decoders' 64-bit index
   // arithmetic even where every index fits 32 bits, so both paths are checked.
   bool wide_index_ = env_long("HF2Q_CUDA_WIDE_INDEX") != 0;
+  // HF2Q_CUDA_TRACE=1 (benchmarks): one line on stderr per upload pipeline,
+  // where its threads' time went (reading, waiting for a slot, queueing).
+  bool trace_ = env_long("HF2Q_CUDA_TRACE") != 0;
   pid_t pid_;  // the process that opened the device (fork: see cuda::kForkedChild)
   CUstream misc_ = nullptr;  // allocation zeroing, status words, read-back
   CUmodule module_ = nullptr;
