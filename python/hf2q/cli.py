@@ -892,8 +892,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hf2q",
         description="HuggingFace safetensors checkpoints to inference-ready weights in device memory.",
         epilog="Environment: HF2Q_NUM_THREADS, HF2Q_NO_RESIDENCY, HF2Q_FORCE_SCALAR, HF2Q_NO_PROGRESS, "
-               "HF2Q_HUGEPAGES, HF2Q_CUDA_STAGING_MIB, HF2Q_CUDA_SLOT_MIB, HF2Q_CACHE, HF2Q_CACHE_DIR, and "
-               "Hugging Face's HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_HUB_DISABLE_PROGRESS_BARS (see the README).",
+               "HF2Q_HUGEPAGES, HF2Q_CUDA_STAGING_MIB, HF2Q_CUDA_SLOT_MIB, HF2Q_CUDA_TRACE, HF2Q_CACHE, "
+               "HF2Q_CACHE_DIR, and Hugging Face's HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_HUB_DISABLE_PROGRESS_BARS (see the README).",
     )
     parser.add_argument("--version", action="store_true",
                         help=f"print the version ({__version__}) and exit; with --verbose also the SIMD path, the "
