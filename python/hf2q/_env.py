@@ -18,9 +18,9 @@ warned about once per process, saying what is used instead.
 ``HF2Q_CUDA_STAGING_MIB`` and ``HF2Q_CUDA_SLOT_MIB`` set the size of the CUDA
 staging ring and of its slots in MiB (default 128 and 4; slots 1, 2, 4, 8, 16 or 32),
 for benchmarks (docs/CUDA.md); the native core reads them, ignoring any other
-value. ``HF2Q_CUDA_TRACE=1`` makes each CUDA upload pipeline print one line
-on stderr (where its threads' time went), for benchmarks; any other value is
-off.
+value. ``HF2Q_CUDA_TRACE=1`` (any positive integer) makes each CUDA upload
+pipeline print one line on stderr (where its threads' time went), for
+benchmarks; unset, ``0`` or anything else is off.
 
 The switches take exactly ``1`` or ``0`` (the native core reads
 ``HF2Q_NO_RESIDENCY``, ``HF2Q_FORCE_SCALAR`` and ``HF2Q_HUGEPAGES`` that
