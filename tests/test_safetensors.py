@@ -889,6 +889,24 @@ def test_index_format_rules(tmp_path: Path, index: str, code: str) -> None:
     assert ei.value.path is not None
 
 
+@pytest.mark.parametrize("index,code,tensor", [
+    (f'{{"weight_map": {{"a.weight": "{S1}", "b.weight": 1, "c.weight": "../x.safetensors"}}}}', "InvalidIndex", "b.weight"),
+    (f'{{"weight_map": {{"a.weight": "{S1}", "b.weight": "../x.safetensors", "c.weight": 1}}}}', "InvalidShardName",
+     "b.weight"),
+    (f'{{"weight_map": {{"z.weight": "{S1}", "y.weight": "", "x.weight": ""}}}}', "InvalidShardName", "y.weight"),
+])
+def test_index_names_the_first_refused_entry(tmp_path: Path, index: str, code: str, tensor: str) -> None:
+    """Of several refused weight_map values, the first in the index's order
+    is the one reported (the values are checked per distinct shard name, the
+    entries walked in order only to name it)."""
+    _sharded(tmp_path)
+    _index(tmp_path, index)
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(tmp_path)
+    assert ei.value.code == code
+    assert ei.value.tensor == tensor
+
+
 @pytest.mark.parametrize("key,rejected", [("\\ud800", True), ("\\\\ud800", False), ("\\ud83d\\ude00", False)])
 def test_index_lone_surrogate(tmp_path: Path, key: str, rejected: bool) -> None:
     d = _sharded(tmp_path)
