@@ -72,15 +72,26 @@ static void ring(int T, int S, size_t B, int K = 1, bool scatter = false, size_t
     CK(cuMemHostAlloc(&host, ring_len, 1));
   }
   for (int i = 0; i < S; ++i) { slots[i].h = (char*)host + (size_t)i * B; CK(cuStreamCreate(&slots[i].s, 1)); CK(cuEventCreate(&slots[i].e, 2)); slots[i].pend = false; }
-  struct Piece { int f; size_t off, len, dst; }; std::vector<Piece> pcs; size_t d = 0;
+  // One slot's reads: a group of up to K (file, offset, length), landing back to back at `dst`.
+  struct Read { int f; size_t off, len; };
+  struct Group { std::vector<Read> reads; size_t dst; };
+  std::vector<Group> groups; size_t d = 0;
   const size_t P = B / K;  // one read
   for (int f = 0; f < (int)files.size(); ++f) {
-    const size_t n = (files[f].size - shift) / P, rows = (n + K - 1) / K;  // reads of this file; slots' worth
-    for (size_t i = 0; i < n; ++i) {
-      // slot r's read j is read i = r * K + j (back to back) or j * rows + r (scattered)
-      const size_t r = i / K, j = i % K, src = scatter ? j * rows + r : i;
-      if (src >= n) continue;
-      pcs.push_back({f, src * P + shift, P, d}); d += P;
+    const size_t size = files[f].size;
+    if (size <= shift) continue;
+    if (K == 1) {  // the whole file (from `shift`), its tail included
+      for (size_t o = shift; o < size; o += B) { size_t l = std::min(B, size - o); groups.push_back({{{f, o, l}}, d}); d += l; }
+      continue;
+    }
+    const size_t n = (size - shift) / P, rows = (n + K - 1) / K;  // whole reads of this file; slots' worth
+    for (size_t r = 0; r < rows; ++r) {
+      Group g{{}, d};
+      for (size_t j = 0; j < (size_t)K; ++j) {
+        const size_t src = scatter ? j * rows + r : r * K + j;  // slot r's read j
+        if (src < n) { g.reads.push_back({f, src * P + shift, P}); d += P; }
+      }
+      if (!g.reads.empty()) groups.push_back(std::move(g));
     }
   }
   std::mutex mu; std::condition_variable cv; std::deque<int> free_; for (int i = 0; i < S; ++i) free_.push_back(i);
@@ -90,19 +101,19 @@ static void ring(int T, int S, size_t B, int K = 1, bool scatter = false, size_t
   for (int t = 0; t < T; ++t) th.emplace_back([&, t] {
     CK(cuCtxSetCurrent(ctx));
     for (;;) {
-      size_t i0 = next.fetch_add(K); if (i0 >= pcs.size()) break;
-      size_t i1 = std::min(pcs.size(), i0 + K);
+      size_t gi = next++; if (gi >= groups.size()) break;
+      const Group& g = groups[gi];
       double a = now(); int k;
       { std::unique_lock<std::mutex> lk(mu); cv.wait(lk, [&] { return !free_.empty(); }); k = free_.front(); free_.pop_front(); }
       Slot& s = slots[k]; if (s.pend) CK(cuEventSynchronize(s.e));
       double b = now(); twait[t] += b - a;
       size_t at = 0;
-      for (size_t i = i0; i < i1; ++i) {
-        size_t got = 0; while (got < pcs[i].len) { ssize_t r = pread(files[pcs[i].f].fd, (char*)s.h + at + got, pcs[i].len - got, pcs[i].off + got); if (r <= 0) { fprintf(stderr, "pread: %s\n", r == 0 ? "unexpected end of file" : strerror(errno)); exit(1); } got += r; }
+      for (const Read& rd : g.reads) {
+        size_t got = 0; while (got < rd.len) { ssize_t r = pread(files[rd.f].fd, (char*)s.h + at + got, rd.len - got, rd.off + got); if (r <= 0) { fprintf(stderr, "pread: %s\n", r == 0 ? "unexpected end of file" : strerror(errno)); exit(1); } got += r; }
         at += got;
       }
       tread[t] += now() - b;
-      CK(cuMemcpyHtoDAsync_v2(dbuf + pcs[i0].dst, s.h, at, s.s)); CK(cuEventRecord(s.e, s.s)); s.pend = true;
+      CK(cuMemcpyHtoDAsync_v2(dbuf + g.dst, s.h, at, s.s)); CK(cuEventRecord(s.e, s.s)); s.pend = true;
       { std::lock_guard<std::mutex> lk(mu); free_.push_back(k); } cv.notify_one();
     }
   });
@@ -178,7 +189,8 @@ int main(int argc, char** argv) {
   if (mode.find('g') != std::string::npos) {  // gathered reads: K per 4 MiB slot, as per-expert tensors fill one
     ring(16, 32, 4 << 20);
     for (int rep = 0; rep < 2; ++rep) {
-      ring(16, 32, 4 << 20); ring(16, 32, 4 << 20, 4, true, 256);
+      ring(16, 32, 4 << 20); ring(16, 32, 4 << 20, 4, false); ring(16, 32, 4 << 20, 4, true);
+      ring(16, 32, 4 << 20, 4, true, 256); ring(16, 32, 4 << 20, 2, true); ring(16, 64, 4 << 20, 4, true);
       ring(16, 32, 4 << 20, 1, false, 0, true); ring(16, 32, 4 << 20, 4, true, 256, true);
     }
   }

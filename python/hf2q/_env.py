@@ -18,13 +18,13 @@ warned about once per process, saying what is used instead.
 ``HF2Q_CUDA_STAGING_MIB`` and ``HF2Q_CUDA_SLOT_MIB`` set the size of the CUDA
 staging ring and of its slots in MiB (default 128 and 4; slots 1, 2, 4, 8, 16 or 32),
 for benchmarks (docs/CUDA.md); the native core reads them, ignoring any other
-value. ``HF2Q_CUDA_TRACE=1`` (any positive integer) makes each CUDA upload
-pipeline print one line on stderr (where its threads' time went), for
-benchmarks; unset, ``0`` or anything else is off.
+value. ``HF2Q_CUDA_TRACE=1`` makes each CUDA upload pipeline print one line
+on stderr (where its threads' time went, on average per thread), for
+benchmarks.
 
 The switches take exactly ``1`` or ``0`` (the native core reads
-``HF2Q_NO_RESIDENCY``, ``HF2Q_FORCE_SCALAR`` and ``HF2Q_HUGEPAGES`` that
-way); an empty value is the same as unset.
+``HF2Q_NO_RESIDENCY``, ``HF2Q_FORCE_SCALAR``, ``HF2Q_HUGEPAGES`` and
+``HF2Q_CUDA_TRACE`` that way); an empty value is the same as unset.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ FLAGS: dict[str, str] = {
     "HF2Q_FORCE_SCALAR": "the SIMD kernels stay on (HF2Q_FORCE_SCALAR=1 forces the scalar ones)",
     "HF2Q_NO_PROGRESS": "progress bars stay on (HF2Q_NO_PROGRESS=1 turns them off)",
     "HF2Q_HUGEPAGES": "the kernel's transparent huge page settings decide (docs/RESIDENCY.md)",
+    "HF2Q_CUDA_TRACE": "no CUDA pipeline trace (HF2Q_CUDA_TRACE=1 prints one line per upload pipeline)",
 }
 
 _warned: set[str] = set()

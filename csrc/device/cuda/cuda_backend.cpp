@@ -31,6 +31,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_api.h"
@@ -971,6 +972,8 @@ class CudaBackend final : public Backend {
     // HF2Q_CUDA_TRACE: nanoseconds summed over the threads (slot waits, reads, queueing).
     using TraceClock = std::chrono::steady_clock;
     std::atomic<long long> t_lease{0}, t_read{0}, t_queue{0};
+    std::mutex trace_mu;
+    std::vector<std::thread::id> trace_threads;  // the threads that staged pieces
     const TraceClock::time_point t_begin = TraceClock::now();
     auto ns_since = [](TraceClock::time_point a) {
       return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(TraceClock::now() - a).count());
@@ -983,7 +986,12 @@ class CudaBackend final : public Backend {
       const UploadPlan& p = *src.plan;
       const CUdeviceptr out = dptr(job.dst.base) + p.dst_off;
       TraceClock::time_point t0{};
-      if (trace_) t0 = TraceClock::now();
+      if (trace_) {
+        t0 = TraceClock::now();
+        std::lock_guard<std::mutex> lk(trace_mu);
+        const std::thread::id me = std::this_thread::get_id();
+        if (std::find(trace_threads.begin(), trace_threads.end(), me) == trace_threads.end()) trace_threads.push_back(me);
+      }
       Lease lease(*this);
       Slot& s = lease.slot();
       if (trace_) {
@@ -1076,17 +1084,18 @@ class CudaBackend final : public Backend {
       if (failed[k] && pieces[k].job == first_failed.load()) failure = failed[k];
     }
     if (trace_) {
+      const long long issued_ns = std::max<long long>(1, ns_since(t_begin));
       std::size_t gathered = 0;
       for (const Piece& pc : pieces) gathered += pc.count;
+      const double ran = double(std::max<std::size_t>(1, trace_threads.size()));
       std::fprintf(stderr,
                    "hf2q cuda pipeline: %zu jobs, %zu pieces (%.2f sources each), %.1f MB, chunk %zu KiB, "
-                   "%zu threads: issued in %.4f s (%.1f GB/s); per thread: slot wait %.4f s, read %.4f s, "
+                   "%zu threads: issued in %.4f s (%.1f GB/s); average per thread: slot wait %.4f s, read %.4f s, "
                    "queue %.4f s\n",
                    njobs, pieces.size(), pieces.empty() ? 0.0 : double(gathered) / double(pieces.size()),
-                   double(total) / 1e6, chunk >> 10, threads, double(ns_since(t_begin)) / 1e9,
-                   double(total) / double(std::max<long long>(1, ns_since(t_begin))),
-                   double(t_lease.load()) / 1e9 / double(threads), double(t_read.load()) / 1e9 / double(threads),
-                   double(t_queue.load()) / 1e9 / double(threads));
+                   double(total) / 1e6, chunk >> 10, trace_threads.size(), double(issued_ns) / 1e9,
+                   double(total) / double(issued_ns), double(t_lease.load()) / 1e9 / ran,
+                   double(t_read.load()) / 1e9 / ran, double(t_queue.load()) / 1e9 / ran);
     }
     // Nothing is asked of the device (raw copies, widening): the copies stay
     // in flight, overlapping the next upload's reads; synchronize() (called
@@ -1137,9 +1146,13 @@ class CudaBackend final : public Backend {
   // HF2Q_CUDA_WIDE_INDEX=1 (tests): the scaled FP8 decoders' 64-bit index
   // arithmetic even where every index fits 32 bits, so both paths are checked.
   bool wide_index_ = env_long("HF2Q_CUDA_WIDE_INDEX") != 0;
-  // HF2Q_CUDA_TRACE=1 (benchmarks): one line on stderr per upload pipeline,
-  // where its threads' time went (reading, waiting for a slot, queueing).
-  bool trace_ = env_long("HF2Q_CUDA_TRACE") != 0;
+  // HF2Q_CUDA_TRACE=1 (benchmarks; exactly "1", as the other switches):
+  // one line on stderr per upload pipeline, where its threads' time went
+  // (reading, waiting for a slot, queueing).
+  bool trace_ = [] {
+    const char* v = std::getenv("HF2Q_CUDA_TRACE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
   pid_t pid_;  // the process that opened the device (fork: see cuda::kForkedChild)
   CUstream misc_ = nullptr;  // allocation zeroing, status words, read-back
   CUmodule module_ = nullptr;
