@@ -253,70 +253,57 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     if scheme.method == "mxfp4":
         return _mxfp4_tensors(ckpt, scheme, names, rule)
     dropped_suffixes = tuple(scheme.dropped)
-    suffix, cut = scheme.suffix, len(scheme.suffix)
-    compressed = scheme.method == "compressed-tensors"
-    # What a (weight dtype, scale dtype, weight shape, scale shape) pair
-    # makes of a weight and its scale, decided once per distinct pair: an
-    # expert stack's hundreds of tensors share theirs (31,000 scales, a
-    # dozen pairs, in a full-size Qwen3.6 FP8 checkpoint).
-    verdicts: dict[tuple[str, str, Any, Any], tuple[Any, ...]] = {}
-
-    def verdict(wdtype: str, sdtype: str, wshape: tuple[int, ...], sshape: tuple[int, ...]) -> tuple[Any, ...]:
-        wfmt = formats.from_safetensors(wdtype).name
-        sfmt = formats.from_safetensors(sdtype).name
-        if wfmt not in _F8 or (scheme.fmt is not None and wfmt != scheme.fmt):
-            return ("weight dtype", scheme.fmt or "F8_E4M3 or F8_E5M2")
-        if sfmt not in _SCALE_DTYPES:
-            return ("scale dtype",)
-        if not wshape or 0 in wshape:
-            return ("empty", wshape)
-        ok, want, block, grid, strategy = _scale_geometry(scheme, wshape, sshape)
-        if not ok:
-            return ("shape", want, sshape)
-        return ("ok", sfmt, sshape, block, grid, strategy)
-
-    # The names sorted out first, list by list (half of a full-size FP8
-    # checkpoint's 62,000 names are scales, the rest are looked at once below).
-    if dropped_suffixes:
-        dropped.update(n for n in names if n.endswith(dropped_suffixes))
-    scale_names = [n for n in names if n.endswith(suffix) and n not in dropped]
-    if compressed:  # a module's own "x_scale" parameter is not a weight's scale
-        scale_names = [n for n in scale_names if n[:-cut].endswith(".weight")]
-    consumed.update(scale_names)
-    for name in scale_names:
-        weight = name[:-cut]
+    # The scale geometry of one (weight shape, scale shape) pair, once: an
+    # expert stack's hundreds of tensors share theirs.
+    geometry: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[bool, str, tuple[int, int], tuple[int, ...], str]] = {}
+    fmt_of: dict[str, str] = {}  # safetensors code -> format name, asked twice per weight
+    for name in names:
+        if dropped_suffixes and name.endswith(dropped_suffixes):
+            dropped.add(name)
+            continue
+        if not name.endswith(scheme.suffix):
+            continue
+        weight = name[: -len(scheme.suffix)]
+        if scheme.method == "compressed-tensors" and not weight.endswith(".weight"):
+            continue  # e.g. a module's own "x_scale" parameter: not a weight's scale
+        consumed.add(name)
         paired.add(weight)
         if weight not in present:
             missing.append(ManifestProblem("missing", weight, f"the weight scaled by '{name}' ({rule})", "absent"))
             continue
         winfo, sinfo = ckpt[weight], ckpt[name]
-        ws, ss = winfo.shape, sinfo.shape
-        key = (winfo.dtype, sinfo.dtype, ws if type(ws) is tuple else tuple(int(d) for d in ws),
-               ss if type(ss) is tuple else tuple(int(d) for d in ss))
-        v = verdicts.get(key)
-        if v is None:
-            v = verdicts[key] = verdict(*key)
-        if v[0] == "ok":
-            scales[weight] = _new_scale(name, *v[1:])
-        elif v[0] == "weight dtype":
-            bad_dtype.append(ManifestProblem("dtype", weight, f"{v[1].upper()} (it has a scale '{name}'; {rule})",
+        wfmt = fmt_of.get(winfo.dtype) or fmt_of.setdefault(winfo.dtype, formats.from_safetensors(winfo.dtype).name)
+        sfmt = fmt_of.get(sinfo.dtype) or fmt_of.setdefault(sinfo.dtype, formats.from_safetensors(sinfo.dtype).name)
+        if wfmt not in _F8 or (scheme.fmt is not None and wfmt != scheme.fmt):
+            want = scheme.fmt or "F8_E4M3 or F8_E5M2"
+            bad_dtype.append(ManifestProblem("dtype", weight, f"{want.upper()} (it has a scale '{name}'; {rule})",
                                              winfo.dtype))
-        elif v[0] == "scale dtype":
+            continue
+        if sfmt not in _SCALE_DTYPES:
             bad_dtype.append(ManifestProblem("dtype", name, f"F32, BF16 or F16 (the scale of '{weight}')",
                                              sinfo.dtype))
-        elif v[0] == "empty":
+            continue
+        wshape = winfo.shape if type(winfo.shape) is tuple else tuple(int(d) for d in winfo.shape)
+        sshape = sinfo.shape if type(sinfo.shape) is tuple else tuple(int(d) for d in sinfo.shape)
+        if not wshape or 0 in wshape:
             bad_shape.append(ManifestProblem("shape", weight, "a non-empty matrix (a scaled FP8 weight)",
-                                             str(list(v[1]))))
-        else:
-            bad_shape.append(ManifestProblem("shape", name, f"{v[1]} ({rule})", str(list(v[2]))))
-    rest = present.difference(paired, consumed, dropped)  # neither a scale nor scaled: FP8 ones lack a scale
-    if rest:
-        codes = {ckpt[n].dtype for n in rest}
-        if any(formats.from_safetensors(c).name in _F8 for c in codes):
-            for name in names:  # in the checkpoint's order
-                if name in rest and formats.from_safetensors(ckpt[name].dtype).name in _F8:
-                    missing.append(ManifestProblem("missing", name + scheme.suffix,
-                                                   f"the scale of FP8 weight '{name}' ({rule})", "absent"))
+                                             str(list(wshape))))
+            continue
+        geo = geometry.get((wshape, sshape))
+        if geo is None:
+            geo = geometry[(wshape, sshape)] = _scale_geometry(scheme, wshape, sshape)
+        ok, want, block, grid, strategy = geo
+        if not ok:
+            bad_shape.append(ManifestProblem("shape", name, f"{want} ({rule})", str(list(sshape))))
+            continue
+        scales[weight] = _new_scale(name, sfmt, sshape, block, grid, strategy)
+    for name in names:
+        if name in paired or name in consumed or name in dropped:
+            continue
+        fmt = formats.from_safetensors(ckpt[name].dtype).name
+        if fmt in _F8:
+            missing.append(ManifestProblem("missing", name + scheme.suffix,
+                                           f"the scale of FP8 weight '{name}' ({rule})", "absent"))
     for problems, cls in ((missing, MissingTensorError), (bad_dtype, DtypeMismatchError),
                           (bad_shape, ShapeMismatchError)):
         if problems:
