@@ -9,8 +9,9 @@
 // rate) and the time spent waiting for a free slot.
 //
 //   g++ -O2 -std=c++17 -pthread benchmarks/cuda_staging_probe.cpp -o /tmp/probe -ldl
-//   /tmp/probe s|d|g|... FILE...   (s: slot/ring/thread sweep, d: registered mappings,
-//                                   g: K gathered reads per slot)
+//   /tmp/probe s|d|g|h... FILE...  (s: slot/ring/thread sweep, d: registered mappings,
+//                                   g: K gathered reads per slot, h: only hf2q's
+//                                   shape, 4 reads per slot into its ring kind, 3 runs)
 //
 // Files in /dev/shm (tmpfs: the page cache is not the question). The
 // device needs room for all of the files' bytes.
@@ -176,7 +177,7 @@ int main(int argc, char** argv) {
   CK(cuMemAlloc_v2(&dbuf, total + (64 << 20)));
   printf("%zu files, %.1f GB\n", files.size(), total / 1e9);
   std::string mode = argv[1];
-  if (mode.find_first_not_of("sdg") != std::string::npos) { fprintf(stderr, "mode: s, d, g or a mix\n"); return 2; }
+  if (mode.find_first_not_of("sdgh") != std::string::npos) { fprintf(stderr, "mode: s, d, g, h or a mix\n"); return 2; }
   limit();
   if (mode.find('s') != std::string::npos) {
     ring(16, 16, 8 << 20);
@@ -194,6 +195,8 @@ int main(int argc, char** argv) {
       ring(16, 32, 4 << 20, 1, false, 0, true); ring(16, 32, 4 << 20, 4, true, 256, true);
     }
   }
+  if (mode.find('h') != std::string::npos)  // hf2q's FP8 load, short enough to profile: what g's last case reads
+    for (int rep = 0; rep < 4; ++rep) ring(16, 32, 4 << 20, 4, true, 256, true);
   if (mode.find('d') != std::string::npos) {
     direct(4, 256 << 20, 64 << 20, 8, false); direct(4, 256 << 20, 64 << 20, 8, false);
     direct(8, 256 << 20, 64 << 20, 8, false); direct(16, 128 << 20, 32 << 20, 8, false);
