@@ -11,7 +11,7 @@
 //   g++ -O2 -std=c++17 -pthread benchmarks/cuda_staging_probe.cpp -o /tmp/probe -ldl
 //   /tmp/probe s|d|g|h... FILE...  (s: slot/ring/thread sweep, d: registered mappings,
 //                                   g: K gathered reads per slot, h: only hf2q's
-//                                   shape, 4 reads per slot into its ring kind, 3 runs)
+//                                   shape, 4 reads per slot into its ring kind, 4 runs)
 //
 // Files in /dev/shm (tmpfs: the page cache is not the question). The
 // device needs room for all of the files' bytes.
