@@ -92,6 +92,52 @@ def test_alloc_many_is_all_or_nothing(dev: Device) -> None:
     assert [b.byte_len for b in empty] == [256, 0]
 
 
+def _resident_bytes() -> int:
+    """This process's resident memory (``/proc/self/statm``)."""
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_alloc_many_filled_by_read_leaves_populating_to_the_reads(dev: Device, tmp_path: Path) -> None:
+    """A buffer flagged as filled by file reads is zero-filled and pinned as
+    any other, but on the host its pages come in with the reads that write
+    them, not before (an unflagged buffer is populated when allocated);
+    one flag per spec, or none."""
+    with pytest.raises(ValueError, match="1 flags for 2 specs"):
+        dev.alloc_many([((4,), "u8"), ((4,), "u8")], filled_by_read=[True])
+    n = 64 << 20
+    data = np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8)
+    path = tmp_path / "bytes.bin"
+    data.tofile(path)
+    flagged, = dev.alloc_many([((n,), "u8")], filled_by_read=[True])
+    assert flagged.registered == dev.residency_enabled
+    assert not flagged.to_host().any()
+    dev.write_from_file(flagged, path, 0, n, "u8")
+    dev.synchronize()
+    assert np.array_equal(flagged.to_host(), data)
+    if dev.kind != "host" or not dev.residency_enabled:
+        return
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    del flagged
+    gc.collect()
+    r0 = _resident_bytes()
+    flagged, = dev.alloc_many([((n,), "u8")], filled_by_read=[True])
+    r1 = _resident_bytes()
+    plain, = dev.alloc_many([((n,), "u8")])
+    r2 = _resident_bytes()
+    assert r1 - r0 < n // 4, "a buffer filled by reads was populated before them"
+    assert r2 - r1 > n * 3 // 4, "an unflagged buffer was not populated when allocated"
+    dev.write_from_file(flagged, path, 0, n, "u8")
+    assert _resident_bytes() - r2 > n * 3 // 4  # the reads brought its pages in
+    assert np.array_equal(flagged.to_host(), data) and not plain.to_host().any()
+    assert flagged.locked == plain.locked
+
+
 def test_alloc_many_memory_returns_with_its_last_buffer(dev: Device) -> None:
     if dev.kind != "cuda":
         pytest.skip("sub-allocation is CUDA's")

@@ -173,14 +173,21 @@ void bind_device(nb::module_& m) {
           "shape"_a, "dtype"_a)
       .def(
           "alloc_many",
-          [](Device& d, const std::vector<std::pair<std::vector<std::int64_t>, std::string>>& specs) {
+          [](Device& d, const std::vector<std::pair<std::vector<std::int64_t>, std::string>>& specs,
+             const std::vector<bool>& filled_by_read) {
+            if (!filled_by_read.empty() && filled_by_read.size() != specs.size()) {
+              throw std::invalid_argument("alloc_many: filled_by_read must have one flag per spec");
+            }
             std::vector<Device::AllocSpec> v;
             v.reserve(specs.size());
-            for (const auto& [shape, dtype] : specs) v.push_back(Device::AllocSpec{shape, hf2q::device::dtype_from_name(dtype)});
+            for (std::size_t i = 0; i < specs.size(); ++i) {
+              v.push_back(Device::AllocSpec{specs[i].first, hf2q::device::dtype_from_name(specs[i].second),
+                                            !filled_by_read.empty() && filled_by_read[i]});
+            }
             hf2q::bindings::ReleaseGil nogil;
             return d.alloc_many(v);
           },
-          "specs"_a)
+          "specs"_a, "filled_by_read"_a = std::vector<bool>{})
       .def(
           "alloc_window",
           [](Device& d, std::size_t len,

@@ -187,10 +187,13 @@ class Backend {
   virtual void set_destroy(int set) noexcept { (void)set; }
 
   // Per-buffer pinning (host: mlock + prefault). Returns whether the memory
-  // is locked; unwire undoes a successful wire. Default: no per-buffer
-  // pinning (Metal: residency comes from the sets).
-  virtual bool wire(void* handle, void* ptr, std::size_t len) {
-    (void)handle, (void)ptr, (void)len;
+  // is locked; unwire undoes a successful wire. `populate`: false where the
+  // caller will write every byte with file reads (the loader's raw copies),
+  // whose page faults inside the kernel's copy cost less than populating
+  // the memory first (host: the pages are locked as they fault in).
+  // Default: no per-buffer pinning (Metal: residency comes from the sets).
+  virtual bool wire(void* handle, void* ptr, std::size_t len, bool populate) {
+    (void)handle, (void)ptr, (void)len, (void)populate;
     return false;
   }
   virtual void unwire(void* handle, void* ptr, std::size_t len) noexcept { (void)handle, (void)ptr, (void)len; }

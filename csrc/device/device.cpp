@@ -323,7 +323,7 @@ std::shared_ptr<BufferImpl> Device::alloc(const std::vector<std::int64_t>& shape
 }
 
 std::shared_ptr<BufferImpl> Device::alloc_sized(const std::vector<std::int64_t>& shape, DType dtype,
-                                                std::size_t byte_len, std::size_t alloc_len) {
+                                                std::size_t byte_len, std::size_t alloc_len, bool populate) {
   void* handle = nullptr;
   void* ptr = backend_->allocate(alloc_len, &handle);
   std::shared_ptr<BufferImpl> buf;
@@ -333,7 +333,7 @@ std::shared_ptr<BufferImpl> Device::alloc_sized(const std::vector<std::int64_t>&
     backend_->release(handle, ptr, alloc_len);
     throw;
   }
-  if (residency_enabled_) register_buffer(*buf);  // on failure ~BufferImpl releases
+  if (residency_enabled_) register_buffer(*buf, populate);  // on failure ~BufferImpl releases
   return buf;
 }
 
@@ -341,7 +341,12 @@ std::vector<std::shared_ptr<BufferImpl>> Device::alloc_many(const std::vector<Al
   std::vector<std::shared_ptr<BufferImpl>> out;
   out.reserve(specs.size());
   if (!info().suballocate || specs.size() < 2) {
-    for (const AllocSpec& s : specs) out.push_back(alloc(s.shape, s.dtype));  // a throw frees those made
+    for (const AllocSpec& s : specs) {  // a throw frees those made
+      std::size_t byte_len = 0;
+      const std::size_t alloc_len = alloc_len_for(s.shape, s.dtype, &byte_len);
+      count_injected_failure(alloc_len);
+      out.push_back(alloc_sized(s.shape, s.dtype, byte_len, alloc_len, !s.filled_by_read));
+    }
     return out;
   }
   // Every size is checked (and every injected failure counted) before the
@@ -361,7 +366,7 @@ std::vector<std::shared_ptr<BufferImpl>> Device::alloc_many(const std::vector<Al
   auto one_by_one = [&] {
     for (std::size_t i = 0; i < specs.size(); ++i) {
       out.push_back(alloc_sized(specs[i].shape, specs[i].dtype, byte_lens[i],
-                                (i + 1 < specs.size() ? offsets[i + 1] : total) - offsets[i]));
+                                (i + 1 < specs.size() ? offsets[i + 1] : total) - offsets[i], !specs[i].filled_by_read));
     }
     return out;
   };
@@ -385,7 +390,7 @@ std::vector<std::shared_ptr<BufferImpl>> Device::alloc_many(const std::vector<Al
     const std::size_t next = i + 1 < specs.size() ? offsets[i + 1] : total;
     out.push_back(std::make_shared<BufferImpl>(shared_from_this(), specs[i].dtype, specs[i].shape, byte_lens[i],
                                                next - offsets[i], base + offsets[i], handle, block));
-    if (residency_enabled_) register_buffer(*out.back());
+    if (residency_enabled_) register_buffer(*out.back(), !specs[i].filled_by_read);
   }
   return out;
 }
@@ -464,7 +469,7 @@ int Device::choose_set_locked(std::size_t len) {
   return best;
 }
 
-bool Device::register_buffer(BufferImpl& buf) {
+bool Device::register_buffer(BufferImpl& buf, bool populate) {
   if (buf.device().get() != this) {
     throw DeviceError(std::string("buffer belongs to another device (") + buf.device()->info().kind +
                       "), not to this " + info().kind + " device");
@@ -489,17 +494,18 @@ bool Device::register_buffer(BufferImpl& buf) {
   s.bytes += m.len;
   s.count += 1;
   s.dirty = true;
-  // Host (wire_at_register): pinned now, before the loader writes it: mlock
-  // populates fresh memory in one get_user_pages pass, which costs far less
-  // system time than the page faults the loader's pread would otherwise take
-  // from inside its copy (docs/RESIDENCY.md). Elsewhere pinning waits for
-  // the commit (Metal: a set is staged, then committed once per load step).
+  // Host (wire_at_register): pinned now, before the loader writes it, and
+  // populated in one pass over the pool -- unless `populate` is false (a
+  // buffer that file reads fill: its pages fault in inside the kernel's
+  // copy, locked as they come; docs/RESIDENCY.md). Elsewhere pinning waits
+  // for the commit (Metal: a set is staged, then committed once per load
+  // step).
   if (!ended_ && info().wire_at_register) {
     members_.emplace(&buf, m);
     wired_bytes_ += m.len;
     auto& mm = members_.find(&buf)->second;
     try {
-      mm.locked = backend_->wire(buf.handle(), buf.data(), m.len);
+      mm.locked = backend_->wire(buf.handle(), buf.data(), m.len, populate);
     } catch (...) {
       // Not pinned (a failed allocation of the pool's work): pinned at the
       // next commit like on any other backend.
@@ -526,7 +532,7 @@ void Device::commit_locked() {
     auto it = members_.find(b);
     if (it == members_.end() || !it->second.wire_pending) continue;  // freed or ended meanwhile
     try {
-      it->second.locked = backend_->wire(b->handle(), b->data(), it->second.len);
+      it->second.locked = backend_->wire(b->handle(), b->data(), it->second.len, true);
     } catch (...) {
       // This buffer and the rest stay pending for the next commit.
       to_wire_.insert(to_wire_.end(), to_wire.begin() + static_cast<std::ptrdiff_t>(i), to_wire.end());
@@ -570,7 +576,7 @@ void Device::request_residency() {
   if (!residency_enabled_) return;
   ended_ = false;
   for (auto& [buf, m] : members_) {
-    if (m.set >= 0 && !m.locked) m.locked = backend_->wire(buf->handle(), buf->data(), m.len);
+    if (m.set >= 0 && !m.locked) m.locked = backend_->wire(buf->handle(), buf->data(), m.len, true);
   }
   for (auto& s : sets_) s.requested = false;
   commit_locked();

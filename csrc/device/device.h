@@ -110,6 +110,9 @@ class Device : public std::enable_shared_from_this<Device> {
   struct AllocSpec {
     std::vector<std::int64_t> shape;
     DType dtype;
+    // Every byte will be written by file reads (the loader's raw copies):
+    // pinned without populating it first (Backend::wire).
+    bool filled_by_read = false;
   };
   std::vector<std::shared_ptr<BufferImpl>> alloc_many(const std::vector<AllocSpec>& specs);
   // One allocation of `len` bytes (a converter's output window,
@@ -135,7 +138,7 @@ class Device : public std::enable_shared_from_this<Device> {
 
   // Residency. register_buffer is idempotent; returns whether the buffer is
   // (now) in a set.
-  bool register_buffer(BufferImpl& buf);
+  bool register_buffer(BufferImpl& buf, bool populate = true);
   void commit();
   void request_residency();
   void end_residency();
@@ -236,7 +239,7 @@ class Device : public std::enable_shared_from_this<Device> {
   explicit Device(std::unique_ptr<Backend> backend);
   std::size_t alloc_len_for(const std::vector<std::int64_t>& shape, DType dtype, std::size_t* byte_len) const;
   std::shared_ptr<BufferImpl> alloc_sized(const std::vector<std::int64_t>& shape, DType dtype, std::size_t byte_len,
-                                          std::size_t alloc_len);
+                                          std::size_t alloc_len, bool populate = true);
   static void count_injected_failure(std::size_t alloc_len);
   struct Member {
     int set = -1;  // -1: tracked but over the wired budget

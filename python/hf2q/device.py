@@ -451,14 +451,25 @@ class Device:
         _warn_notice(self._native)  # an allocation may commit (and pin) what is pending
         return Buffer(native, self)
 
-    def alloc_many(self, specs: Sequence[tuple[Sequence[int] | int, str]]) -> list[Buffer]:
+    def alloc_many(self, specs: Sequence[tuple[Sequence[int] | int, str]], *,
+                   filled_by_read: Sequence[bool] | None = None) -> list[Buffer]:
         """Zero-filled buffers of ``(shape, dtype)`` each, as :meth:`alloc`
         makes them, all or none. On CUDA they share one device allocation
         (one ``cuMemAlloc`` instead of one per tensor; each buffer starts at a
         page-aligned offset), whose memory returns to the device when the last
         of them is freed; where that one block cannot be had, each gets its
-        own. On host and Metal each is its own allocation."""
-        natives = self._native.alloc_many([(list(_shape(shape)), _dtype_name(dtype)) for shape, dtype in specs])
+        own. On host and Metal each is its own allocation.
+
+        ``filled_by_read``: one flag per spec, true where the caller will
+        write every byte of that buffer with file reads
+        (:meth:`write_from_file` and the batch reads, raw copies): on the
+        host such a buffer is locked without being populated first, its
+        pages locked as the reads fault them in (docs/RESIDENCY.md). A hint:
+        the buffers are the same either way."""
+        flags = [] if filled_by_read is None else [bool(f) for f in filled_by_read]
+        if flags and len(flags) != len(specs):
+            raise ValueError(f"filled_by_read has {len(flags)} flags for {len(specs)} specs")
+        natives = self._native.alloc_many([(list(_shape(shape)), _dtype_name(dtype)) for shape, dtype in specs], flags)
         _warn_notice(self._native)
         return [Buffer(n, self) for n in natives]
 

@@ -440,7 +440,11 @@ def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
     batch = _Batch()
     batch.drop()
     batch.entries, batch.pieces = list(entries), pieces
-    batch.made = alloc(entries) if alloc is not None else device.alloc_many([(e.shape, e.dtype) for e in entries])
+    if alloc is not None:
+        batch.made = alloc(entries)
+    else:
+        raw = [_filled_by_read(e) for e in entries] if device._native.cpu_visible else None
+        batch.made = device.alloc_many([(e.shape, e.dtype) for e in entries], filled_by_read=raw)
     try:
         batch.scaled = [(e, b, run) for e, b, run in zip(entries, batch.made, runs) if run]
         if batch.scaled:
@@ -461,6 +465,18 @@ def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
         batch.drop()  # nothing may keep a buffer alive in the traceback
         raise detached(e)
     return batch
+
+
+def _filled_by_read(entry: TensorPlan) -> bool:
+    """Whether a batch's reads write every byte of ``entry``'s buffer as the
+    file holds them (raw copies, ``pread`` straight into the buffer): the
+    host then locks its pages as those reads fault them in instead of
+    populating them first (:meth:`Device.alloc_many`); a conversion's
+    stores from user code would take a page fault each."""
+    if not entry.streamed or entry.unit_transpose is not None:
+        return False
+    want = formats.get(entry.dtype).name
+    return all(p.select is None and p.scale is None and formats.get(p.dtype).name == want for p in entry.sources)
 
 
 def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool = False) -> dict[str, Buffer]:

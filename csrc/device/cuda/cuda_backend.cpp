@@ -199,7 +199,7 @@ class CudaBackend final : public Backend {
 
   // Device memory from cuMemAlloc is never paged out or migrated: every
   // buffer in the (bookkeeping) set is resident, so it counts as locked.
-  bool wire(void*, void*, std::size_t) override { return true; }
+  bool wire(void*, void*, std::size_t, bool) override { return true; }
 
   // ------------------------------------------------------------ uploads
 
