@@ -348,8 +348,8 @@ def test_upload_rejects_bf16_norms_and_frees_everything(
 
     real_many = Device.alloc_many
 
-    def buggy_many(self: Device, specs: Any) -> list[Buffer]:
-        return real_many(self, [(shape, "bf16") for shape, _ in specs])
+    def buggy_many(self: Device, specs: Any, **kw: Any) -> list[Buffer]:
+        return real_many(self, [(shape, "bf16") for shape, _ in specs], **kw)
 
     monkeypatch.setattr(Device, "alloc", buggy)
     monkeypatch.setattr(Device, "alloc_many", buggy_many)

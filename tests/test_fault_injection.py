@@ -176,7 +176,7 @@ class _AfterAllocations:
 
         real_many = Device.alloc_many
 
-        def alloc_many(dev: Device, specs: Any) -> Any:
+        def alloc_many(dev: Device, specs: Any, **kw: Any) -> Any:
             specs = list(specs)
             if hook.calls <= hook.k < hook.calls + len(specs) and not hook.fired:
                 hook.fired = True
@@ -184,7 +184,7 @@ class _AfterAllocations:
                 t.start()
                 t.join()
             hook.calls += len(specs)
-            return real_many(dev, specs)
+            return real_many(dev, specs, **kw)
 
         monkeypatch.setattr(Device, "alloc", alloc)
         monkeypatch.setattr(Device, "alloc_many", alloc_many)
