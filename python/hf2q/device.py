@@ -466,9 +466,7 @@ class Device:
         host such a buffer is locked without being populated first, its
         pages locked as the reads fault them in (docs/RESIDENCY.md). A hint:
         the buffers are the same either way."""
-        flags = [] if filled_by_read is None else [bool(f) for f in filled_by_read]
-        if flags and len(flags) != len(specs):
-            raise ValueError(f"filled_by_read has {len(flags)} flags for {len(specs)} specs")
+        flags = [] if filled_by_read is None else [bool(f) for f in filled_by_read]  # the core checks the count
         natives = self._native.alloc_many([(list(_shape(shape)), _dtype_name(dtype)) for shape, dtype in specs], flags)
         _warn_notice(self._native)
         return [Buffer(n, self) for n in natives]

@@ -476,7 +476,7 @@ def _filled_by_read(entry: TensorPlan) -> bool:
     if not entry.streamed or entry.unit_transpose is not None:
         return False
     want = formats.get(entry.dtype).name
-    return all(p.select is None and p.scale is None and formats.get(p.dtype).name == want for p in entry.sources)
+    return all(p.select is None and formats.get(p.dtype).name == want for p in entry.sources)  # streamed: no scales
 
 
 def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool = False) -> dict[str, Buffer]:
