@@ -10,7 +10,8 @@
 // staging buffers, fill it (pread, or memcpy), and queue an async H2D copy on
 // the slot's stream: straight into the buffer for raw data, into the slot's
 // device scratch followed by a conversion kernel otherwise. A slot is reused
-// once its event says the copy (and kernel) finished, so at most the ring is
+// once its event says the copy finished (a kernel converting from the
+// scratch stays ordered before the slot's next copy by the stream), so at most the ring is
 // staged, never a whole tensor. Every upload waits for its copies before it
 // returns: the data is on the GPU for any consumer stream.
 #include <errno.h>
@@ -333,7 +334,7 @@ class CudaBackend final : public Backend {
     void* host = nullptr;       // pinned staging, slot_bytes_ (a part of the ring's memory)
     CUdeviceptr scratch = 0;    // device copy of the staged source, for conversions
     CUstream stream = nullptr;
-    CUevent done = nullptr;     // recorded after the slot's last copy / kernel
+    CUevent done = nullptr;     // recorded after the slot's last copy (its host memory is free then)
     bool pending = false;
   };
 
@@ -1022,9 +1023,19 @@ class CudaBackend final : public Backend {
       }
       if (p.op == UploadOp::Raw) {
         check(d_->cuMemcpyHtoDAsync(out + pc.off, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
+        check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
+        s.pending = true;
       } else {
         if (s.scratch == 0) check(d_->cuMemAlloc(&s.scratch, slot_bytes_), "cuMemAlloc (scratch)");
         check(d_->cuMemcpyHtoDAsync(s.scratch, s.host, pc.len, s.stream), "cuMemcpyHtoDAsync");
+        // The slot's host memory is free once this copy has read it: the
+        // event goes here, not after the kernel, so the next reader of the
+        // slot does not also wait for the conversion. The scratch it
+        // converts from is safe without a wait: the slot's next copy is
+        // queued on the same stream, behind this kernel. Pending from here:
+        // a launch that fails below leaves the copy to be waited for.
+        check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
+        s.pending = true;
         CUdeviceptr from = s.scratch;
         const unsigned long long elems = pc.len / p.src_elem, first = pc.off / p.src_elem;
         if (p.op == UploadOp::Scaled) {
@@ -1051,8 +1062,6 @@ class CudaBackend final : public Backend {
           launch(job.kernel, grid_for(nblocks, encode_blocks_per_cta(p)), s.stream, args);
         }
       }
-      check(d_->cuEventRecord(s.done, s.stream), "cuEventRecord");
-      s.pending = true;
       if (trace_) t_queue.fetch_add(ns_since(t0), std::memory_order_relaxed);
     };
     // Once a piece fails, later jobs' pieces are skipped, and the failure
