@@ -6,6 +6,7 @@ tensors. Each test runs on the host backend and, where a GPU opens, on CUDA
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import warnings
 from pathlib import Path
@@ -494,3 +495,64 @@ def test_alloc_many_falls_back_to_one_buffer_each(dev: Device) -> None:
         dev.alloc_many([((16,), "f32"), ((1 << 50,), "u8")])
     gc.collect()
     assert dev.residency.count == before
+
+
+# ------------------------------------------------------ prepared file batches
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_prepared_batch_reads_what_the_one_call_reads_and_runs_once(dev: Device, tmp_path: Path) -> None:
+    """A loader prepares the next batch (checks, files opened, segments
+    converted) while the one before is read: the bytes are the same as one
+    write_from_file_batch call's, a prepared batch runs once, and its files
+    (opened by path here) are closed by the run or by close()."""
+    specs, jobs = _mixed_jobs(tmp_path)
+    ref, mine, unused = dev.alloc_many(specs), dev.alloc_many(specs), dev.alloc_many(specs)
+    dev.write_from_file_batch([(ref[i], f, segs, src, name) for i, f, segs, src, name in jobs])
+    fds = _open_fds()
+    prepared = dev._prepare_file_batch([(mine[i], f, segs, src, name) for i, f, segs, src, name in jobs])
+    assert _open_fds() == fds + 2  # the two files, by path, until the run
+    assert prepared.native.jobs == len(jobs)
+    results = dev._run_file_batch(prepared)
+    assert _open_fds() == fds and len(results) == len(jobs)
+    for i in range(len(specs)):
+        assert _raw(mine[i]) == _raw(ref[i]), jobs[i][4]
+    with pytest.raises(ValueError, match="runs once"):
+        dev._run_file_batch(prepared)
+    dropped = dev._prepare_file_batch([(unused[i], f, segs, src, name) for i, f, segs, src, name in jobs])
+    dropped.close()  # never run: nothing read, files closed
+    assert _open_fds() == fds
+    assert all(not np.ascontiguousarray(b.to_host()).view(np.uint8).any() for b in unused)
+    assert dev._run_file_batch(dev._prepare_file_batch([])) == []
+
+
+def test_prepared_batch_checks_every_job_when_prepared(dev: Device, tmp_path: Path) -> None:
+    a = RNG.standard_normal(256).astype(np.float32)
+    f, (o,) = _file(tmp_path, "c.bin", a)
+    buf = dev.alloc((256,), "f32")
+    fds = _open_fds() if os.path.isdir("/proc/self/fd") else None
+    with pytest.raises(ValueError, match=">= 0"):
+        dev._prepare_file_batch([(buf, f, [(0, o, a.nbytes)], "f32", "fine"), (buf, f, [(0, -1, 8)], "f32", "bad")])
+    if fds is not None:
+        assert _open_fds() == fds  # nothing opened by a refused batch stays open
+    other = Device._isolated("host")
+    with pytest.raises(DeviceError, match="belongs to"):
+        dev._prepare_file_batch([(other.alloc((256,), "f32"), f, [(0, o, a.nbytes)], "f32", "x")])
+
+
+def test_prepared_batch_sees_a_file_changed_after_it_was_prepared(dev: Device, tmp_path: Path) -> None:
+    """The file identity is taken when the batch runs (before and after its
+    reads), not when it was prepared: a file rewritten in between is a
+    FileReadError or a 'modified' error, never bytes read silently."""
+    a = RNG.standard_normal(4096).astype(np.float32)
+    f, (o,) = _file(tmp_path, "d.bin", a)
+    buf = dev.alloc((4096,), "f32")
+    with open(f, "rb") as fh:
+        prepared = dev._prepare_file_batch([(buf, fh.fileno(), [(0, o, a.nbytes)], "f32", "w")])
+        os.truncate(f, o + 100)  # cut short after the batch was made ready
+        with pytest.raises(FileReadError):
+            dev._run_file_batch(prepared)

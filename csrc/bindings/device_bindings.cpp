@@ -24,6 +24,42 @@ using hf2q::device::DType;
 
 namespace {
 
+// read_file_batch's jobs as Python passes them: (buffer, [(elem_offset, fd,
+// file_offset, nbytes)], source dtype, check_finite, scaled or None).
+using FileSegTuple = std::tuple<std::size_t, int, std::uint64_t, std::size_t>;
+using ScaledTuple = std::tuple<BufferImpl*, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t>;
+using FileJobTuple = std::tuple<BufferImpl*, std::vector<FileSegTuple>, std::string, bool, std::optional<ScaledTuple>>;
+
+std::vector<Device::BatchJob> to_batch_jobs(const std::vector<FileJobTuple>& jobs) {
+  std::vector<Device::BatchJob> v;
+  v.reserve(jobs.size());
+  for (const auto& [buf, segs, src_dtype, check_finite, scaled] : jobs) {
+    Device::BatchJob j{buf, {}, hf2q::device::dtype_from_name(src_dtype), check_finite};
+    if (scaled) {
+      std::tie(j.scale, j.rows, j.cols, j.block_rows, j.block_cols, j.base) = *scaled;
+      if (j.scale == nullptr) throw std::invalid_argument("read_file_batch: a scaled job has no scale buffer");
+    }
+    j.segments.reserve(segs.size());
+    for (const auto& [elem_offset, fd, file_offset, nbytes] : segs) {
+      j.segments.push_back(Device::SegmentSpec{elem_offset, fd, file_offset, nbytes});
+    }
+    v.push_back(std::move(j));
+  }
+  return v;
+}
+
+// A read_file_batch call's jobs converted ahead of the call: a loader
+// converts the next batch's thousands of segments while the batch before it
+// is read, so the call itself holds the GIL for no per-segment work. It
+// holds raw buffer pointers: its Python owner keeps the buffers alive.
+struct PreparedFileBatch {
+  std::vector<Device::BatchJob> jobs;
+};
+
+std::vector<std::pair<long long, unsigned long long>> run_file_batch(Device& d,
+                                                                     const std::vector<Device::BatchJob>& jobs);
+
+
 using RoBytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // A capsule owning one reference to the buffer: the owner of every view.
@@ -89,6 +125,19 @@ std::pair<long long, unsigned long long> result_pair(const hf2q::device::UploadR
   return {first, static_cast<unsigned long long>(r.inf_scales)};
 }
 
+std::vector<std::pair<long long, unsigned long long>> run_file_batch(Device& d,
+                                                                     const std::vector<Device::BatchJob>& jobs) {
+  std::vector<hf2q::device::UploadResult> r;
+  {
+    hf2q::bindings::ReleaseGil nogil;
+    r = d.read_file_batch(jobs);
+  }
+  std::vector<std::pair<long long, unsigned long long>> out;
+  out.reserve(r.size());
+  for (const auto& x : r) out.push_back(result_pair(x));
+  return out;
+}
+
 }  // namespace
 
 void bind_device(nb::module_& m) {
@@ -150,6 +199,12 @@ void bind_device(nb::module_& m) {
             b->device()->copy_out(*b, offset, out.data(), out.size());
           },
           "offset"_a, "out"_a.noconvert());
+
+  nb::class_<PreparedFileBatch>(m, "NativeFileBatch")
+      .def("__init__", [](PreparedFileBatch* self, const std::vector<FileJobTuple>& jobs) {
+        new (self) PreparedFileBatch{to_batch_jobs(jobs)};
+      }, "jobs"_a)
+      .def_prop_ro("jobs", [](const PreparedFileBatch& b) { return b.jobs.size(); });
 
   nb::class_<Device>(m, "NativeDevice")
       .def_static("open", &Device::open, "kind"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())  // CUDA: driver init + NVRTC compile
@@ -256,36 +311,11 @@ void bind_device(nb::module_& m) {
           "buf"_a, "segments"_a, "src_dtype"_a, "check_finite"_a = false)
       .def(
           "read_file_batch",
-          [](Device& d,
-             const std::vector<std::tuple<BufferImpl*, std::vector<std::tuple<std::size_t, int, std::uint64_t, std::size_t>>,
-                                          std::string, bool,
-                                          std::optional<std::tuple<BufferImpl*, std::size_t, std::size_t, std::size_t,
-                                                                   std::size_t, std::size_t>>>>& jobs) {
-            std::vector<Device::BatchJob> v;
-            v.reserve(jobs.size());
-            for (const auto& [buf, segs, src_dtype, check_finite, scaled] : jobs) {
-              Device::BatchJob j{buf, {}, hf2q::device::dtype_from_name(src_dtype), check_finite};
-              if (scaled) {
-                std::tie(j.scale, j.rows, j.cols, j.block_rows, j.block_cols, j.base) = *scaled;
-                if (j.scale == nullptr) throw std::invalid_argument("read_file_batch: a scaled job has no scale buffer");
-              }
-              j.segments.reserve(segs.size());
-              for (const auto& [elem_offset, fd, file_offset, nbytes] : segs) {
-                j.segments.push_back(Device::SegmentSpec{elem_offset, fd, file_offset, nbytes});
-              }
-              v.push_back(std::move(j));
-            }
-            std::vector<hf2q::device::UploadResult> r;
-            {
-              hf2q::bindings::ReleaseGil nogil;
-              r = d.read_file_batch(v);
-            }
-            std::vector<std::pair<long long, unsigned long long>> out;
-            out.reserve(r.size());
-            for (const auto& x : r) out.push_back(result_pair(x));
-            return out;
-          },
+          [](Device& d, const std::vector<FileJobTuple>& jobs) { return run_file_batch(d, to_batch_jobs(jobs)); },
           "jobs"_a)
+      .def(
+          "read_prepared_file_batch",
+          [](Device& d, const PreparedFileBatch& batch) { return run_file_batch(d, batch.jobs); }, "batch"_a)
       .def(
           "convert",
           [](Device& d, BufferImpl& dst, BufferImpl& src) {

@@ -53,6 +53,17 @@ class NativeBuffer:
     def dlpack_device(self) -> tuple[int, int]: ...
     def copy_out(self, offset: int, out: npt.NDArray[np.uint8]) -> None: ...
 
+class NativeFileBatch:
+    """read_file_batch's jobs converted once; holds the buffers by address
+    (its owner keeps them alive)."""
+    def __init__(
+        self,
+        jobs: list[tuple[NativeBuffer, list[tuple[int, int, int, int]], str, bool,
+                         tuple[NativeBuffer, int, int, int, int, int] | None]],
+    ) -> None: ...
+    @property
+    def jobs(self) -> int: ...
+
 class NativeDevice:
     @staticmethod
     def open(kind: str) -> NativeDevice: ...
@@ -106,6 +117,8 @@ class NativeDevice:
         segments; a job's last element, when given, is (scale buffer, rows,
         cols, block_rows, block_cols, base): block-scaled FP8 weights decoded
         with their scales as they are read."""
+    def read_prepared_file_batch(self, batch: NativeFileBatch) -> list[tuple[int, int]]:
+        """read_file_batch on jobs converted ahead of the call."""
     def convert(self, dst: NativeBuffer, src: NativeBuffer) -> tuple[int, int]: ...
     def scaled_fp8(
         self, dst: NativeBuffer, elem_offset: int, w: NativeBuffer, scale: NativeBuffer,

@@ -692,6 +692,15 @@ class Device:
         Such a job's result is not checked here: the returned list holds each
         job's ``(first non-finite buffer element or -1, Q8_0 blocks whose
         scale overflowed)``, for the caller to judge."""
+        return self._run_file_batch(self._prepare_file_batch(jobs, check_finite=check_finite))
+
+    def _prepare_file_batch(self, jobs: Sequence[tuple[Any, ...]], *, check_finite: bool = False) -> _FileBatch:
+        """The checks and conversions of :meth:`write_from_file_batch`, no
+        byte read: every job checked, its files opened, its segments
+        converted for the native core. A loader prepares a batch while the
+        one before it is read, so the thread that runs it (with
+        :meth:`_run_file_batch`, once; ``close()`` if it never runs) holds
+        the GIL for no per-segment work."""
         planned = []
         for job in jobs:
             buf, file, segments, src_dtype, name = job[:5]
@@ -702,24 +711,39 @@ class Device:
                 self._own(scaled[0])
                 scaled = (scaled[0]._native, *(int(v) for v in scaled[1:]))
             planned.append((buf, file, _checked_segments(segments), src_dtype, name, scaled))
+        batch = _FileBatch(planned, bool(check_finite))
         if not planned:
-            return []
-        from contextlib import ExitStack
-
-        with ExitStack() as stack:
+            return batch
+        try:
             fds: dict[Any, int] = {}  # each file opened once: by path, or the fd itself
-            fd_of = []
             for _, file, _, _, _, _ in planned:
                 key = file if isinstance(file, int) and not isinstance(file, bool) else os.fspath(file)
                 if key not in fds:
-                    fds[key] = stack.enter_context(_opened(file))
-                fd_of.append(fds[key])
+                    fds[key] = batch.files.enter_context(_opened(file))
+                batch.fd_of.append(fds[key])
+            batch.native = _core.NativeFileBatch(
+                [(buf._native, [(o, fd, f, n) for o, f, n in segs], src_dtype, batch.check_finite and scaled is None,
+                  scaled)
+                 for (buf, _, segs, src_dtype, _, scaled), fd in zip(planned, batch.fd_of)])
+        except BaseException:
+            batch.close()
+            raise
+        return batch
+
+    def _run_file_batch(self, batch: _FileBatch) -> list[tuple[int, int]]:
+        """Reads a batch that :meth:`_prepare_file_batch` made ready (the
+        second half of :meth:`write_from_file_batch`, its errors and
+        results); its files are closed after."""
+        if batch.native is None:
+            if batch.planned:
+                raise ValueError("a prepared file batch runs once")
+            return []
+        planned, fd_of, check_finite = batch.planned, batch.fd_of, batch.check_finite
+        native, batch.native = batch.native, None
+        with batch.files:
             before = {fd: _fd_identity(fd, fd) for fd in set(fd_of)}
             try:
-                results = self._native.read_file_batch(
-                    [(buf._native, [(o, fd, f, n) for o, f, n in segs], src_dtype,
-                      bool(check_finite) and scaled is None, scaled)
-                     for (buf, _, segs, src_dtype, _, scaled), fd in zip(planned, fd_of)])
+                results = self._native.read_prepared_file_batch(native)
             except FileReadError as e:
                 bad = getattr(e, "job", -1)  # set natively where the backend knows (host: always)
                 if not isinstance(bad, int) or not 0 <= bad < len(planned):
@@ -894,6 +918,30 @@ def _file_value_class(fd: int, file_offset: int, index: int, src_dtype: str) -> 
     except FileReadError:
         return "nan"
     return _value_class(raw.view(dt), 0)
+
+
+class _FileBatch:
+    """A :meth:`Device.write_from_file_batch` call made ready by
+    :meth:`Device._prepare_file_batch`: the checked jobs, their files (opened
+    here where a job names a path; closed by the run or by ``close()``) and
+    the native jobs, which hold the buffers by address (the jobs here keep
+    them alive)."""
+
+    __slots__ = ("planned", "check_finite", "files", "fd_of", "native")
+
+    def __init__(self, planned: list[tuple[Any, ...]], check_finite: bool) -> None:
+        from contextlib import ExitStack
+
+        self.planned = planned
+        self.check_finite = check_finite
+        self.files = ExitStack()
+        self.fd_of: list[int] = []
+        self.native: Any = None
+
+    def close(self) -> None:
+        """Let the batch go unread: its files closed, nothing kept."""
+        self.native = None
+        self.files.close()
 
 
 def _checked_segments(segments: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

@@ -253,7 +253,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         if pending:
             bound = min(batch_bytes, 2 * bound)
         if pending and overlap:
-            batch = _prepare_batch(device, ckpt, pending, alloc, pending_runs)
+            batch = _prepare_batch(device, ckpt, pending, alloc, pending_runs, check_finite)
             try:
                 land()
             except BaseException:
@@ -412,7 +412,7 @@ def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
     scale grids read into transient float32 buffers first, then their
     weights decoded as the same call reads them (on a GPU inside the staging
     pipeline, so the ring does not drain between expert stacks)."""
-    return _run_batch(device, ckpt, _prepare_batch(device, ckpt, entries, alloc, runs), check_finite)
+    return _run_batch(device, ckpt, _prepare_batch(device, ckpt, entries, alloc, runs, check_finite), check_finite)
 
 
 class _Batch:
@@ -420,19 +420,26 @@ class _Batch:
     jobs built) for :func:`_run_batch`; ``drop()`` lets its buffers go."""
 
     __slots__ = ("entries", "pieces", "files", "made", "transients", "scaled", "jobs", "owner", "scaled_jobs",
-                 "scaled_owner", "scale_jobs", "scale_owner")
+                 "scaled_owner", "scale_jobs", "scale_owner", "scale_call", "write_call")
 
     def drop(self) -> None:
+        for k in ("scale_call", "write_call"):
+            call = getattr(self, k, None)
+            if call is not None:
+                call.close()
         for k in self.__slots__:
-            setattr(self, k, {} if k == "files" else [])
+            setattr(self, k, None if k.endswith("_call") else {} if k == "files" else [])
 
 
 def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
                    alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None,
-                   runs: list[list[Piece]] | None = None) -> _Batch:
+                   runs: list[list[Piece]] | None = None, check_finite: bool = False) -> _Batch:
     """The Python half of :func:`_fill_batch`: the files checked, the buffers
-    (and FP8 transients) allocated, every file job built. No byte is read.
-    ``runs``: each entry's scaled run, where the caller has them."""
+    (and FP8 transients) allocated, every file job built and made ready for
+    the device (:meth:`Device._prepare_file_batch`: on a GPU this runs while
+    the batch before is read, and the thread that reads this one does no
+    per-segment Python work). No byte is read. ``runs``: each entry's scaled
+    run, where the caller has them."""
     if runs is None:
         runs = [_batched_run(device, e) for e in entries]
     pieces: list[Named] = [p for e in entries for p in e.sources]
@@ -461,6 +468,9 @@ def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
                 batch.jobs += j
                 batch.owner += o
         _check_files(batch.files)  # the jobs' files (each met once while the jobs were made), before any read
+        if batch.scale_jobs:
+            batch.scale_call = device._prepare_file_batch(batch.scale_jobs)
+        batch.write_call = device._prepare_file_batch(batch.jobs + batch.scaled_jobs, check_finite=check_finite)
     except BaseException as e:
         batch.drop()  # nothing may keep a buffer alive in the traceback
         raise detached(e)
@@ -1234,13 +1244,17 @@ def _scale_pieces(pieces: list[Piece]) -> list[Named]:
 
 
 def _write_jobs(device: Device, ckpt: Checkpoint, jobs: list[Job], owners: list[Owner],
-                pieces: Sequence[Named], check_finite: bool) -> list[tuple[int, int]]:
-    """One :meth:`Device.write_from_file_batch` call, its errors named after
+                pieces: Sequence[Named], check_finite: bool, prepared: Any = None) -> list[tuple[int, int]]:
+    """One :meth:`Device.write_from_file_batch` call (``prepared``: those
+    ``jobs`` made ready by :meth:`Device._prepare_file_batch`, with
+    ``check_finite``), its errors named after
     the checkpoint: a file changed since validation first, a failed read by
     the job's tensor; non-finite input found in the bytes as read is the
     ``"file"`` step. Returns the jobs' results (scaled jobs' are the caller's
     to judge)."""
     try:
+        if prepared is not None:
+            return device._run_file_batch(prepared)
         return device.write_from_file_batch(jobs, check_finite=check_finite)
     except NonFiniteError as e:
         _check_unchanged(ckpt, pieces)  # a file changed since validation explains it better
