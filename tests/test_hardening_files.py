@@ -202,3 +202,50 @@ def test_hf2q_cache_that_is_a_file_exits_2_like_cache_dir(tmp_path: Path) -> Non
         else:
             assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr, r.stderr
     assert f.read_text() == "x"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_ctrl_c_on_any_line_of_a_capped_read_leaves_no_fd_open(tiny: Path) -> None:
+    """read_capped (config.json, the index) interrupted by a KeyboardInterrupt
+    at each of its lines in turn, its last ones included: the descriptor is
+    closed every time (a close in a ``finally`` was skipped when the
+    interrupt landed on the close's own line)."""
+    import gc
+
+    from hf2q import _files
+    from hf2q.errors import ConfigError
+
+    path = str(tiny / "config.json")
+
+    def error(reason: str, e: OSError | None) -> ConfigError:
+        return ConfigError(f"{path}: {reason}")
+
+    want = _files.read_capped(path, 1 << 20, "config.json", error)
+    fds = len(os.listdir("/proc/self/fd"))
+    n = 0
+    while True:
+        n += 1
+        seen = [0]
+
+        def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+            if frame.f_code.co_filename != _files.__file__:
+                return None
+            if event == "line":
+                seen[0] += 1
+                if seen[0] == n:
+                    raise KeyboardInterrupt("injected")
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            got = _files.read_capped(path, 1 << 20, "config.json", error)
+        except KeyboardInterrupt:
+            got = None
+        finally:
+            sys.settrace(None)
+        gc.collect()
+        assert len(os.listdir("/proc/self/fd")) == fds, f"interrupted at line event {n}"
+        if got is not None:  # n went past the last line: every line was tried
+            assert got == want
+            break
+    assert n > 10

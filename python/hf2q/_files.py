@@ -11,6 +11,7 @@ is then cleared again.
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from dataclasses import dataclass
@@ -116,9 +117,13 @@ def _read_some(fd: int, n: int, error: Callable[[str, OSError | None], BaseExcep
 def read_capped(path: str, cap: int, what: str, error: Callable[[str, OSError | None], BaseException]) -> bytes:
     """The whole content of a small regular file, refused unread when it is
     larger than ``cap`` bytes (and when it grows past it or changes while read)."""
-    fd = -1
-    try:
-        fd, st = open_regular(path, error)
+    # The descriptor belongs to a FileIO from the moment open_regular returns
+    # it, and the ``with`` closes it in C: a Ctrl-C that lands on any line
+    # here, a close line included (a ``finally: os.close(fd)`` skipped its
+    # close then: tests/test_fault_injection.py), leaves nothing open.
+    with io.FileIO(path, "rb", opener=lambda p, _flags: open_regular(p, error)[0]) as f:
+        fd = f.fileno()
+        st = os.fstat(fd)
         if st.st_size > cap:
             raise error(f"is {st.st_size} bytes, more than the {cap} bytes a {what} may have", None)
         chunks = []
@@ -135,6 +140,3 @@ def read_capped(path: str, cap: int, what: str, error: Callable[[str, OSError | 
         if changed:
             raise error(f"changed while being read ({', '.join(changed)} changed)", None)
         return b"".join(chunks)
-    finally:
-        if fd >= 0:
-            os.close(fd)
