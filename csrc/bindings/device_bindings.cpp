@@ -56,9 +56,6 @@ struct PreparedFileBatch {
   std::vector<Device::BatchJob> jobs;
 };
 
-std::vector<std::pair<long long, unsigned long long>> run_file_batch(Device& d,
-                                                                     const std::vector<Device::BatchJob>& jobs);
-
 
 using RoBytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
@@ -309,10 +306,6 @@ void bind_device(nb::module_& m) {
             return result_pair(r);
           },
           "buf"_a, "segments"_a, "src_dtype"_a, "check_finite"_a = false)
-      .def(
-          "read_file_batch",
-          [](Device& d, const std::vector<FileJobTuple>& jobs) { return run_file_batch(d, to_batch_jobs(jobs)); },
-          "jobs"_a)
       .def(
           "read_prepared_file_batch",
           [](Device& d, const PreparedFileBatch& batch) { return run_file_batch(d, batch.jobs); }, "batch"_a)

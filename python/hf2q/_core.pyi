@@ -108,17 +108,12 @@ class NativeDevice:
         self, buf: NativeBuffer, segments: list[tuple[int, int, int, int]], src_dtype: str,
         check_finite: bool = False,
     ) -> tuple[int, int]: ...
-    def read_file_batch(
-        self,
-        jobs: list[tuple[NativeBuffer, list[tuple[int, int, int, int]], str, bool,
-                         tuple[NativeBuffer, int, int, int, int, int] | None]],
-    ) -> list[tuple[int, int]]:
-        """One pipeline over every job's (elem_offset, fd, file_offset, nbytes)
-        segments; a job's last element, when given, is (scale buffer, rows,
-        cols, block_rows, block_cols, base): block-scaled FP8 weights decoded
-        with their scales as they are read."""
     def read_prepared_file_batch(self, batch: NativeFileBatch) -> list[tuple[int, int]]:
-        """read_file_batch on jobs converted ahead of the call."""
+        """One pipeline over every job's (elem_offset, fd, file_offset, nbytes)
+        segments, converted ahead of the call (NativeFileBatch); a job's scaled
+        element, when given, is (scale buffer, rows, cols, block_rows,
+        block_cols, base): block-scaled FP8 weights decoded with their
+        scales as they are read."""
     def convert(self, dst: NativeBuffer, src: NativeBuffer) -> tuple[int, int]: ...
     def scaled_fp8(
         self, dst: NativeBuffer, elem_offset: int, w: NativeBuffer, scale: NativeBuffer,
