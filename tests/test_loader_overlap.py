@@ -222,10 +222,10 @@ def _interrupt() -> None:
     raise KeyboardInterrupt("injected")
 
 
-@pytest.mark.parametrize("where", ["_run_batch", "_write_jobs", "_prepare_batch", "_transpose_units"])
+@pytest.mark.parametrize("where", ["_run_batch", "_write_jobs", "_prepare_batch", "_transpose_batch"])
 def test_interrupt_in_either_thread_leaves_nothing(where: str, ckpts: dict[str, Path], small_batches: None,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """_run_batch / _write_jobs / _transpose_units run on the helper thread,
+    """_run_batch / _write_jobs / _transpose_batch run on the helper thread,
     _prepare_batch on the loading thread while a batch is in flight."""
     dev = Device._isolated("host")
     monkeypatch.setattr(loader, "_OVERLAP", True)

@@ -137,6 +137,37 @@ def test_device_transpose_refuses_bad_geometry(kind: str) -> None:
         dev._native.transpose_units(other._native, 1, 64, 0, 2, 2, 16)
 
 
+@pytest.mark.parametrize("kind", _host_and_gpu())
+def test_device_transposes_many_at_once_equal_one_by_one(kind: str) -> None:
+    """transpose_units_many (a loader's batch: one wait and one scratch on a
+    GPU, sized by the largest region) equals each transpose done alone,
+    formats and sizes mixed, a buffer listed twice done twice in order; every
+    item is checked before any runs."""
+    dev = Device._isolated(kind)
+    cases = [(RNG.standard_normal(shape).astype(np.float32), dtype, t)
+             for (shape, t), dtype in zip(GRIDS, ["f32", "bf16", "q8_0", "f32", "bf16"])]
+    bufs, want = [], []
+    for x, dtype, t in cases:
+        xs = x.astype(ml_dtypes.bfloat16) if dtype == "bf16" else x
+        bufs.append(dev.upload(xs, to=dtype))
+        one = dev.upload(xs, to=dtype)
+        dev._native.transpose_units(one._native, t.outer, t.period, t.start, t.a, t.b, t.unit)
+        want.append(np.ascontiguousarray(one.to_host()).view(np.uint8).tobytes())
+    twice = dev.upload(cases[0][0], to="f32")
+    t0 = cases[0][2]
+    items = [(b._native, t.outer, t.period, t.start, t.a, t.b, t.unit) for b, (_, _, t) in zip(bufs, cases)]
+    items += [(twice._native, t0.outer, t0.period, t0.start, t0.a, t0.b, t0.unit)] * 2
+    dev._native.transpose_units_many(items)
+    for b, w in zip(bufs, want):
+        assert np.ascontiguousarray(b.to_host()).view(np.uint8).tobytes() == w
+    assert np.array_equal(twice.to_host(), cases[0][0])  # a transpose done twice is the identity here (2 x 2)
+    before = [np.ascontiguousarray(b.to_host()).copy() for b in bufs]
+    with pytest.raises(ValueError, match="whole blocks of 32"):  # bufs[2] is Q8_0
+        dev._native.transpose_units_many(items[:2] + [(bufs[2]._native, 4, 64, 0, 2, 2, 16)])
+    assert all(np.array_equal(b.to_host(), x) for b, x in zip(bufs, before))  # none ran
+    dev._native.transpose_units_many([])
+
+
 # --------------------------------------------------------------------------- through the loader
 #: Tiny Qwen3.5 shapes where every dense format divides the rows (256) but a
 #: V head's 128 columns of out_proj are half a K-quant super-block.

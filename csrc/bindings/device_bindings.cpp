@@ -345,6 +345,20 @@ void bind_device(nb::module_& m) {
           "buf"_a, "outer"_a, "period"_a, "start"_a, "a"_a, "b"_a, "unit"_a,
           "In each of `outer` periods of `period` elements, the [a, b] grid of `unit`-element units at element "
           "`start` rewritten as its transpose [b, a], in place (whole blocks of the buffer's format).")
+      .def(
+          "transpose_units_many",
+          [](Device& d, const std::vector<std::tuple<BufferImpl*, std::size_t, std::size_t, std::size_t, std::size_t,
+                                                     std::size_t, std::size_t>>& items) {
+            std::vector<Device::UnitTransposeSpec> v;
+            v.reserve(items.size());
+            for (const auto& [buf, outer, period, start, a, b, unit] : items) {
+              v.push_back(Device::UnitTransposeSpec{buf, outer, period, start, a, b, unit});
+            }
+            hf2q::bindings::ReleaseGil nogil;
+            d.transpose_units_many(v);
+          },
+          "items"_a, "Several buffers' transpose_units (buf, outer, period, start, a, b, unit), in order; every one "
+          "checked before any runs.")
       .def("checksums", [](Device& d, BufferImpl& b) {
         std::vector<std::uint32_t> sums;
         {

@@ -280,6 +280,8 @@ class Backend {
   // transposed in place, after its uploads (Device::transpose_units checks
   // the geometry against the buffer). Default: the CPU through the pointer.
   virtual void transpose_units(const UploadTarget& buf, const kernels::UnitGrid& g);
+  // Several of them, in order. Default: one transpose_units each.
+  virtual void transpose_units_many(const std::vector<std::pair<UploadTarget, kernels::UnitGrid>>& items);
 };
 
 // Reads exactly `len` bytes at `off` of `fd` into CPU memory; retries EINTR

@@ -1154,9 +1154,12 @@ UploadResult Backend::scaled_fp8(const UploadTarget& dst, std::size_t dst_off, c
   return res;
 }
 
-void Device::transpose_units(BufferImpl& buf, std::size_t outer, std::size_t period, std::size_t start,
-                             std::size_t a, std::size_t b, std::size_t unit) {
-  if (buf.device().get() != this) throw DeviceError("transpose_units: the buffer belongs to another device");
+namespace {
+
+// transpose_units' checks: the grids in bytes, or an error naming the rule.
+kernels::UnitGrid unit_grid_of(const Device* self, BufferImpl& buf, std::size_t outer, std::size_t period,
+                               std::size_t start, std::size_t a, std::size_t b, std::size_t unit) {
+  if (buf.device().get() != self) throw DeviceError("transpose_units: the buffer belongs to another device");
   const FormatRow& f = format_of(buf.dtype());
   for (std::size_t n : {period, start, unit}) {
     if (n % f.block_elems != 0) {
@@ -1183,8 +1186,29 @@ void Device::transpose_units(BufferImpl& buf, std::size_t outer, std::size_t per
     throw std::invalid_argument("transpose_units: the grids end at byte " + std::to_string(extent) +
                                 " of a buffer of " + std::to_string(buf.byte_len()));
   }
-  if (extent == 0) return;
-  backend_->transpose_units(UploadTarget{buf.handle(), buf.data()}, g);
+  return g;
+}
+
+}  // namespace
+
+void Device::transpose_units(BufferImpl& buf, std::size_t outer, std::size_t period, std::size_t start,
+                             std::size_t a, std::size_t b, std::size_t unit) {
+  transpose_units_many({UnitTransposeSpec{&buf, outer, period, start, a, b, unit}});
+}
+
+void Device::transpose_units_many(const std::vector<UnitTransposeSpec>& items) {
+  std::vector<std::pair<UploadTarget, kernels::UnitGrid>> todo;
+  todo.reserve(items.size());
+  for (const UnitTransposeSpec& t : items) {
+    if (t.buf == nullptr) throw std::invalid_argument("transpose_units: no buffer");
+    const kernels::UnitGrid g = unit_grid_of(this, *t.buf, t.outer, t.period, t.start, t.a, t.b, t.unit);
+    if (g.extent() != 0) todo.emplace_back(UploadTarget{t.buf->handle(), t.buf->data()}, g);
+  }
+  if (!todo.empty()) backend_->transpose_units_many(todo);
+}
+
+void Backend::transpose_units_many(const std::vector<std::pair<UploadTarget, kernels::UnitGrid>>& items) {
+  for (const auto& [buf, g] : items) transpose_units(buf, g);
 }
 
 void Backend::transpose_units(const UploadTarget& buf, const kernels::UnitGrid& g) {

@@ -189,6 +189,14 @@ class Device : public std::enable_shared_from_this<Device> {
   // Runs after the uploads so far (GPU kernel on CUDA, the CPU elsewhere).
   void transpose_units(BufferImpl& buf, std::size_t outer, std::size_t period, std::size_t start, std::size_t a,
                        std::size_t b, std::size_t unit);
+  // Several buffers' unit transposes, each as transpose_units: every one is
+  // checked before any runs, and a GPU waits for the uploads once and
+  // reuses one scratch for all of them (a loader's batch has a hundred).
+  struct UnitTransposeSpec {
+    BufferImpl* buf;
+    std::size_t outer, period, start, a, b, unit;
+  };
+  void transpose_units_many(const std::vector<UnitTransposeSpec>& items);
 
   // Copy `len` bytes at byte `offset` of the buffer's storage into CPU
   // memory (a device copy where the memory is not CPU-visible).

@@ -498,14 +498,13 @@ def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bo
     try:
         pieces = batch.pieces
         if batch.scale_jobs:  # the scale grids land before the weights that need them are read
-            _write_jobs(device, ckpt, batch.scale_jobs, batch.scale_owner, pieces, False)
+            _write_jobs(device, ckpt, batch.scale_jobs, batch.scale_owner, pieces, False, batch.scale_call)
         # FP8 bytes are checked as products by the decode (always), not as they are read.
         results = _write_jobs(device, ckpt, batch.jobs + batch.scaled_jobs, batch.owner + batch.scaled_owner,
-                              pieces, check_finite)
+                              pieces, check_finite, batch.write_call)
         batch.transients = []
         _judge_scaled(batch.scaled, batch.scaled_jobs, results[len(batch.jobs):], check_finite)
-        for entry, b in zip(batch.entries, batch.made):
-            _transpose_units(device, entry, b)
+        _transpose_batch(device, batch.entries, batch.made)
         _check_files(batch.files)
         if check_finite:
             for entry, b in zip(batch.entries, batch.made):
@@ -773,6 +772,17 @@ def _transpose_units(device: Device, entry: TensorPlan, buf: Buffer) -> None:
     t = entry.unit_transpose
     if t is not None:
         device._native.transpose_units(buf._native, t.outer, t.period, t.start, t.a, t.b, t.unit)
+
+
+def _transpose_batch(device: Device, entries: list[TensorPlan], bufs: list[Buffer]) -> None:
+    """The unit transposes of a batch's entries (:func:`_transpose_units`)
+    in one device call: on a GPU one wait for the batch's uploads and one
+    scratch for all of them, instead of a wait, an allocation and a free
+    each (those took 47 ms of an FP8 Qwen3.6 load's 0.9 s on an H100)."""
+    items = [(b._native, t.outer, t.period, t.start, t.a, t.b, t.unit)
+             for e, b in zip(entries, bufs) if (t := e.unit_transpose) is not None]
+    if items:
+        device._native.transpose_units_many(items)
 
 
 def _transpose_source(entry: TensorPlan) -> str | None:

@@ -491,26 +491,39 @@ class CudaBackend final : public Backend {
 
   // A buffer's unit grids transposed on this GPU: the region is copied to a
   // scratch allocation, then one kernel writes each grid back transposed
-  // (4-byte words when every size allows, else bytes).
+  // (4-byte words when every size allows, else bytes). Several buffers (a
+  // loader's batch) wait for the uploads once and share one scratch, as
+  // large as the largest region, their copies and kernels in order on one
+  // stream; one wait at the end, before the scratch is freed.
   void transpose_units(const UploadTarget& buf, const kernels::UnitGrid& g) override {
-    const std::size_t len = g.extent();
-    if (len == 0) return;
+    transpose_units_many({{buf, g}});
+  }
+
+  void transpose_units_many(const std::vector<std::pair<UploadTarget, kernels::UnitGrid>>& items) override {
+    std::size_t most = 0;
+    for (const auto& item : items) most = std::max(most, item.second.extent());
+    if (most == 0) return;
     Ctx c(*this);
     check(wait_uploads(), "cuStreamSynchronize (uploads in flight)");
-    const bool words = g.period % 4 == 0 && g.start % 4 == 0 && g.unit % 4 == 0 && dptr(buf.base) % 4 == 0;
-    const unsigned long long w = words ? 4 : 1;
-    struct Geo {
-      unsigned long long outer, period, start, a, b, unit;
-    } geo{g.outer, g.period / w, g.start / w, g.a, g.b, g.unit / w};
     CUdeviceptr scratch = 0;
-    check(d_->cuMemAlloc(&scratch, len), "cuMemAlloc (transpose scratch)");
-    CUresult r = d_->cuMemcpyDtoDAsync(scratch, dptr(buf.base), len, misc_);
-    if (r == CUDA_SUCCESS) {
+    check(d_->cuMemAlloc(&scratch, most), "cuMemAlloc (transpose scratch)");
+    CUresult r = CUDA_SUCCESS;
+    for (const auto& [buf, g] : items) {
+      const std::size_t len = g.extent();
+      if (len == 0) continue;
+      const bool words = g.period % 4 == 0 && g.start % 4 == 0 && g.unit % 4 == 0 && dptr(buf.base) % 4 == 0;
+      const unsigned long long w = words ? 4 : 1;
+      struct Geo {
+        unsigned long long outer, period, start, a, b, unit;
+      } geo{g.outer, g.period / w, g.start / w, g.a, g.b, g.unit / w};
+      r = d_->cuMemcpyDtoDAsync(scratch, dptr(buf.base), len, misc_);
+      if (r != CUDA_SUCCESS) break;
       CUdeviceptr from = scratch, to = dptr(buf.base);
       void* args[] = {&from, &to, &geo};
-      const std::size_t items = g.outer * g.a * g.b * (g.unit / w);
-      r = d_->cuLaunchKernel(words ? fn_transpose_u32_ : fn_transpose_u8_, grid_for(items, kBlock), 1, 1, kBlock, 1,
+      const std::size_t units = g.outer * g.a * g.b * (g.unit / w);
+      r = d_->cuLaunchKernel(words ? fn_transpose_u32_ : fn_transpose_u8_, grid_for(units, kBlock), 1, 1, kBlock, 1,
                              1, 0, misc_, args, nullptr);
+      if (r != CUDA_SUCCESS) break;
     }
     const CUresult sync = d_->cuStreamSynchronize(misc_);  // before the scratch is freed
     d_->cuMemFree(scratch);
