@@ -215,6 +215,69 @@ def test_scale_of_wrong_dtype_and_unscaled_weight_with_scale(tmp_path) -> None:
         hf2q.load(d, dtype="f32", progress=False)
 
 
+class _Info:
+    def __init__(self, dtype: str, shape: list[int]) -> None:
+        self.dtype, self.shape = dtype, shape  # a list, as a plain mapping may give
+
+
+class _Plain(dict):
+    """name -> info with ``keys()`` and ``[name]`` only: no table()."""
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_pairing_reports_every_problem_in_checkpoint_order(tmp_path, plain) -> None:
+    # One of each problem, twice where a kind can repeat, among good pairs:
+    # each list in the order of the names, every problem named at once.
+    from hf2q.models._quant import quant_scheme, scaled_tensors
+    from hf2q.safetensors import open_checkpoint
+
+    ones = np.ones((2, 2), np.float32)
+    tensors = {
+        "a.weight": _w(), "a.weight_scale_inv": ones,                              # good
+        "b.weight_scale_inv": ones,                                                # weight absent
+        "c.weight": np.ones((64, 64), np.float32), "c.weight_scale_inv": ones,     # weight not FP8
+        "d.weight": _w(), "d.weight_scale_inv": np.ones((2, 2), np.int32),         # scale dtype
+        "e.weight": _w((70, 64)), "e.weight_scale_inv": ones,                      # scale shape
+        "f.weight": _w(),                                                          # scale absent
+        "g.weight": _w(), "g.weight_scale_inv": ones,                              # good
+        "h.weight": _w((70, 64)), "h.weight_scale_inv": ones,                      # scale shape again
+        "i.weight_scale_inv": ones,                                                # weight absent again
+    }
+    d = _ckpt(tmp_path, "all", tensors, FP8_QC)
+    scheme = quant_scheme({"quantization_config": FP8_QC})
+    with open_checkpoint(d) as ck:
+        src = _Plain({n: _Info(ck[n].dtype, list(ck[n].shape)) for n in ck.keys()}) if plain else ck
+        good = _Plain({n: v for n, v in src.items() if n[0] in "ag"}) if plain else None
+        with pytest.raises(MissingTensorError) as e:
+            scaled_tensors(src, scheme)
+        assert [(p.kind, p.tensor) for p in e.value.problems] == [
+            ("missing", "b.weight"), ("missing", "i.weight"), ("missing", "f.weight_scale_inv")]
+        assert "the weight scaled by 'b.weight_scale_inv'" in str(e.value)
+        assert "the scale of FP8 weight 'f.weight'" in str(e.value)
+        for n in ("b.weight_scale_inv", "i.weight_scale_inv", "f.weight"):
+            src.pop(n) if plain else None
+        if not plain:
+            return
+        with pytest.raises(DtypeMismatchError) as e:
+            scaled_tensors(src, scheme)
+        assert [(p.kind, p.tensor) for p in e.value.problems] == [("dtype", "c.weight"), ("dtype", "d.weight_scale_inv")]
+        assert "it has a scale 'c.weight_scale_inv'" in str(e.value) and "the scale of 'd.weight'" in str(e.value)
+        for n in ("c.weight", "c.weight_scale_inv", "d.weight", "d.weight_scale_inv"):
+            src.pop(n)
+        with pytest.raises(ShapeMismatchError) as e:
+            scaled_tensors(src, scheme)
+        assert [(p.kind, p.tensor) for p in e.value.problems] == [
+            ("shape", "e.weight_scale_inv"), ("shape", "h.weight_scale_inv")]
+        assert "ceil(70 / 32) x ceil(64 / 32) blocks of [70, 64]" in str(e.value)
+        assert good is not None
+        st = scaled_tensors(good, scheme)
+        assert sorted(st.scales) == ["a.weight", "g.weight"]
+        s = st.scales["g.weight"]
+        assert (s.tensor, s.dtype, s.shape, s.block, s.grid, s.scheme) == (
+            "g.weight_scale_inv", "f32", (2, 2), (32, 32), (2, 2), "block")
+        assert st.consumed == {"a.weight_scale_inv", "g.weight_scale_inv"}
+
+
 @pytest.mark.parametrize("qc, key", [
     ({"quant_method": "gptq", "bits": 4}, "quantization_config.quant_method"),
     ({"quant_method": "fp8", "weight_block_size": [128]}, "quantization_config.weight_block_size"),

@@ -27,9 +27,10 @@ import os
 import re
 import stat
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Sequence, TypeVar, Union, cast
 
 import numpy as np
@@ -644,6 +645,10 @@ class SafetensorsFile:
         """Every tensor's info, sorted by name."""
         return list(self._tensors.values())
 
+    def table(self) -> Mapping[str, TensorInfo]:
+        """Name -> :class:`TensorInfo` of every tensor, read-only (a view, no copy)."""
+        return MappingProxyType(self._tensors)
+
     def items(self) -> list[tuple[str, TensorInfo]]:
         return list(self._tensors.items())
 
@@ -874,6 +879,11 @@ class Checkpoint:
     def tensors(self) -> list[TensorInfo]:
         # Straight from the table (a plan asks for all of them at once).
         return list(self._info.values())
+
+    def table(self) -> Mapping[str, TensorInfo]:
+        """Name -> :class:`TensorInfo` of every tensor, read-only (a view, no
+        copy: planning looks up 60,000 names without a Python call each)."""
+        return MappingProxyType(self._info)
 
     def __getitem__(self, name: str) -> TensorInfo:
         try:

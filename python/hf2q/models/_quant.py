@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from .. import formats
@@ -234,6 +235,43 @@ def _scale_geometry(scheme: QuantScheme, wshape: tuple[int, ...], sshape: tuple[
 _new_scale = constructor(Scale)
 
 
+def _lookup(ckpt: Any) -> Any:
+    """``name -> info`` of ``ckpt``: an open checkpoint's own table (a dict
+    lookup, no Python call per tensor), else its ``[name]``."""
+    table = getattr(ckpt, "table", None)
+    return table().__getitem__ if callable(table) else ckpt.__getitem__
+
+
+_DTYPE = attrgetter("dtype")
+_SHAPE = attrgetter("shape")
+
+
+def _judge_pair(scheme: QuantScheme, rule: str, wdtype: str, sdtype: str, wshape: tuple[int, ...],
+                sshape: tuple[int, ...]) -> tuple[tuple[str, str, str, str] | None, tuple[Any, ...]]:
+    """(problem, scale fields) of a weight of ``wdtype`` / ``wshape`` scaled
+    by a tensor of ``sdtype`` / ``sshape``: the problem as (kind, "weight" or
+    "scale", what is wanted with {weight} / {scale} to fill in, what it has),
+    or None and the :class:`Scale` fields after its tensor name."""
+    wfmt = formats.from_safetensors(wdtype).name
+    sfmt = formats.from_safetensors(sdtype).name
+    if wfmt not in _F8 or (scheme.fmt is not None and wfmt != scheme.fmt):
+        want = scheme.fmt or "F8_E4M3 or F8_E5M2"
+        return ("dtype", "weight", f"{want.upper()} (it has a scale '{{scale}}'; {_braced(rule)})", wdtype), ()
+    if sfmt not in _SCALE_DTYPES:
+        return ("dtype", "scale", "F32, BF16 or F16 (the scale of '{weight}')", sdtype), ()
+    if not wshape or 0 in wshape:
+        return ("shape", "weight", "a non-empty matrix (a scaled FP8 weight)", str(list(wshape))), ()
+    ok, want, block, grid, strategy = _scale_geometry(scheme, wshape, sshape)
+    if not ok:
+        return ("shape", "scale", f"{_braced(want)} ({_braced(rule)})", str(list(sshape))), ()
+    return None, (sfmt, sshape, block, grid, strategy)
+
+
+def _braced(text: str) -> str:
+    """``text`` safe inside a str.format template."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     """Pair every FP8 weight of ``ckpt`` (an open checkpoint: names,
     ``[name].dtype`` / ``.shape``) with its scale under ``scheme``; typed
@@ -253,55 +291,57 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     if scheme.method == "mxfp4":
         return _mxfp4_tensors(ckpt, scheme, names, rule)
     dropped_suffixes = tuple(scheme.dropped)
-    # The scale geometry of one (weight shape, scale shape) pair, once: an
-    # expert stack's hundreds of tensors share theirs.
-    geometry: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[bool, str, tuple[int, int], tuple[int, ...], str]] = {}
-    fmt_of: dict[str, str] = {}  # safetensors code -> format name, asked twice per weight
+    suffix = scheme.suffix
+    info = _lookup(ckpt)
+    # One pass per rule over the names, each at C speed (a full-size FP8
+    # checkpoint has 60,000): the activation scales dropped, then the
+    # weight scales; the loop below visits only the latter.
+    if dropped_suffixes:
+        dropped.update(n for n in names if n.endswith(dropped_suffixes))
+    candidates = [n for n in names if n.endswith(suffix) and n not in dropped] if dropped else \
+        [n for n in names if n.endswith(suffix)]
+    if scheme.method == "compressed-tensors":
+        # e.g. a module's own "x_scale" parameter: not a weight's scale
+        candidates = [n for n in candidates if n[:-len(suffix)].endswith(".weight")]
+    # Per weight only lookups, made by C loops (map, zip); the rules are
+    # judged once per distinct (dtypes, shapes) of a pair, of which an
+    # expert stack's hundreds of pairs share one.
+    cut = len(suffix)
+    weights = [n[:-cut] for n in candidates]
+    consumed.update(candidates)
+    paired.update(weights)
+    if not paired <= present:
+        missing.extend(ManifestProblem("missing", w, f"the weight scaled by '{n}' ({rule})", "absent")
+                       for w, n in zip(weights, candidates) if w not in present)
+        kept = [(w, n) for w, n in zip(weights, candidates) if w in present]
+        weights, candidates = [w for w, _ in kept], [n for _, n in kept]
+    winfos, sinfos = list(map(info, weights)), list(map(info, candidates))
+    wshapes, sshapes = list(map(_SHAPE, winfos)), list(map(_SHAPE, sinfos))
+    if not set(map(type, wshapes)) | set(map(type, sshapes)) <= {tuple}:  # e.g. lists from a plain mapping
+        wshapes = [tuple(int(d) for d in x) for x in wshapes]
+        sshapes = [tuple(int(d) for d in x) for x in sshapes]
+    keys = list(zip(map(_DTYPE, winfos), map(_DTYPE, sinfos), wshapes, sshapes))
+    judged = {k: _judge_pair(scheme, rule, *k) for k in set(keys)}
+    if all(v[0] is None for v in judged.values()):
+        made = [judged[k][1] for k in keys]  # (scale format, shape, block, grid, strategy) per weight
+        if made:
+            scales.update(zip(weights, map(_new_scale, candidates, *zip(*made))))
+    else:
+        for w, n, k in zip(weights, candidates, keys):
+            problem, made = judged[k]
+            if problem is None:
+                scales[w] = _new_scale(n, *made)
+                continue
+            kind, about, want, got = problem
+            target = bad_shape if kind == "shape" else bad_dtype
+            target.append(ManifestProblem(kind, w if about == "weight" else n, want.format(weight=w, scale=n), got))
+    # FP8 tensors with no scale: among the names no rule above took (set
+    # arithmetic at C speed), in the checkpoint's order.
+    rest = present.difference(paired, consumed, dropped)
     for name in names:
-        if dropped_suffixes and name.endswith(dropped_suffixes):
-            dropped.add(name)
+        if name not in rest:
             continue
-        if not name.endswith(scheme.suffix):
-            continue
-        weight = name[: -len(scheme.suffix)]
-        if scheme.method == "compressed-tensors" and not weight.endswith(".weight"):
-            continue  # e.g. a module's own "x_scale" parameter: not a weight's scale
-        consumed.add(name)
-        paired.add(weight)
-        if weight not in present:
-            missing.append(ManifestProblem("missing", weight, f"the weight scaled by '{name}' ({rule})", "absent"))
-            continue
-        winfo, sinfo = ckpt[weight], ckpt[name]
-        wfmt = fmt_of.get(winfo.dtype) or fmt_of.setdefault(winfo.dtype, formats.from_safetensors(winfo.dtype).name)
-        sfmt = fmt_of.get(sinfo.dtype) or fmt_of.setdefault(sinfo.dtype, formats.from_safetensors(sinfo.dtype).name)
-        if wfmt not in _F8 or (scheme.fmt is not None and wfmt != scheme.fmt):
-            want = scheme.fmt or "F8_E4M3 or F8_E5M2"
-            bad_dtype.append(ManifestProblem("dtype", weight, f"{want.upper()} (it has a scale '{name}'; {rule})",
-                                             winfo.dtype))
-            continue
-        if sfmt not in _SCALE_DTYPES:
-            bad_dtype.append(ManifestProblem("dtype", name, f"F32, BF16 or F16 (the scale of '{weight}')",
-                                             sinfo.dtype))
-            continue
-        wshape = winfo.shape if type(winfo.shape) is tuple else tuple(int(d) for d in winfo.shape)
-        sshape = sinfo.shape if type(sinfo.shape) is tuple else tuple(int(d) for d in sinfo.shape)
-        if not wshape or 0 in wshape:
-            bad_shape.append(ManifestProblem("shape", weight, "a non-empty matrix (a scaled FP8 weight)",
-                                             str(list(wshape))))
-            continue
-        geo = geometry.get((wshape, sshape))
-        if geo is None:
-            geo = geometry[(wshape, sshape)] = _scale_geometry(scheme, wshape, sshape)
-        ok, want, block, grid, strategy = geo
-        if not ok:
-            bad_shape.append(ManifestProblem("shape", name, f"{want} ({rule})", str(list(sshape))))
-            continue
-        scales[weight] = _new_scale(name, sfmt, sshape, block, grid, strategy)
-    for name in names:
-        if name in paired or name in consumed or name in dropped:
-            continue
-        fmt = formats.from_safetensors(ckpt[name].dtype).name
-        if fmt in _F8:
+        if formats.from_safetensors(info(name).dtype).name in _F8:
             missing.append(ManifestProblem("missing", name + scheme.suffix,
                                            f"the scale of FP8 weight '{name}' ({rule})", "absent"))
     for problems, cls in ((missing, MissingTensorError), (bad_dtype, DtypeMismatchError),
