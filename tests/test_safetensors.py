@@ -1067,7 +1067,7 @@ def test_fast_parse_agrees_with_the_careful_one(pairs: list[tuple[str, str]]) ->
     assert duplicate is None, text
     import unittest.mock
 
-    with unittest.mock.patch.object(hst, "_scanned_header", lambda _b: None):
+    with unittest.mock.patch.object(hst, "_scanned_header", lambda *_: None):
         try:
             careful = hst._validate_header(len(text), text.encode(), 1 << 70, "x")
         except SafetensorsError as e:
@@ -1132,10 +1132,54 @@ def test_native_scan_equals_the_careful_parse(text: str) -> None:
 
     n = len(text.encode())
     size = 8 + n + max((e[1] for e in fast[1]), default=0)  # the file these entries fill exactly
-    with unittest.mock.patch.object(hst, "_scanned_header", lambda _b: None):
+    with unittest.mock.patch.object(hst, "_scanned_header", lambda *_: None):
         careful = hst._validate_header(n, text.encode(), size, "x")
-    assert (fast[0], hst._check_layout(n, fast[1], size, "x")) == careful
+    assert (fast[0], sorted(hst._check_layout(n, fast[1], size, "x"), key=lambda e: e[2])) == careful
     assert hst._validate_header(n, text.encode(), size, "x") == careful  # the native path, end to end
+
+
+_LAYOUT_DTYPES = ["F32", "BF16", "U8", "F8_E4M3", "BOOL", "F64"] + [d for d in hst.DTYPE_BITS if hst.DTYPE_BITS[d] % 8]
+
+
+@HYP
+@given(st.lists(st.tuples(st.sampled_from(_LAYOUT_DTYPES),
+                          st.lists(st.sampled_from([0, 1, 2, 3, 5, 7, 64, 1 << 32, (1 << 64) - 1]), max_size=3),
+                          st.sampled_from([-1, 0, 0, 0, 1, 8]),  # gap or overlap before it (0: contiguous)
+                          st.sampled_from([0, 0, 0, 1, -1])),  # its span off by that many bytes
+                min_size=0, max_size=5),
+       st.sampled_from([0, 0, 1, -1]), st.randoms(use_true_random=False))
+def test_native_layout_check_agrees_with_the_careful_one(tensors, tail, rnd) -> None:
+    """The native accept-path of rules 7-11 (check_layout) accepts exactly
+    what _check_layout accepts, empty tensors aside (those it leaves to it),
+    and gives the entries in name order."""
+    entries, at = [], 0
+    for i, (dtype, shape, gap, off) in enumerate(tensors):
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = (numel * hst.DTYPE_BITS[dtype] + 7) // 8 + off
+        begin = max(at + gap, 0)
+        end = begin + nbytes if begin + nbytes <= (1 << 64) - 1 else begin  # keep offsets u64
+        entries.append((f"t{rnd.randrange(1000)}.{i}", dtype, shape, begin, max(end, 0)))
+        at = max(end, 0)
+    rnd.shuffle(entries)
+    data = max(at + tail, 0)
+    text = "{" + ",".join('"%s":{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}'
+                          % (n, dt, ",".join(map(str, sh)), b, e) for n, dt, sh, b, e in entries) + "}"
+    n = len(text)
+    fast = hst._scanned_header(text.encode(), data)
+    if fast is None:  # an offset past u64: left to the careful parser
+        assert any(e > hst.U64_MAX for *_, e in entries), text
+        return
+    try:
+        careful = hst._named_order(hst._check_layout(n, list(fast[1]), 8 + n + data, "x"))
+    except SafetensorsError:
+        assert fast[2] is False, text
+        return
+    empty = any(0 in sh or not hst.DTYPE_BITS[dt] for _, dt, sh, _, _ in entries)
+    assert fast[2] is not empty, text
+    if fast[2]:
+        assert fast[1] == careful, text
 
 
 @pytest.mark.parametrize("text", [

@@ -1,6 +1,7 @@
 // nanobind glue for hf2q._core: argument conversion and GIL release only.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -245,12 +247,18 @@ NB_MODULE(_core, m) {
   m.attr("READ_CHUNK_BYTES") = hf2q::device::kReadChunkBytes;
   m.def(
       "scan_header",
-      [](nb::bytes header) -> nb::object {
+      [](nb::bytes header, std::optional<std::uint64_t> data_bytes,
+         std::optional<std::vector<std::pair<std::string, unsigned>>> dtype_bits) -> nb::object {
         hf2q::device::ScannedHeader h;
-        bool plain = false;
+        bool plain = false, laid_out = false;
+        std::vector<std::pair<std::string_view, unsigned>> bits;
+        if (dtype_bits) {
+          for (const auto& d : *dtype_bits) bits.emplace_back(d.first, d.second);
+        }
         {
           hf2q::bindings::ReleaseGil nogil;  // the bytes object is immutable and held by the caller
           plain = hf2q::device::scan_header(header.c_str(), header.size(), &h);
+          if (plain && data_bytes && dtype_bits) laid_out = hf2q::device::check_layout(&h, *data_bytes, bits);
         }
         if (!plain) return nb::none();
         // Built with the C API: one tuple per tensor of a 60,000-tensor header.
@@ -288,12 +296,13 @@ NB_MODULE(_core, m) {
           }
           out.append(nb::make_tuple(u64(t.begin), u64(t.end), utf8(t.name), dt, shape_obj));
         }
-        return nb::make_tuple(meta, out);
+        return nb::make_tuple(meta, out, laid_out);
       },
-      "header"_a,
+      "header"_a, "data_bytes"_a = nb::none(), "dtype_bits"_a = nb::none(),
       "A safetensors header that holds nothing unusual, scanned in one native pass: (metadata, [(begin, end, "
-      "name, dtype, shape), ...] in header order), or None where the careful parser must decide "
-      "(csrc/device/header_scan.h).");
+      "name, dtype, shape), ...], laid_out), or None where the careful parser must decide "
+      "(csrc/device/header_scan.h). laid_out: data_bytes and dtype_bits [(dtype, bits), ...] were given and "
+      "the layout rules hold (check_layout); the entries are then in name order, else in header order.");
   m.def(
       "can_convert",
       [](const std::string& src, const std::string& dst) {

@@ -1,6 +1,9 @@
 #include "header_scan.h"
 
+#include <algorithm>
+#include <numeric>
 #include <string>
+#include <tuple>
 #include <unordered_set>
 
 namespace hf2q::device {
@@ -146,6 +149,45 @@ bool scan_header(const char* text, std::size_t len, ScannedHeader* out) {
     } while (s.eat(','));
   }
   return s.eat('}') && s.at_end();
+}
+
+bool check_layout(ScannedHeader* h, std::uint64_t data_bytes,
+                  const std::vector<std::pair<std::string_view, unsigned>>& dtype_bits) {
+  using Tensor = ScannedHeader::Tensor;
+  std::vector<unsigned> bits(h->tensors.size());
+  for (std::size_t i = 0; i < h->tensors.size(); ++i) {
+    const Tensor& t = h->tensors[i];
+    auto it = std::find_if(dtype_bits.begin(), dtype_bits.end(), [&](const auto& d) { return d.first == t.dtype; });
+    if (it == dtype_bits.end() || it->second == 0) return false;
+    bits[i] = it->second;
+  }
+  std::vector<std::size_t> order(h->tensors.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const Tensor &x = h->tensors[a], &y = h->tensors[b];
+    return std::tie(x.begin, x.end, x.name) < std::tie(y.begin, y.end, y.name);
+  });
+  std::uint64_t previous_end = 0;
+  for (std::size_t i : order) {
+    const Tensor& t = h->tensors[i];
+    if (t.begin != previous_end || t.end < t.begin) return false;
+    // The running product: a prefix that overflows is an error even where a
+    // later zero dimension would bring the total back to 0 (as the careful
+    // check rules).
+    std::uint64_t numel = 1;
+    for (std::size_t k = 0; k < t.ndims; ++k) {
+      if (__builtin_mul_overflow(numel, h->dims[t.dims_begin + k], &numel)) return false;
+    }
+    std::uint64_t nbits = 0;
+    if (numel == 0 || __builtin_mul_overflow(numel, std::uint64_t{bits[i]}, &nbits) || nbits % 8 != 0 ||
+        t.end - t.begin != nbits / 8) {
+      return false;  // an empty tensor too: rare, and the careful check decides it
+    }
+    previous_end = t.end;
+  }
+  if (previous_end != data_bytes) return false;
+  std::sort(h->tensors.begin(), h->tensors.end(), [](const Tensor& a, const Tensor& b) { return a.name < b.name; });
+  return true;
 }
 
 }  // namespace hf2q::device

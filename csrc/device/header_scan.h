@@ -8,7 +8,8 @@
 // (no sign, no leading zero, no fraction or exponent) up to 2^64 - 1; no
 // repeated key anywhere. Anything else, valid JSON or not, makes it return
 // false, and the caller's careful parser decides with its exact errors.
-// The layout rules (offsets, sizes, dtypes) are the caller's.
+// The layout rules (offsets, sizes, dtypes) are the caller's; check_layout
+// below is a fast accept-path for them.
 #pragma once
 
 #include <cstddef>
@@ -31,5 +32,16 @@ struct ScannedHeader {
 };
 
 bool scan_header(const char* text, std::size_t len, ScannedHeader* out);
+
+// Rules 7-11 of docs/SAFETENSORS.md over a scanned header whose tensors'
+// data section is `data_bytes` long: every dtype is one of `dtype_bits`
+// (name, bits per element), the offsets run contiguously from 0 to
+// data_bytes in (begin, end, name) order, and each tensor's span is its
+// element count times its bits, in whole bytes, with no product overflowing
+// 64 bits. True: all hold, and `h->tensors` is then sorted by name (byte
+// order, which for UTF-8 is code point order). False: some rule fails (or a
+// dtype is unknown); the caller's careful check finds and words it.
+bool check_layout(ScannedHeader* h, std::uint64_t data_bytes,
+                  const std::vector<std::pair<std::string_view, unsigned>>& dtype_bits);
 
 }  // namespace hf2q::device

@@ -130,8 +130,12 @@ def format_table() -> list[tuple[str, int, int, int, str, str, int, bool, bool]]
 def can_convert(src: str, dst: str) -> bool: ...
 READ_CHUNK_BYTES: int
 
-def scan_header(header: bytes) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]] | None:
-    """A plain safetensors header in one native pass, or None (the careful parser decides)."""
+def scan_header(
+    header: bytes, data_bytes: int | None = None, dtype_bits: list[tuple[str, int]] | None = None
+) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]], bool] | None:
+    """A plain safetensors header in one native pass, or None (the careful
+    parser decides); the flag: the layout rules hold over data_bytes with
+    dtype_bits (entries then in name order)."""
 
 def read_file(fd: int, offset: int, out: npt.NDArray[np.uint8], chunk: int = 0) -> None:
     """pread len(out) bytes at offset (parallel chunks); FileReadError(.code) on failure."""

@@ -284,17 +284,20 @@ _NAME = operator.itemgetter(2)
 def _validate_header(
     n: int, header: bytes, file_size: int, path: str
 ) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]]:
-    """Rules 4-11 of docs/SAFETENSORS.md (1-3 are the caller's, from the file length and N)."""
+    """Rules 4-11 of docs/SAFETENSORS.md (1-3 are the caller's, from the file length and N); the
+    entries in name order."""
     # Rule 4: UTF-8.
     try:
         text = header.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _err(INVALID_HEADER, path, f"header is not valid UTF-8 ({e.reason} at byte {8 + e.start})") from None
 
-    parsed = _scanned_header(header)
+    parsed = _scanned_header(header, file_size - 8 - n)
     if parsed is not None:
-        metadata, entries = parsed
-        return metadata, _check_layout(n, entries, file_size, path)
+        metadata, entries, laid_out = parsed
+        if laid_out:
+            return metadata, entries
+        return metadata, _named_order(_check_layout(n, entries, file_size, path))
 
     # Rule 5: JSON and schema.
     def bad(reason: str, tensor: str | None = None) -> SafetensorsError:
@@ -369,7 +372,7 @@ def _validate_header(
     # Rule 6: duplicate keys anywhere.
     if duplicate is not None:
         raise _err(DUPLICATE_KEY, path, f"duplicate JSON key {duplicate!r} in header")
-    return metadata, _check_layout(n, entries, file_size, path)
+    return metadata, _named_order(_check_layout(n, entries, file_size, path))
 
 
 class _Unusual(Exception):
@@ -390,18 +393,28 @@ def _plain_int(text: str) -> int:
     return int(text)
 
 
-def _scanned_header(header: bytes) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]]] | None:
+# (dtype, bits) pairs as the native layout check takes them, from DTYPE_BITS.
+_DTYPE_BIT_PAIRS = list(DTYPE_BITS.items())
+
+
+def _scanned_header(header: bytes, data_bytes: int | None = None
+                    ) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]], bool] | None:
     """Rules 5 and 6 by the native scan (``_core.scan_header``): a header of
     the plain subset it accepts, with every dtype known, gives the same
-    metadata and entries as the careful path; None otherwise."""
-    scanned = _core.scan_header(header)
+    metadata and entries as the careful path; None otherwise. The flag:
+    rules 7-11 hold too over a data section of ``data_bytes`` (the native
+    accept-path of :func:`_check_layout`), and the entries are in name order."""
+    if data_bytes is not None and not 0 <= data_bytes <= U64_MAX:
+        data_bytes = None  # no file is that long: the careful check words it
+    scanned = _core.scan_header(header, data_bytes, _DTYPE_BIT_PAIRS)
     if scanned is None:
         return None
-    metadata, entries = scanned
-    for e in entries:
-        if e[3] not in DTYPE_BITS:
-            return None
-    return metadata, entries
+    metadata, entries, laid_out = scanned
+    if not laid_out:
+        for e in entries:
+            if e[3] not in DTYPE_BITS:
+                return None
+    return metadata, entries, laid_out
 
 
 def _parse_plain(text: str) -> Any:
@@ -439,6 +452,12 @@ def _loads_plain(text: str) -> Any:
         elif type(v) is list:
             stack.extend(x for x in v if type(x) is _Obj or type(x) is list)
     return root
+
+
+def _named_order(entries: list[tuple[int, int, str, str, tuple[int, ...]]]
+                 ) -> list[tuple[int, int, str, str, tuple[int, ...]]]:
+    entries.sort(key=_NAME)
+    return entries
 
 
 def _check_layout(n: int, entries: list[tuple[int, int, str, str, tuple[int, ...]]], file_size: int, path: str
@@ -609,7 +628,7 @@ class SafetensorsFile:
         make = _new_tensor_info
         self._tensors: dict[str, TensorInfo] = {
             name: make(name, dtype, shape, base + begin, end - begin, path)
-            for begin, end, name, dtype, shape in sorted(raw, key=_NAME)
+            for begin, end, name, dtype, shape in raw  # in name order
         }
 
     # -- metadata
