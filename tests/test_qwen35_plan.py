@@ -740,3 +740,49 @@ def test_per_expert_fast_path_plans_as_the_general_path(case, monkeypatch: pytes
     fast = _plan_or_error(specs, cfg)
     monkeypatch.setattr(plan_module, "_HUB_EXPERT_NAME_RE", re.compile(r"(?!)"))  # matches nothing
     assert _plan_or_error(specs, cfg) == fast
+
+
+def _variants() -> list[tuple[str, dict, bool]]:
+    out = []
+    for mm in (False, True):
+        pre = "model.language_model.layers" if mm else "model.layers"
+        base = tiny_specs(multimodal=mm)
+        out.append((f"plain mm={mm}", base, mm))
+        out.append((f"no mtp mm={mm}", tiny_specs(multimodal=mm, mtp=False), mm))
+        s = dict(base)
+        del s[f"{pre}.1.mlp.experts.2.gate_proj.weight"]
+        out.append((f"an expert absent mm={mm}", s, mm))
+        s = dict(base)
+        s[f"{pre}.0.mlp.experts.01.up_proj.weight"] = s[f"{pre}.0.mlp.experts.1.up_proj.weight"]
+        out.append((f"a second spelling mm={mm}", s, mm))
+        s = dict(base)
+        s[f"{pre}.0.mlp.experts.99.down_proj.weight"] = s[f"{pre}.0.mlp.experts.1.down_proj.weight"]
+        out.append((f"an expert past num_experts mm={mm}", s, mm))
+        s = dict(base)
+        s[f"{pre}.7.mlp.experts.0.down_proj.weight"] = s[f"{pre}.0.mlp.experts.1.down_proj.weight"]
+        out.append((f"a block past the layers mm={mm}", s, mm))
+        s = dict(base)
+        s[f"{pre}.0.mlp.experts.0.down_proj.weight"] = ("F32", s[f"{pre}.0.mlp.experts.0.down_proj.weight"][1])
+        s[f"{pre}.1.mlp.experts.3.up_proj.weight"] = ("BF16", (7, 3))
+        out.append((f"a dtype and a shape wrong mm={mm}", s, mm))
+    return out
+
+
+@pytest.mark.parametrize("name, specs, mm", _variants(), ids=[v[0] for v in _variants()])
+def test_claimed_hub_experts_plan_as_the_loop_does(monkeypatch, name, specs, mm) -> None:
+    # The per-expert names claimed by lookup (_claim_hub_experts) give the
+    # plan, or the error, that the per-name loop gives without that step.
+    from hf2q.models.qwen35 import plan as qplan
+
+    def outcome():
+        try:
+            p = plan_qwen35_moe(specs, tiny(multimodal=mm))
+        except Exception as e:  # noqa: BLE001 - compared by type and words
+            return type(e).__name__, str(e)
+        return [(t.name, t.shape, t.dtype, t.sources, t.transforms, t.group) for t in p.entries], p.dropped
+
+    fast = outcome()
+    monkeypatch.setattr(qplan, "_claim_hub_experts", lambda entries, layers, n: ({}, {}, entries))
+    assert fast == outcome()
+    if name.startswith("plain"):
+        assert isinstance(fast[0], list) and len(fast[0]) > 10

@@ -19,6 +19,7 @@ and fails with every offending name at once:
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -441,6 +442,63 @@ def _mtp_name(canonical: str, cfg: Qwen35Config) -> str:
     return canonical
 
 
+_PROJS = ("gate", "up", "down")
+
+
+def _claim_hub_experts(entries: list[tuple[str, str, tuple[int, ...]]], layers: int, n_experts: int
+                       ) -> tuple[dict[tuple[int, str], dict[int, list[tuple[str, str, tuple[int, ...]]]]],
+                                  dict[int, tuple[set[str], set[str]]], list[tuple[str, str, tuple[int, ...]]]]:
+    """The per-expert tensors of the text layers named exactly as the Hub
+    names them (30,000 of the layout's 32,000 tensors, all under one of
+    ``model.layers.`` / ``model.language_model.layers.``): per (layer,
+    projection), expert -> [(name, dtype, shape)] as the plan's loop files
+    them, each layer's (fused, per-expert) name sets, and the entries left
+    for that loop. Each (layer, projection)'s names are made and looked up
+    in C loops (map, zip), with no regex match or Python call per tensor.
+    Everything else goes through the loop, which files or refuses it as
+    before: another spelling of an index (``01``), a block past ``layers``
+    (MTP), an expert past ``n_experts``; and every name, when one name is
+    listed twice or expert tensors sit under both prefixes (duplicates the
+    loop reports in the checkpoint's order)."""
+    per_expert: dict[tuple[int, str], dict[int, list[tuple[str, str, tuple[int, ...]]]]] = {}
+    forms: dict[int, tuple[set[str], set[str]]] = {}
+    names = list(map(_FIRST, entries))
+    rec_of = dict(zip(names, entries))
+    prefixes = ("model.layers.", "model.language_model.layers.")
+    used = [p for p in prefixes if f"{p}0.mlp.experts.0.gate_proj.weight" in rec_of]
+    if len(used) != 1 or len(rec_of) != len(names):
+        return per_expert, forms, entries
+    prefix = used[0]
+    other = prefixes[1 - prefixes.index(prefix)]
+    if ("\n" + "\n".join(names)).find("\n" + other) >= 0:  # (one C search, not a call per name)
+        return per_expert, forms, entries
+    experts = range(n_experts)
+    claimed: set[str] = set()
+    for b in range(layers):
+        for proj in _PROJS:
+            want = [f"{prefix}{b}.mlp.experts.{e}.{proj}_proj.weight" for e in experts]
+            recs = list(map(rec_of.get, want))
+            if None in recs:  # some absent (the plan names them): the present ones only
+                kept = [(e, n, t) for e, n, t in zip(experts, want, recs) if t is not None]
+                if not kept:
+                    continue
+                per_expert[(b, proj)] = {e: [t] for e, _, t in kept}
+                want = [n for _, n, _ in kept]
+            else:
+                per_expert[(b, proj)] = dict(zip(experts, [[t] for t in recs]))
+            layer_forms = forms.get(b)
+            if layer_forms is None:
+                layer_forms = forms[b] = (set(), set())
+            layer_forms[1].update(want)
+            claimed.update(want)
+    if not claimed:
+        return per_expert, forms, entries
+    return per_expert, forms, [t for t in entries if t[0] not in claimed]
+
+
+_FIRST = operator.itemgetter(0)
+
+
 def plan_qwen35_moe(
     tensors: Any,
     config: Qwen35Config,
@@ -478,6 +536,7 @@ def plan_qwen35_moe(
     # A per-expert name as the Hub writes it (30,000 of 32,000 names in that
     # layout) is neither multimodal nor an MTP name: it is kept with its
     # match (index and projection), which the loop below takes as is.
+    per_expert, forms, entries = _claim_hub_experts(entries, L, cfg.num_experts)
     skipped: list[str] = []
     # (raw name, dtype, shape, stripped name or the per-expert name's match)
     text: list[tuple[str, str, tuple[int, ...], Any]] = []
@@ -515,9 +574,7 @@ def plan_qwen35_moe(
     unknown: dict[str, str] = {}
     # destination key -> [(raw name, dtype, shape)]
     simple: dict[str, list[tuple[str, str, tuple[int, ...], _Target]]] = {}
-    per_expert: dict[tuple[int, str], dict[int, list[tuple[str, str, tuple[int, ...]]]]] = {}
     fused: dict[tuple[int, str], list[tuple[str, str, tuple[int, ...]]]] = {}
-    forms: dict[int, tuple[set[str], set[str]]] = {}
 
     def add_expert(layer: int, proj: str, expert: int, rec: tuple[str, str, tuple[int, ...]]) -> None:
         # (get-or-insert by hand: setdefault would build its default, a dict
