@@ -52,3 +52,28 @@ def test_entry_and_plan_totals() -> None:
     plan.entries.pop()  # a LoadPlan is mutable: its totals follow its entries
     assert plan.source_nbytes == stack.source_nbytes and plan.nbytes == stack.nbytes
     assert stack == TensorPlan("blk.0.ffn_up_exps.weight", (4, 8, 32), "q8_0", experts, group=0, kind="expert")
+
+
+def test_source_bytes_of_mixed_pieces_are_each_piece_s() -> None:
+    # Geometries sized once per (format, shape, rows, scale): pieces that
+    # share some but not all of those, and selected ranges, still count as
+    # their own sizes.
+    import numpy as np
+
+    from hf2q.plan import Scale
+
+    s1 = Scale("a_s", "f32", (2, 2), (32, 32), (2, 2))
+    s2 = Scale("b_s", "bf16", (2, 2), (32, 32), (2, 2))
+    pieces = (
+        Piece("a", "f8_e4m3", (64, 64), 0, scale=s1),
+        Piece("b", "f8_e4m3", (64, 64), 4096, scale=s2),  # the same weight geometry, another scale format
+        Piece("c", "f8_e4m3", (64, 64), 8192),  # no scale
+        Piece("d", "bf16", (64, 64), 12288),  # another format
+        Piece("e", "bf16", (4, 64, 16), 16384, rows=(0, 32)),  # rows of a fused tensor
+        Piece("f", "bf16", (4, 64, 16), 18432, rows=(32, 64)),
+        Piece("g", "bf16", (64, 64), select=np.array([[0, 0, 10], [20, 30, 5]], np.int64)),
+        Piece("h", "f8_e4m3", (64, 64), 0, scale=s1),  # a repeat
+    )
+    t = TensorPlan("t", (8, 64, 64), "f32", pieces)
+    naive = sum(p.nbytes + (p.scale.nbytes if p.scale is not None else 0) for p in pieces)
+    assert t.source_nbytes == naive == 4096 + 16 + 4096 + 8 + 4096 + 8192 + 2 * 4 * 32 * 16 * 2 + 30 + 4096 + 16

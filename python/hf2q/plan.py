@@ -185,7 +185,21 @@ class TensorPlan:
     @functools.cached_property
     def source_nbytes(self) -> int:
         """Bytes read from the checkpoint (scales included)."""
-        return sum(p.nbytes + (p.scale.nbytes if p.scale is not None else 0) for p in self.sources)
+        # Each distinct piece geometry sized once: an expert stack's hundreds
+        # of pieces (and their scales) share one.
+        total = 0
+        sized: dict[tuple[Any, ...], int] = {}
+        for p in self.sources:
+            s = p.scale
+            if p.select is not None:
+                total += p.nbytes + (s.nbytes if s is not None else 0)
+                continue
+            key = (p.dtype, p.shape, p.rows) if s is None else (p.dtype, p.shape, p.rows, s.dtype, s.shape)
+            n = sized.get(key)
+            if n is None:
+                n = sized[key] = p.nbytes + (s.nbytes if s is not None else 0)
+            total += n
+        return total
 
     @property
     def streamed(self) -> bool:
