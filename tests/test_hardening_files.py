@@ -249,3 +249,64 @@ def test_ctrl_c_on_any_line_of_a_capped_read_leaves_no_fd_open(tiny: Path) -> No
             assert got == want
             break
     assert n > 10
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+@pytest.mark.parametrize("call", ["write_from_file", "write_from_file_segments", "write_from_file_batch"])
+def test_ctrl_c_on_any_line_of_a_read_by_path_leaves_no_fd_open(tmp_path: Path, call: str) -> None:
+    """A device read of a file named by path, interrupted by a
+    KeyboardInterrupt at each line of hf2q's Python in turn: the descriptor
+    it opened is closed every time (the old opener's ``__exit__`` skipped its
+    close when the interrupt landed on that line, and an interrupt between
+    the open and its bookkeeping left the descriptor unowned)."""
+    import gc
+
+    import numpy as np
+
+    from hf2q import device as hdevice
+
+    f = tmp_path / "data.bin"
+    f.write_bytes(np.arange(64, dtype=np.float32).tobytes())
+    dev = Device("host")
+    hf2q_dir = os.path.dirname(hdevice.__file__)
+
+    def once() -> np.ndarray:
+        buf = dev.alloc((16,), "f32")
+        if call == "write_from_file":
+            dev.write_from_file(buf, str(f), 64, 64, "f32")
+        elif call == "write_from_file_segments":
+            dev.write_from_file_segments(buf, str(f), [(0, 64, 32), (8, 96, 32)], "f32")
+        else:
+            dev.write_from_file_batch([(buf, str(f), [(0, 64, 64)], "f32", "t")])
+        return buf.to_host().copy()
+
+    want = once()
+    assert want.tolist() == list(range(16, 32))
+    fds = len(os.listdir("/proc/self/fd"))
+    n = 0
+    while True:
+        n += 1
+        seen = [0]
+
+        def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+            if not frame.f_code.co_filename.startswith(hf2q_dir):
+                return None
+            if event == "line":
+                seen[0] += 1
+                if seen[0] == n:
+                    raise KeyboardInterrupt("injected")
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            got = once()
+        except KeyboardInterrupt:
+            got = None
+        finally:
+            sys.settrace(None)
+        gc.collect()
+        assert len(os.listdir("/proc/self/fd")) == fds, f"interrupted at line event {n}"
+        if got is not None:  # n went past the last line: every line was tried
+            assert (got == want).all()
+            break
+    assert n > 10

@@ -12,10 +12,12 @@ and NVRTC are loaded at run time; ``pip install "hf2q[cuda]"`` brings NVRTC).
 
 from __future__ import annotations
 
+import io
 import os
 from stat import S_ISREG as _S_ISREG
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence, Union
 
@@ -1007,37 +1009,34 @@ def _describe(file: PathOrFd) -> str:
     return f"fd {file}" if isinstance(file, int) else os.fspath(file)
 
 
-class _opened:
-    """Context manager yielding an fd: opens a path read-only, or borrows an fd."""
+class _OwnedFd(io.FileIO):
+    """A file opened read-only whose ``with`` gives its descriptor."""
 
-    def __init__(self, file: PathOrFd) -> None:
-        self._file = file
-        self._fd = -1
-        self._owned = False
+    def __enter__(self) -> int:  # type: ignore[override]
+        return self.fileno()
 
-    def __enter__(self) -> int:
-        if isinstance(self._file, bool):
-            raise TypeError("file must be a path or an int file descriptor")
-        if isinstance(self._file, int):
-            self._fd = self._file
-        else:
-            from ._files import open_regular
 
-            path = os.fspath(self._file)
+def _opened(file: PathOrFd) -> AbstractContextManager[int]:
+    """Context manager yielding an fd: opens a path read-only (without
+    blocking, regular files only: a FIFO must not hang us), or borrows an
+    fd. An opened descriptor belongs to a FileIO from the moment it exists
+    and is closed by the FileIO's C ``__exit__`` (or, if a Ctrl-C lands
+    before the ``with`` holds it, when the FileIO is freed): a close in a
+    Python ``__exit__`` was skipped when the interrupt landed on its line."""
+    if isinstance(file, bool):
+        raise TypeError("file must be a path or an int file descriptor")
+    if isinstance(file, int):
+        return nullcontext(file)
+    from ._files import open_regular
 
-            def error(reason: str, e: OSError | None) -> FileReadError:
-                if e is not None:
-                    return FileReadError(e.errno, f"cannot open {path!s}: {e.strerror}")
-                return FileReadError(f"{path!s}: {reason}")
+    path = os.fspath(file)
 
-            # Non-blocking open of regular files only: a FIFO must not hang us.
-            self._fd, _ = open_regular(path, error)
-            self._owned = True
-        return self._fd
+    def error(reason: str, e: OSError | None) -> FileReadError:
+        if e is not None:
+            return FileReadError(e.errno, f"cannot open {path!s}: {e.strerror}")
+        return FileReadError(f"{path!s}: {reason}")
 
-    def __exit__(self, *exc: object) -> None:
-        if self._owned:
-            os.close(self._fd)
+    return _OwnedFd(path, "rb", opener=lambda p, _flags: open_regular(p, error)[0])
 
 
 _GROUP = int(_core.VERIFY_GROUP)
