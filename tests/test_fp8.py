@@ -247,17 +247,35 @@ def test_pairing_reports_every_problem_in_checkpoint_order(tmp_path, plain) -> N
     scheme = quant_scheme({"quantization_config": FP8_QC})
     with open_checkpoint(d) as ck:
         src = _Plain({n: _Info(ck[n].dtype, list(ck[n].shape)) for n in ck.keys()}) if plain else ck
-        good = _Plain({n: v for n, v in src.items() if n[0] in "ag"}) if plain else None
         with pytest.raises(MissingTensorError) as e:
             scaled_tensors(src, scheme)
         assert [(p.kind, p.tensor) for p in e.value.problems] == [
             ("missing", "b.weight"), ("missing", "i.weight"), ("missing", "f.weight_scale_inv")]
         assert "the weight scaled by 'b.weight_scale_inv'" in str(e.value)
         assert "the scale of FP8 weight 'f.weight'" in str(e.value)
+    if not plain:  # the later kinds from checkpoints of their own (a Checkpoint cannot drop a tensor)
         for n in ("b.weight_scale_inv", "i.weight_scale_inv", "f.weight"):
-            src.pop(n) if plain else None
-        if not plain:
-            return
+            tensors.pop(n)
+        tensors_dt = {n: v for n, v in tensors.items() if n[0] in "acdg"}
+        with open_checkpoint(_ckpt(tmp_path, "dt", tensors_dt, FP8_QC)) as ck:
+            with pytest.raises(DtypeMismatchError) as e:
+                scaled_tensors(ck, scheme)
+            assert [(p.kind, p.tensor) for p in e.value.problems] == [
+                ("dtype", "c.weight"), ("dtype", "d.weight_scale_inv")]
+        tensors_sh = {n: v for n, v in tensors.items() if n[0] in "aegh"}
+        with open_checkpoint(_ckpt(tmp_path, "sh", tensors_sh, FP8_QC)) as ck:
+            with pytest.raises(ShapeMismatchError) as e:
+                scaled_tensors(ck, scheme)
+            assert [(p.kind, p.tensor) for p in e.value.problems] == [
+                ("shape", "e.weight_scale_inv"), ("shape", "h.weight_scale_inv")]
+        with open_checkpoint(_ckpt(tmp_path, "ok", {n: v for n, v in tensors.items() if n[0] in "ag"}, FP8_QC)) as ck:
+            assert sorted(scaled_tensors(ck, scheme).scales) == ["a.weight", "g.weight"]
+        return
+    with open_checkpoint(d) as ck:
+        src = _Plain({n: _Info(ck[n].dtype, list(ck[n].shape)) for n in ck.keys()})
+        good = _Plain({n: v for n, v in src.items() if n[0] in "ag"})
+        for n in ("b.weight_scale_inv", "i.weight_scale_inv", "f.weight"):
+            src.pop(n)
         with pytest.raises(DtypeMismatchError) as e:
             scaled_tensors(src, scheme)
         assert [(p.kind, p.tensor) for p in e.value.problems] == [("dtype", "c.weight"), ("dtype", "d.weight_scale_inv")]
@@ -269,7 +287,6 @@ def test_pairing_reports_every_problem_in_checkpoint_order(tmp_path, plain) -> N
         assert [(p.kind, p.tensor) for p in e.value.problems] == [
             ("shape", "e.weight_scale_inv"), ("shape", "h.weight_scale_inv")]
         assert "ceil(70 / 32) x ceil(64 / 32) blocks of [70, 64]" in str(e.value)
-        assert good is not None
         st = scaled_tensors(good, scheme)
         assert sorted(st.scales) == ["a.weight", "g.weight"]
         s = st.scales["g.weight"]

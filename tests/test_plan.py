@@ -77,3 +77,9 @@ def test_source_bytes_of_mixed_pieces_are_each_piece_s() -> None:
     t = TensorPlan("t", (8, 64, 64), "f32", pieces)
     naive = sum(p.nbytes + (p.scale.nbytes if p.scale is not None else 0) for p in pieces)
     assert t.source_nbytes == naive == 4096 + 16 + 4096 + 8 + 4096 + 8192 + 2 * 4 * 32 * 16 * 2 + 30 + 4096 + 16
+
+
+def test_source_bytes_of_pieces_with_list_shapes() -> None:
+    # Piece is public: a shape given as a list still sizes (it cannot key the memo).
+    t = TensorPlan("t", (2, 4), "f32", (Piece("a", "f32", [2, 2]), Piece("b", "f32", [2, 2], 4)))
+    assert t.source_nbytes == 32

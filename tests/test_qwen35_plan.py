@@ -781,7 +781,17 @@ def test_claimed_hub_experts_plan_as_the_loop_does(monkeypatch, name, specs, mm)
             return type(e).__name__, str(e)
         return [(t.name, t.shape, t.dtype, t.sources, t.transforms, t.group) for t in p.entries], p.dropped
 
+    claimed = []
+    real = qplan._claim_hub_experts
+
+    def spy(entries, layers, n):  # type: ignore[no-untyped-def]
+        out = real(entries, layers, n)
+        claimed.append(len(entries) - len(out[2]))
+        return out
+
+    monkeypatch.setattr(qplan, "_claim_hub_experts", spy)
     fast = outcome()
+    assert claimed and claimed[0] >= 40, claimed  # the step took the experts' names (47-48 here)
     monkeypatch.setattr(qplan, "_claim_hub_experts", lambda entries, layers, n: ({}, {}, entries))
     assert fast == outcome()
     if name.startswith("plain"):

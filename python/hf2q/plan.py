@@ -195,9 +195,13 @@ class TensorPlan:
                 total += p.nbytes + (s.nbytes if s is not None else 0)
                 continue
             key = (p.dtype, p.shape, p.rows) if s is None else (p.dtype, p.shape, p.rows, s.dtype, s.shape)
-            n = sized.get(key)
-            if n is None:
-                n = sized[key] = p.nbytes + (s.nbytes if s is not None else 0)
+            try:
+                n = sized.get(key)
+            except TypeError:  # a shape given as a list: sized on its own
+                n = p.nbytes + (s.nbytes if s is not None else 0)
+            else:
+                if n is None:
+                    n = sized[key] = p.nbytes + (s.nbytes if s is not None else 0)
             total += n
         return total
 

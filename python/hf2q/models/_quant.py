@@ -321,7 +321,7 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
         wshapes = [tuple(int(d) for d in x) for x in wshapes]
         sshapes = [tuple(int(d) for d in x) for x in sshapes]
     keys = list(zip(map(_DTYPE, winfos), map(_DTYPE, sinfos), wshapes, sshapes))
-    judged = {k: _judge_pair(scheme, rule, *k) for k in set(keys)}
+    judged = {k: _judge_pair(scheme, rule, *k) for k in dict.fromkeys(keys)}  # first-seen order: the same error every run
     if all(v[0] is None for v in judged.values()):
         made = [judged[k][1] for k in keys]  # (scale format, shape, block, grid, strategy) per weight
         if made:
