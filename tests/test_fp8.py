@@ -227,7 +227,9 @@ class _Plain(dict):
 @pytest.mark.parametrize("plain", [False, True])
 def test_pairing_reports_every_problem_in_checkpoint_order(tmp_path, plain) -> None:
     # One of each problem, twice where a kind can repeat, among good pairs:
-    # each list in the order of the names, every problem named at once.
+    # each kind's list in the order of the names, every problem named at
+    # once; through a real checkpoint (its table()) and a plain mapping
+    # (its [name], list shapes).
     from hf2q.models._quant import quant_scheme, scaled_tensors
     from hf2q.safetensors import open_checkpoint
 
@@ -243,56 +245,34 @@ def test_pairing_reports_every_problem_in_checkpoint_order(tmp_path, plain) -> N
         "h.weight": _w((70, 64)), "h.weight_scale_inv": ones,                      # scale shape again
         "i.weight_scale_inv": ones,                                                # weight absent again
     }
-    d = _ckpt(tmp_path, "all", tensors, FP8_QC)
     scheme = quant_scheme({"quantization_config": FP8_QC})
-    with open_checkpoint(d) as ck:
-        src = _Plain({n: _Info(ck[n].dtype, list(ck[n].shape)) for n in ck.keys()}) if plain else ck
-        with pytest.raises(MissingTensorError) as e:
-            scaled_tensors(src, scheme)
-        assert [(p.kind, p.tensor) for p in e.value.problems] == [
-            ("missing", "b.weight"), ("missing", "i.weight"), ("missing", "f.weight_scale_inv")]
-        assert "the weight scaled by 'b.weight_scale_inv'" in str(e.value)
-        assert "the scale of FP8 weight 'f.weight'" in str(e.value)
-    if not plain:  # the later kinds from checkpoints of their own (a Checkpoint cannot drop a tensor)
-        for n in ("b.weight_scale_inv", "i.weight_scale_inv", "f.weight"):
-            tensors.pop(n)
-        tensors_dt = {n: v for n, v in tensors.items() if n[0] in "acdg"}
-        with open_checkpoint(_ckpt(tmp_path, "dt", tensors_dt, FP8_QC)) as ck:
-            with pytest.raises(DtypeMismatchError) as e:
-                scaled_tensors(ck, scheme)
-            assert [(p.kind, p.tensor) for p in e.value.problems] == [
-                ("dtype", "c.weight"), ("dtype", "d.weight_scale_inv")]
-        tensors_sh = {n: v for n, v in tensors.items() if n[0] in "aegh"}
-        with open_checkpoint(_ckpt(tmp_path, "sh", tensors_sh, FP8_QC)) as ck:
-            with pytest.raises(ShapeMismatchError) as e:
-                scaled_tensors(ck, scheme)
-            assert [(p.kind, p.tensor) for p in e.value.problems] == [
-                ("shape", "e.weight_scale_inv"), ("shape", "h.weight_scale_inv")]
-        with open_checkpoint(_ckpt(tmp_path, "ok", {n: v for n, v in tensors.items() if n[0] in "ag"}, FP8_QC)) as ck:
-            assert sorted(scaled_tensors(ck, scheme).scales) == ["a.weight", "g.weight"]
-        return
-    with open_checkpoint(d) as ck:
-        src = _Plain({n: _Info(ck[n].dtype, list(ck[n].shape)) for n in ck.keys()})
-        good = _Plain({n: v for n, v in src.items() if n[0] in "ag"})
-        for n in ("b.weight_scale_inv", "i.weight_scale_inv", "f.weight"):
-            src.pop(n)
-        with pytest.raises(DtypeMismatchError) as e:
-            scaled_tensors(src, scheme)
-        assert [(p.kind, p.tensor) for p in e.value.problems] == [("dtype", "c.weight"), ("dtype", "d.weight_scale_inv")]
-        assert "it has a scale 'c.weight_scale_inv'" in str(e.value) and "the scale of 'd.weight'" in str(e.value)
-        for n in ("c.weight", "c.weight_scale_inv", "d.weight", "d.weight_scale_inv"):
-            src.pop(n)
-        with pytest.raises(ShapeMismatchError) as e:
-            scaled_tensors(src, scheme)
-        assert [(p.kind, p.tensor) for p in e.value.problems] == [
-            ("shape", "e.weight_scale_inv"), ("shape", "h.weight_scale_inv")]
-        assert "ceil(70 / 32) x ceil(64 / 32) blocks of [70, 64]" in str(e.value)
-        st = scaled_tensors(good, scheme)
-        assert sorted(st.scales) == ["a.weight", "g.weight"]
-        s = st.scales["g.weight"]
-        assert (s.tensor, s.dtype, s.shape, s.block, s.grid, s.scheme) == (
-            "g.weight_scale_inv", "f32", (2, 2), (32, 32), (2, 2), "block")
-        assert st.consumed == {"a.weight_scale_inv", "g.weight_scale_inv"}
+
+    def pair(layers: str):  # type: ignore[no-untyped-def]
+        """scaled_tensors over the tensors whose layer letter is in ``layers``."""
+        with open_checkpoint(_ckpt(tmp_path, layers, {n: v for n, v in tensors.items() if n[0] in layers},
+                                   FP8_QC)) as ck:
+            src = _Plain({n: _Info(ck[n].dtype, list(ck[n].shape)) for n in ck.keys()}) if plain else ck
+            return scaled_tensors(src, scheme)
+
+    for layers, cls, problems, words in [
+        ("abcdefghi", MissingTensorError,
+         [("missing", "b.weight"), ("missing", "i.weight"), ("missing", "f.weight_scale_inv")],
+         ["the weight scaled by 'b.weight_scale_inv'", "the scale of FP8 weight 'f.weight'"]),
+        ("acdg", DtypeMismatchError, [("dtype", "c.weight"), ("dtype", "d.weight_scale_inv")],
+         ["it has a scale 'c.weight_scale_inv'", "the scale of 'd.weight'"]),
+        ("aegh", ShapeMismatchError, [("shape", "e.weight_scale_inv"), ("shape", "h.weight_scale_inv")],
+         ["ceil(70 / 32) x ceil(64 / 32) blocks of [70, 64]"]),
+    ]:
+        with pytest.raises(cls) as e:
+            pair(layers)
+        assert [(p.kind, p.tensor) for p in e.value.problems] == problems
+        assert all(w in str(e.value) for w in words), str(e.value)
+    st = pair("ag")
+    assert sorted(st.scales) == ["a.weight", "g.weight"]
+    s = st.scales["g.weight"]
+    assert (s.tensor, s.dtype, s.shape, s.block, s.grid, s.scheme) == (
+        "g.weight_scale_inv", "f32", (2, 2), (32, 32), (2, 2), "block")
+    assert st.consumed == {"a.weight_scale_inv", "g.weight_scale_inv"}
 
 
 @pytest.mark.parametrize("qc, key", [

@@ -204,23 +204,13 @@ def test_hf2q_cache_that_is_a_file_exits_2_like_cache_dir(tmp_path: Path) -> Non
     assert f.read_text() == "x"
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
-def test_ctrl_c_on_any_line_of_a_capped_read_leaves_no_fd_open(tiny: Path) -> None:
-    """read_capped (config.json, the index) interrupted by a KeyboardInterrupt
-    at each of its lines in turn, its last ones included: the descriptor is
-    closed every time (a close in a ``finally`` was skipped when the
-    interrupt landed on the close's own line)."""
+def _interrupt_each_line(once, traced):  # type: ignore[no-untyped-def]
+    """Run ``once()`` again and again, a KeyboardInterrupt raised at its
+    n-th line event in files ``traced(filename)`` selects (n = 1, 2, ...),
+    until a run ends without one: after every run no descriptor is left
+    open. Returns (the uninterrupted run's result, the number of runs)."""
     import gc
 
-    from hf2q import _files
-    from hf2q.errors import ConfigError
-
-    path = str(tiny / "config.json")
-
-    def error(reason: str, e: OSError | None) -> ConfigError:
-        return ConfigError(f"{path}: {reason}")
-
-    want = _files.read_capped(path, 1 << 20, "config.json", error)
     fds = len(os.listdir("/proc/self/fd"))
     n = 0
     while True:
@@ -228,7 +218,7 @@ def test_ctrl_c_on_any_line_of_a_capped_read_leaves_no_fd_open(tiny: Path) -> No
         seen = [0]
 
         def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
-            if frame.f_code.co_filename != _files.__file__:
+            if not traced(frame.f_code.co_filename):
                 return None
             if event == "line":
                 seen[0] += 1
@@ -238,7 +228,7 @@ def test_ctrl_c_on_any_line_of_a_capped_read_leaves_no_fd_open(tiny: Path) -> No
 
         sys.settrace(tracer)
         try:
-            got = _files.read_capped(path, 1 << 20, "config.json", error)
+            got = once()
         except KeyboardInterrupt:
             got = None
         finally:
@@ -246,9 +236,29 @@ def test_ctrl_c_on_any_line_of_a_capped_read_leaves_no_fd_open(tiny: Path) -> No
         gc.collect()
         assert len(os.listdir("/proc/self/fd")) == fds, f"interrupted at line event {n}"
         if got is not None:  # n went past the last line: every line was tried
-            assert got == want
-            break
-    assert n > 10
+            return got, n
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_ctrl_c_on_any_line_of_a_capped_read_leaves_no_fd_open(tiny: Path) -> None:
+    """read_capped (config.json, the index) interrupted by a KeyboardInterrupt
+    at each of its lines in turn, its last ones included: the descriptor is
+    closed every time (a close in a ``finally`` was skipped when the
+    interrupt landed on the close's own line)."""
+    from hf2q import _files
+    from hf2q.errors import ConfigError
+
+    path = str(tiny / "config.json")
+
+    def error(reason: str, e: OSError | None) -> ConfigError:
+        return ConfigError(f"{path}: {reason}")
+
+    def once() -> bytes:
+        return _files.read_capped(path, 1 << 20, "config.json", error)
+
+    want = once()
+    got, runs = _interrupt_each_line(once, lambda f: f == _files.__file__)
+    assert got == want and runs > 10
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
@@ -259,8 +269,6 @@ def test_ctrl_c_on_any_line_of_a_read_by_path_leaves_no_fd_open(tmp_path: Path, 
     it opened is closed every time (the old opener's ``__exit__`` skipped its
     close when the interrupt landed on that line, and an interrupt between
     the open and its bookkeeping left the descriptor unowned)."""
-    import gc
-
     import numpy as np
 
     from hf2q import device as hdevice
@@ -282,31 +290,5 @@ def test_ctrl_c_on_any_line_of_a_read_by_path_leaves_no_fd_open(tmp_path: Path, 
 
     want = once()
     assert want.tolist() == list(range(16, 32))
-    fds = len(os.listdir("/proc/self/fd"))
-    n = 0
-    while True:
-        n += 1
-        seen = [0]
-
-        def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
-            if not frame.f_code.co_filename.startswith(hf2q_dir):
-                return None
-            if event == "line":
-                seen[0] += 1
-                if seen[0] == n:
-                    raise KeyboardInterrupt("injected")
-            return tracer
-
-        sys.settrace(tracer)
-        try:
-            got = once()
-        except KeyboardInterrupt:
-            got = None
-        finally:
-            sys.settrace(None)
-        gc.collect()
-        assert len(os.listdir("/proc/self/fd")) == fds, f"interrupted at line event {n}"
-        if got is not None:  # n went past the last line: every line was tried
-            assert (got == want).all()
-            break
-    assert n > 10
+    got, runs = _interrupt_each_line(once, lambda name: name.startswith(hf2q_dir))
+    assert (got == want).all() and runs > 10

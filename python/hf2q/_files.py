@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["FileIdentity", "open_regular", "read_capped", "file_kind", "CONFIG_MAX_BYTES", "INDEX_MAX_BYTES"]
+__all__ = ["FileIdentity", "OwnedFd", "open_owned", "open_regular", "read_capped", "file_kind", "CONFIG_MAX_BYTES", "INDEX_MAX_BYTES"]
 
 #: A model's config.json: real ones are a few KiB (the largest published,
 #: with long layer lists, ~100 KiB). More than this is refused unread.
@@ -104,6 +104,23 @@ def open_regular(path: str, error: Callable[[str, OSError | None], BaseException
         raise
 
 
+class OwnedFd(io.FileIO):
+    """A file opened read-only whose ``with`` gives its descriptor."""
+
+    def __enter__(self) -> int:  # type: ignore[override]
+        return self.fileno()
+
+
+def open_owned(path: str, error: Callable[[str, OSError | None], BaseException]) -> OwnedFd:
+    """:func:`open_regular`'s descriptor, owned by a FileIO from the moment
+    it exists: the ``with`` closes it in C (its ``__exit__``), or, if a
+    Ctrl-C lands before a ``with`` holds it, freeing the FileIO does. A
+    ``finally: os.close(fd)`` (or a Python ``__exit__``) skipped its close
+    when the interrupt landed on that line (tests/test_fault_injection.py,
+    tests/test_hardening_files.py)."""
+    return OwnedFd(path, "rb", opener=lambda p, _flags: open_regular(p, error)[0])
+
+
 def _read_some(fd: int, n: int, error: Callable[[str, OSError | None], BaseException]) -> bytes:
     # A helper, not a try block inside read_capped's loop: CPython 3.11 skips
     # the enclosing finally (the fd's close) for an exception a line tracer
@@ -117,12 +134,7 @@ def _read_some(fd: int, n: int, error: Callable[[str, OSError | None], BaseExcep
 def read_capped(path: str, cap: int, what: str, error: Callable[[str, OSError | None], BaseException]) -> bytes:
     """The whole content of a small regular file, refused unread when it is
     larger than ``cap`` bytes (and when it grows past it or changes while read)."""
-    # The descriptor belongs to a FileIO from the moment open_regular returns
-    # it, and the ``with`` closes it in C: a Ctrl-C that lands on any line
-    # here, a close line included (a ``finally: os.close(fd)`` skipped its
-    # close then: tests/test_fault_injection.py), leaves nothing open.
-    with io.FileIO(path, "rb", opener=lambda p, _flags: open_regular(p, error)[0]) as f:
-        fd = f.fileno()
+    with open_owned(path, error) as fd:  # a Ctrl-C on any line here leaves nothing open
         st = os.fstat(fd)
         if st.st_size > cap:
             raise error(f"is {st.st_size} bytes, more than the {cap} bytes a {what} may have", None)

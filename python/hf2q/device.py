@@ -12,7 +12,6 @@ and NVRTC are loaded at run time; ``pip install "hf2q[cuda]"`` brings NVRTC).
 
 from __future__ import annotations
 
-import io
 import os
 from stat import S_ISREG as _S_ISREG
 import threading
@@ -1009,25 +1008,15 @@ def _describe(file: PathOrFd) -> str:
     return f"fd {file}" if isinstance(file, int) else os.fspath(file)
 
 
-class _OwnedFd(io.FileIO):
-    """A file opened read-only whose ``with`` gives its descriptor."""
-
-    def __enter__(self) -> int:  # type: ignore[override]
-        return self.fileno()
-
-
 def _opened(file: PathOrFd) -> AbstractContextManager[int]:
     """Context manager yielding an fd: opens a path read-only (without
-    blocking, regular files only: a FIFO must not hang us), or borrows an
-    fd. An opened descriptor belongs to a FileIO from the moment it exists
-    and is closed by the FileIO's C ``__exit__`` (or, if a Ctrl-C lands
-    before the ``with`` holds it, when the FileIO is freed): a close in a
-    Python ``__exit__`` was skipped when the interrupt landed on its line."""
+    blocking, regular files only: a FIFO must not hang us; owned as
+    :func:`hf2q._files.open_owned` owns it), or borrows an fd."""
     if isinstance(file, bool):
         raise TypeError("file must be a path or an int file descriptor")
     if isinstance(file, int):
         return nullcontext(file)
-    from ._files import open_regular
+    from ._files import open_owned
 
     path = os.fspath(file)
 
@@ -1036,7 +1025,7 @@ def _opened(file: PathOrFd) -> AbstractContextManager[int]:
             return FileReadError(e.errno, f"cannot open {path!s}: {e.strerror}")
         return FileReadError(f"{path!s}: {reason}")
 
-    return _OwnedFd(path, "rb", opener=lambda p, _flags: open_regular(p, error)[0])
+    return open_owned(path, error)
 
 
 _GROUP = int(_core.VERIFY_GROUP)

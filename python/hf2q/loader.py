@@ -772,16 +772,14 @@ def _fill(device: Device, ckpt: Checkpoint, entry: TensorPlan, check_finite: boo
 def _transpose_units(device: Device, entry: TensorPlan, buf: Buffer) -> None:
     """The entry's unit transpose (:class:`~hf2q.plan.UnitTranspose`), done
     in place once all of its sources are written (a GPU kernel on CUDA)."""
-    t = entry.unit_transpose
-    if t is not None:
-        device._native.transpose_units(buf._native, t.outer, t.period, t.start, t.a, t.b, t.unit)
+    _transpose_batch(device, [entry], [buf])
 
 
 def _transpose_batch(device: Device, entries: list[TensorPlan], bufs: list[Buffer]) -> None:
-    """The unit transposes of a batch's entries (:func:`_transpose_units`)
-    in one device call: on a GPU one wait for the batch's uploads and one
-    scratch for all of them, instead of a wait, an allocation and a free
-    each (those took 47 ms of an FP8 Qwen3.6 load's 0.9 s on an H100)."""
+    """The unit transposes of a batch's entries in one device call: on a
+    GPU one wait for the batch's uploads and one scratch for all of them,
+    instead of a wait, an allocation and a free each (those took 47 ms of an
+    FP8 Qwen3.6 load's 0.9 s on an H100)."""
     items = [(b._native, t.outer, t.period, t.start, t.a, t.b, t.unit)
              for e, b in zip(entries, bufs) if (t := e.unit_transpose) is not None]
     if items:

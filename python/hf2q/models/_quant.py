@@ -298,8 +298,7 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
     # weight scales; the loop below visits only the latter.
     if dropped_suffixes:
         dropped.update(n for n in names if n.endswith(dropped_suffixes))
-    candidates = [n for n in names if n.endswith(suffix) and n not in dropped] if dropped else \
-        [n for n in names if n.endswith(suffix)]
+    candidates = [n for n in names if n.endswith(suffix) and n not in dropped]
     if scheme.method == "compressed-tensors":
         # e.g. a module's own "x_scale" parameter: not a weight's scale
         candidates = [n for n in candidates if n[:-len(suffix)].endswith(".weight")]
