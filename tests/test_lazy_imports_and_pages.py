@@ -49,7 +49,7 @@ import json, sys
 import hf2q
 dev = hf2q.Device("host")
 before = sorted(m for m in ("numpy", "ml_dtypes", "hf2q.reference", "hf2q._arrays") if m in sys.modules)
-buf = dev.alloc((2, 32), "f32")                 # the first array-facing call brings numpy in
+buf = dev.alloc((2, 32), "f32")
 import numpy as np
 x = np.arange(64, dtype=np.float32).reshape(2, 32)
 b = dev.upload(x, to="q8_0")
@@ -58,6 +58,27 @@ print(json.dumps({"before": before, "after": "numpy" in sys.modules, "q8": b.byt
                   "fmt": hf2q.formats.get("f32").numpy_dtype.name}))
 """)
     assert r == {"before": [], "after": True, "q8": 68, "view": "float32", "ok": True, "fmt": "float32"}
+
+
+def test_a_drafter_load_does_not_import_numpy(tmp_path: Path) -> None:
+    # numpy's import is 70 ms of a whole-process load here, and its BLAS thread
+    # spins beside the reads (README, "Whole processes"): a load whose tensors
+    # are all read or converted natively does without it, through either entry.
+    d = make_dflash_checkpoint(tmp_path / "tiny", "tiny")
+    r = _run("""
+import json, sys
+import hf2q
+dev = hf2q.Device("host")
+m = hf2q.dflash.load(sys.argv[1], dev, progress=False)
+first = "numpy" in sys.modules
+n = hf2q.load(sys.argv[1], dev, progress=False)
+second = "numpy" in sys.modules
+import numpy as np
+same = all(bool((m[k].numpy() == n[k].numpy()).all()) for k in m.state_dict())
+print(json.dumps({"dflash.load": first, "hf2q.load": second, "same": same, "tensors": len(m.state_dict())}))
+""", str(d))
+    assert r["dflash.load"] is False and r["hf2q.load"] is False
+    assert r["same"] is True and r["tensors"] > 0
 
 
 def test_lazy_numpy_stand_in_is_numpy_once_used() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from stat import S_ISREG as _S_ISREG
+import sys
 import threading
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -78,15 +79,27 @@ def _dtype_name(dtype: str) -> str:
     return dtype
 
 
+def _is_int(d: object) -> bool:
+    """An int or a numpy integer, not a bool. numpy is asked only once it is
+    imported: before that no value can be one of its integers (a load of
+    plain ints does not import it)."""
+    if isinstance(d, bool):
+        return False
+    if isinstance(d, int):
+        return True
+    real = sys.modules.get("numpy")
+    return real is not None and isinstance(d, real.integer)
+
+
 def _shape(shape: Sequence[int] | int) -> tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+    if _is_int(shape):
         shape = (int(shape),)
     try:
         dims = tuple(shape)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"shape must be a sequence of ints, got {type(shape).__name__}") from None
     for d in dims:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+        if not _is_int(d):
             raise TypeError(f"shape must be a sequence of ints, got {dims!r}")
         if d < 0:
             raise ValueError(f"shape {dims} has a negative dimension")
@@ -865,7 +878,7 @@ _NUMPY_SRC_TEXT = ", ".join(str(dt) for dt in _NUMPY_SRC)  # "float32, float16, 
 
 
 def _offset(offset: int) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+    if not _is_int(offset):
         raise TypeError(f"offset must be an int, got {type(offset).__name__}")
     if offset < 0:
         raise ValueError(f"offset must be >= 0, got {offset}")

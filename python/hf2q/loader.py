@@ -13,15 +13,19 @@ included, every buffer allocated so far is freed before the error leaves."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:  # numpy on first use (hf2q._lazy)
+    from ._lazy import numpy as np
 
 from . import formats
 from ._gc import pausing
@@ -904,8 +908,8 @@ def _stage(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Piece, bu
 
 def _write_cast(device: Device, buf: Buffer, out: np.ndarray, **kw: Any) -> None:
     """``Device.write`` of a cast's result, made contiguous: BF16 bits
-    (_Bits) as bf16."""
-    if isinstance(out, _Bits):
+    (``_bits_type()``) as bf16."""
+    if isinstance(out, _bits_type()):
         device.write(buf, np.ascontiguousarray(out.view(np.ndarray)), src_dtype="bf16", **kw)
     else:
         device.write(buf, np.ascontiguousarray(out), **kw)
@@ -922,7 +926,7 @@ def _caster(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
             if formats.can_convert(formats.from_numpy(x.dtype) or "u8", dtype):
                 return x
             with np.errstate(over="ignore", invalid="ignore"):
-                return f32_to_bf16_bits(x.astype(np.float32, copy=False)).view(_Bits)
+                return f32_to_bf16_bits(x.astype(np.float32, copy=False)).view(_bits_type())
 
         return cast_bits
     # A block format (q8_0) has no element dtype: hand the device float32,
@@ -950,7 +954,7 @@ def _check_cast(src: np.ndarray, out: np.ndarray, entry: TensorPlan, offset: int
     already non-finite in ``src`` is left to the file's own check."""
     if out is src or not (check_finite or formats.get(entry.dtype).is_block):
         return
-    bits = isinstance(out, _Bits)
+    bits = isinstance(out, _bits_type())
     o = out.reshape(-1)
     if bits:
         from .ops import bf16_to_f32
@@ -979,7 +983,7 @@ def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ..
     ``check_finite``: an overflowing block scale raises (Device.upload).
     ``into``: that buffer (zero-filled, of ``shape`` and ``dtype``) instead of a new one."""
     src_dtype = None
-    if isinstance(x, _Bits):  # BF16 bits (_bf16_bits): the device converts them
+    if isinstance(x, _bits_type()):  # BF16 bits (_bf16_bits): the device converts them
         x, src_dtype = x.view(np.ndarray), "bf16"
     else:
         src = formats.from_numpy(x.dtype)
@@ -988,7 +992,7 @@ def upload_array(device: Device, x: np.ndarray, dtype: str, shape: tuple[int, ..
             if entry is not None:
                 _check_cast(x, y, entry, 0, entry.sources, check_finite)
             x = y
-            if isinstance(x, _Bits):
+            if isinstance(x, _bits_type()):
                 x, src_dtype = x.view(np.ndarray), "bf16"
     if into is None:
         return device.upload(np.ascontiguousarray(x), to=dtype, shape=shape, name=name, src_dtype=src_dtype,
@@ -1019,8 +1023,15 @@ def _read_array(ckpt: Checkpoint, piece: Piece, *, raw_bf16: bool = False) -> np
     return ckpt.read_array(piece.tensor)
 
 
-class _Bits(np.ndarray):
-    """A uint16 array that holds BF16 bits (upload_array uploads it as bf16)."""
+@functools.cache
+def _bits_type() -> type:
+    """``_Bits``: a uint16 ndarray subclass that holds BF16 bits (upload_array
+    uploads it as bf16). Made on first use, as numpy is imported (hf2q._lazy)."""
+
+    class _Bits(np.ndarray):
+        pass
+
+    return _Bits
 
 
 def _bf16_bits(y: np.ndarray, dtype: str) -> np.ndarray:
@@ -1028,7 +1039,7 @@ def _bf16_bits(y: np.ndarray, dtype: str) -> np.ndarray:
     device converts bf16 into ``dtype`` natively, else as ml_dtypes'
     bfloat16 (the numpy cast path)."""
     if formats.can_convert("bf16", dtype):
-        return np.ascontiguousarray(y).view(_Bits)
+        return np.ascontiguousarray(y).view(_bits_type())
     from ._arrays import bf16
 
     return y.view(bf16())

@@ -17,9 +17,12 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:  # numpy on first use (hf2q._lazy)
+    from ._lazy import numpy as np
 
 from . import formats
 from .plan import LoadPlan, TensorPlan

@@ -26,14 +26,18 @@ import operator
 import os
 import re
 import stat
+import sys
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Sequence, TypeVar, Union, cast
+from typing import TYPE_CHECKING, Any, Sequence, TypeVar, Union, cast
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:  # numpy on first use (hf2q._lazy)
+    from ._lazy import numpy as np
 
 from . import _core, formats
 from ._frozen import constructor
@@ -534,7 +538,8 @@ def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str, t
     if total == 0:
         return
     try:
-        _core.read_file(fd, offset, np.frombuffer(dest, dtype=np.uint8), READ_CHUNK_BYTES)
+        # The memoryview itself (unsigned bytes, as the native reader takes them): no numpy here.
+        _core.read_file(fd, offset, dest if dest.format == "B" else dest.cast("B"), READ_CHUNK_BYTES)
     except FileReadError as e:
         code = FILE_TRUNCATED if getattr(e, "code", IO_ERROR) == FILE_TRUNCATED else IO_ERROR
         if code == FILE_TRUNCATED:
@@ -817,7 +822,7 @@ def numpy_representable(shape: Sequence[int], itemsize: int) -> bool:
     so ``[0, 2^62]`` of float32 is refused though it has no element."""
     if len(shape) > 64:
         return False
-    limit = np.iinfo(np.intp).max
+    limit = sys.maxsize  # numpy's intp maximum: both are Py_ssize_t's
     size = max(1, itemsize)
     for d in shape:
         if d < 0 or d > limit:

@@ -22,9 +22,12 @@ import dataclasses
 import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:  # numpy on first use (hf2q._lazy)
+    from ..._lazy import numpy as np
 
 from ... import formats
 from ..._frozen import constructor

@@ -17,7 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:  # numpy on first use (hf2q._lazy)
+    from ..._lazy import numpy as np
 
 from ... import formats
 from ..._arrays import F16, F32, U16, bf16, is_bf16
