@@ -11,7 +11,8 @@
 //   g++ -O2 -std=c++17 -pthread benchmarks/cuda_staging_probe.cpp -o /tmp/probe -ldl
 //   /tmp/probe s|d|g|h... FILE...  (s: slot/ring/thread sweep, d: registered mappings,
 //                                   g: K gathered reads per slot, h: only hf2q's
-//                                   shape, 4 reads per slot into its ring kind, 4 runs)
+//                                   shape, 4 reads per slot into its ring kind, 4 runs,
+//                                   a: reads on a cache line against 8 bytes past one)
 //
 // Files in /dev/shm (tmpfs: the page cache is not the question). The
 // device needs room for all of the files' bytes.
@@ -177,7 +178,7 @@ int main(int argc, char** argv) {
   CK(cuMemAlloc_v2(&dbuf, total + (64 << 20)));
   printf("%zu files, %.1f GB\n", files.size(), total / 1e9);
   std::string mode = argv[1];
-  if (mode.find_first_not_of("sdgh") != std::string::npos) { fprintf(stderr, "mode: s, d, g, h or a mix\n"); return 2; }
+  if (mode.find_first_not_of("sdgha") != std::string::npos) { fprintf(stderr, "mode: s, d, g, h, a or a mix\n"); return 2; }
   limit();
   if (mode.find('s') != std::string::npos) {
     ring(16, 16, 8 << 20);
@@ -193,6 +194,14 @@ int main(int argc, char** argv) {
       ring(16, 32, 4 << 20); ring(16, 32, 4 << 20, 4, false); ring(16, 32, 4 << 20, 4, true);
       ring(16, 32, 4 << 20, 4, true, 256); ring(16, 32, 4 << 20, 2, true); ring(16, 64, 4 << 20, 4, true);
       ring(16, 32, 4 << 20, 1, false, 0, true); ring(16, 32, 4 << 20, 4, true, 256, true);
+    }
+  }
+  if (mode.find('a') != std::string::npos) {  // alignment: a safetensors file's data start at 8 + its header's
+    // length, a multiple of 8, so a tensor's bytes usually lie 8..56 bytes past a cache line while the slot
+    // they are read into starts on one: the kernel's copy out of the page cache is then mutually misaligned
+    for (int rep = 0; rep < 3; ++rep) {
+      ring(16, 32, 4 << 20, 4, true, 256, true); ring(16, 32, 4 << 20, 4, true, 264, true);
+      ring(16, 32, 4 << 20, 1, false, 0, true); ring(16, 32, 4 << 20, 1, false, 8, true);
     }
   }
   if (mode.find('h') != std::string::npos)  // hf2q's FP8 load, short enough to profile: what g's last case reads
