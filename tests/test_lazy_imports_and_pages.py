@@ -49,15 +49,17 @@ import json, sys
 import hf2q
 dev = hf2q.Device("host")
 before = sorted(m for m in ("numpy", "ml_dtypes", "hf2q.reference", "hf2q._arrays") if m in sys.modules)
-buf = dev.alloc((2, 32), "f32")
+buf = dev.alloc((2, 32), "f32")                 # plain ints: checked without numpy
+after_alloc = "numpy" in sys.modules
 import numpy as np
 x = np.arange(64, dtype=np.float32).reshape(2, 32)
 b = dev.upload(x, to="q8_0")
-print(json.dumps({"before": before, "after": "numpy" in sys.modules, "q8": b.byte_len,
+print(json.dumps({"before": before, "after_alloc": after_alloc, "after": "numpy" in sys.modules, "q8": b.byte_len,
                   "view": buf.numpy().dtype.name, "ok": dev.verify(b).ok,
                   "fmt": hf2q.formats.get("f32").numpy_dtype.name}))
 """)
-    assert r == {"before": [], "after": True, "q8": 68, "view": "float32", "ok": True, "fmt": "float32"}
+    assert r == {"before": [], "after_alloc": False, "after": True, "q8": 68, "view": "float32", "ok": True,
+                 "fmt": "float32"}
 
 
 def test_a_drafter_load_does_not_import_numpy(tmp_path: Path) -> None:

@@ -538,8 +538,7 @@ def _pread_exact(fd: int, dest: memoryview, offset: int, path: str, what: str, t
     if total == 0:
         return
     try:
-        # The memoryview itself (unsigned bytes, as the native reader takes them): no numpy here.
-        _core.read_file(fd, offset, dest if dest.format == "B" else dest.cast("B"), READ_CHUNK_BYTES)
+        _core.read_file(fd, offset, dest, READ_CHUNK_BYTES)  # the byte memoryview itself: no numpy here
     except FileReadError as e:
         code = FILE_TRUNCATED if getattr(e, "code", IO_ERROR) == FILE_TRUNCATED else IO_ERROR
         if code == FILE_TRUNCATED:
