@@ -17,6 +17,7 @@ from hf2q import _core, formats, ops, reference
 from hf2q.errors import (
     ConfigError,
     DtypeMismatchError,
+    DuplicateTensorError,
     MissingTensorError,
     NonFiniteError,
     ShapeMismatchError,
@@ -188,6 +189,66 @@ def test_generic_without_scales_applied_was_wrong_and_now_refuses(tmp_path) -> N
     assert e.value.key == "quantization_config"
     m = hf2q.load(d, dtype="keep", progress=False)  # the bytes as they are
     assert m["a.weight"].dtype == "f8_e4m3" and m["a.weight_scale_inv"].dtype == "f32"
+
+
+MX_QC = {"quant_method": "mxfp4"}
+
+
+def test_fp8_scales_under_mxfp4_are_refused(tmp_path) -> None:
+    # An FP8 weight with its '_scale_inv' under quant_method mxfp4, which
+    # pairs only '_blocks' with '_scales': converting it used to decode the
+    # FP8 elements without their scale and load the scale as a tensor of its
+    # own, with no word. (Under fp8 and compressed-tensors an FP8 weight
+    # without the scale they name is a MissingTensorError.)
+    tensors = {"a.weight": _w(), "a.weight_scale_inv": np.full((2, 2), 1e-3, np.float32),
+               "m.down_proj_blocks": np.full((2, 8, 1, 16), 0x22, np.uint8),
+               "m.down_proj_scales": np.full((2, 8, 1), 127, np.uint8)}
+    d = _ckpt(tmp_path, "mx", tensors, MX_QC)
+    for dtype in ("f32", "bf16", "q8_0"):
+        with pytest.raises(ConfigError, match=r"'a\.weight' come with scale tensors but config\.json's "
+                                              r"quantization_config \(mxfp4.*\) pairs them with none") as e:
+            hf2q.load(d, dtype=dtype, progress=False)
+        assert e.value.key == "quantization_config" and str(d) in str(e.value)
+    m = hf2q.load(d, dtype="keep", progress=False)  # the bytes as they are
+    assert m["a.weight"].dtype == "f8_e4m3" and m["a.weight_scale_inv"].dtype == "f32"
+
+
+def test_qwen_fp8_without_quantization_config_says_so(tmp_path) -> None:
+    # The scales are not unknown tensor names: how they apply is not stated.
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    d = tmp_path / "q"
+    make_qwen35_moe_checkpoint(d, fp8_block=(128, 128))
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg.pop("quantization_config", None) or cfg.get("text_config", {}).pop("quantization_config", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"FP8 weight\(s\) .* come with scale tensors but config\.json has no "
+                                          r"quantization_config.*qwen35moe loader cannot decode them") as e:
+        hf2q.load(d, progress=False)
+    assert e.value.key == "quantization_config" and str(d) in str(e.value)
+
+
+def test_compressed_tensors_scale_of_a_non_weight_is_not_called_absent(tmp_path) -> None:
+    qc = {"quant_method": "compressed-tensors", "format": "float-quantized",
+          "config_groups": {"g": {"weights": {"type": "float", "num_bits": 8, "strategy": "tensor"}}}}
+    d = _ckpt(tmp_path, "ct", {"foo.x": _w((32, 32)), "foo.x_scale": np.ones((1,), np.float32)}, qc)
+    with pytest.raises(MissingTensorError, match=r"foo\.x_scale.*present, but 'foo\.x' is not a '\.weight' tensor"):
+        hf2q.load(d, dtype="f32", progress=False)
+
+
+def test_an_mxfp4_tensor_and_a_tensor_of_its_name_are_refused(tmp_path) -> None:
+    # '<w>_blocks' + '<w>_scales' make the tensor '<w>': a checkpoint tensor
+    # of that name too is two sources for one buffer (one was dropped, or the
+    # load failed at its end with a layout error naming neither).
+    d = _ckpt(tmp_path, "collide", {"m.down_proj_blocks": np.full((2, 8, 1, 16), 0x22, np.uint8),
+                                    "m.down_proj_scales": np.full((2, 8, 1), 127, np.uint8),
+                                    "m.down_proj": np.zeros((2, 8, 32), ml_dtypes.bfloat16)}, MX_QC)
+    for dtype in ("keep", "f32", "bf16", "q8_0"):
+        with pytest.raises(DuplicateTensorError, match=r"m\.down_proj: m\.down_proj, m\.down_proj_blocks, "
+                                                       r"m\.down_proj_scales") as e:
+            hf2q.load(d, dtype=dtype, progress=False)
+        assert str(d) in str(e.value)
+        assert e.value.groups == {"m.down_proj": ["m.down_proj", "m.down_proj_blocks", "m.down_proj_scales"]}
 
 
 def test_missing_scale_is_named(tmp_path) -> None:

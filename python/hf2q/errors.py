@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 __all__ = [
     "Hf2qError",
@@ -21,6 +21,7 @@ __all__ = [
     "ExtraTensorError",
     "DtypeMismatchError",
     "ShapeMismatchError",
+    "DuplicateTensorError",
     "DeviceError",
     "FileReadError",
     "ShardError",
@@ -214,6 +215,22 @@ class DtypeMismatchError(ManifestError):
 
 class ShapeMismatchError(ManifestError):
     """A tensor's shape is not the expected one."""
+
+
+class DuplicateTensorError(ManifestError):
+    """Two or more checkpoint tensors feed the same destination. ``groups`` maps
+    each destination (a Qwen3.5 GGUF name, with ``[expert e]`` for experts; a
+    generic tensor name) to the names; ``where``, when given, leads the
+    message (the checkpoint)."""
+
+    def __init__(self, groups: Mapping[str, list[str]], where: str = "") -> None:
+        self.groups = {k: sorted(v) for k, v in sorted(groups.items())}
+        lines = [f"{k}: {', '.join(v)}" for k, v in self.groups.items()]
+        listing = "".join(f"\n  {line}" for line in lines[:60])
+        if len(lines) > 60:
+            listing += f"\n  ... and {len(lines) - 60} more"
+        lead = f"{where}: " if where else ""
+        super().__init__(f"{lead}{len(lines)} destination(s) are given more than once:{listing}")
 
 
 class FileReadError(Hf2qError, OSError):

@@ -158,23 +158,18 @@ def _scaled(ckpt: Any, config: Mapping[str, Any], arch: str) -> Any:
     loader pairs them (:func:`hf2q.models._quant.scaled_tensors`; typed errors
     for a scale missing, of the wrong dtype or shape, an unsupported
     ``quantization_config``); MXFP4 (gpt-oss's scheme) is refused."""
-    from ..errors import ConfigError
-    from ..models._quant import quant_scheme, scaled_tensors, unconfigured_scales
+    from ..models._quant import quant_scheme, scaled_tensors, unconfigured_error, unconfigured_scales
 
     scheme = quant_scheme(config)
-    if scheme is None:
-        unconf = unconfigured_scales(ckpt)
-        if unconf:
-            shown = ", ".join(repr(n) for n in unconf[:5]) + (f" and {len(unconf) - 5} more" if len(unconf) > 5
-                                                              else "")
-            raise ConfigError(f"{ckpt.directory}: FP8 weight(s) {shown} come with scale tensors but config.json "
-                              "has no quantization_config: how the scales apply is not stated, so hf2q convert "
-                              "cannot decode them", key="quantization_config")
-    elif scheme.method == "mxfp4":
+    if scheme is not None and scheme.method == "mxfp4":
         raise _unsupported(f"{ckpt.directory}: MXFP4 weights (quantization_config.quant_method 'mxfp4', gpt-oss's "
                            f"scheme) in a {arch} checkpoint: hf2q convert writes MXFP4 only as gpt-oss's "
                            "converter does, and has no gpt-oss GGUF writer")
-    return scaled_tensors(ckpt, scheme)
+    scaled = scaled_tensors(ckpt, scheme)
+    unconf = unconfigured_scales(ckpt, scaled)
+    if unconf:
+        raise unconfigured_error(ckpt, unconf, scheme, "hf2q convert")
+    return scaled
 
 
 def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,

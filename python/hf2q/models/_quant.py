@@ -42,7 +42,7 @@ from ..errors import ConfigError, DtypeMismatchError, ManifestProblem, MissingTe
 from ..plan import Scale
 
 __all__ = ["QuantScheme", "ScaledTensors", "quant_scheme", "scaled_tensors", "SUPPORTED_SCHEMES",
-           "unconfigured_scales", "scale_layouts", "mxfp4_logical"]
+           "unconfigured_scales", "unconfigured_error", "scale_layouts", "mxfp4_logical"]
 
 #: One line per supported scheme, as docs/FP8.md and ``hf2q inspect`` name them.
 SUPPORTED_SCHEMES: tuple[str, ...] = (
@@ -341,8 +341,10 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
         if name not in rest:
             continue
         if formats.from_safetensors(info(name).dtype).name in _F8:
-            missing.append(ManifestProblem("missing", name + scheme.suffix,
-                                           f"the scale of FP8 weight '{name}' ({rule})", "absent"))
+            sname = name + scheme.suffix
+            # (present but not taken: compressed-tensors scales '.weight' tensors only)
+            got = "absent" if sname not in present else f"present, but '{name}' is not a '.weight' tensor"
+            missing.append(ManifestProblem("missing", sname, f"the scale of FP8 weight '{name}' ({rule})", got))
     for problems, cls in ((missing, MissingTensorError), (bad_dtype, DtypeMismatchError),
                           (bad_shape, ShapeMismatchError)):
         if problems:
@@ -422,15 +424,34 @@ def scale_layouts(scaled: ScaledTensors) -> dict[str, str]:
     return out
 
 
-def unconfigured_scales(ckpt: Any) -> list[str]:
+def unconfigured_scales(ckpt: Any, scaled: ScaledTensors | None = None) -> list[str]:
     """FP8 weights that come with a ``*_scale_inv`` / ``*.weight_scale``
-    tensor although ``config.json`` states no ``quantization_config``: how
-    the scales apply is unknown, so converting them is refused (keeping the
-    bytes is not)."""
+    tensor that no stated scheme applies: ``config.json`` has no
+    ``quantization_config``, or (``scaled``: the pairing under the one it
+    has) its scheme pairs them with nothing (an ``_scale_inv`` under
+    compressed-tensors, an FP8 weight under MXFP4). How the scales apply is
+    unknown, so converting them is refused (keeping the bytes is not)."""
     present = set(ckpt.keys())
+    paired = scaled.scales if scaled is not None else {}
     out = []
     for name in ckpt.keys():
-        if formats.from_safetensors(ckpt[name].dtype).name in _F8 and (
+        if name not in paired and formats.from_safetensors(ckpt[name].dtype).name in _F8 and (
                 name + "_scale_inv" in present or name + "_scale" in present):
             out.append(name)
     return out
+
+
+def unconfigured_error(ckpt: Any, names: list[str], scheme: QuantScheme | None, what: str,
+                       hint: str = "") -> ConfigError:
+    """The ConfigError for :func:`unconfigured_scales`'s ``names``; ``what``
+    is the step that cannot decode them (``--dtype q8_0``, ``hf2q convert``),
+    ``hint`` what would load them."""
+    shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    if scheme is None:
+        why = "config.json has no quantization_config: how the scales apply is not stated"
+    else:
+        why = (f"config.json's quantization_config ({scheme.describe()}) pairs them with none: decoding them "
+               "without their scales would be wrong")
+    where = getattr(ckpt, "directory", None) or "checkpoint"
+    return ConfigError(f"{where}: FP8 weight(s) {shown} come with scale tensors but {why}, so {what} "
+                       f"cannot decode them{f' ({hint})' if hint else ''}", key="quantization_config")

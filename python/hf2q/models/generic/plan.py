@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import formats
-from ...errors import ConfigError, DtypeMismatchError, ManifestProblem
+from ...errors import DtypeMismatchError, DuplicateTensorError, ManifestProblem
 from ...plan import LoadPlan, Piece, TensorPlan
 from ...safetensors import Checkpoint
-from .._quant import ScaledTensors, mxfp4_logical, scaled_tensors, unconfigured_scales
+from .._quant import ScaledTensors, mxfp4_logical, scaled_tensors, unconfigured_error, unconfigured_scales
 from .config import DTYPE_POLICIES, GenericConfig
 
 __all__ = ["plan_generic", "device_dtype", "FLOAT_FORMATS"]
@@ -84,6 +84,7 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
     entries: list[TensorPlan] = []
     problems: list[ManifestProblem] = []
     skipped: list[str] = []
+    dups: dict[str, list[str]] = {}  # an MXFP4 tensor's name -> the tensors that would make it
     for name in ckpt.keys():
         info = ckpt[name]
         src = formats.from_safetensors(info.dtype).name
@@ -97,6 +98,9 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
             # gpt-oss MXFP4: <w>_blocks + <w>_scales are one tensor <w>, kept as ggml's
             # MXFP4 (keep) or decoded and converted as a matrix weight.
             lname, lshape = mxfp4_logical(name, shape)
+            if lname in ckpt:  # the checkpoint's own tensor of that name: two sources for one buffer
+                dups[lname] = [lname, name, mx.tensor]
+                continue
             dst = "mxfp4" if dtype == "keep" else device_dtype(lname + ".weight", "f32", lshape, dtype)
             assert dst is not None
             entries.append(TensorPlan(lname, lshape, dst, (Piece(name, src, shape, scale=mx),),
@@ -120,6 +124,8 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
             continue
         kind = "float" if src in FLOAT_FORMATS else "int"
         entries.append(TensorPlan(name, shape, dst, (Piece(name, src, shape),), group=_block_id(name), kind=kind))
+    if dups:
+        raise DuplicateTensorError(dups, str(ckpt.directory))
     if problems:
         lines = "\n".join(f"  {p}" for p in problems)
         raise DtypeMismatchError(
@@ -134,15 +140,14 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
 def fp8_sources(ckpt: Checkpoint, cfg: GenericConfig, dtype: str) -> ScaledTensors:
     """The checkpoint's FP8 weights paired with their scales (docs/FP8.md);
     typed errors for a scale missing, of the wrong dtype or shape. A
-    converting policy on FP8 weights that have scale tensors but no
-    ``quantization_config`` is a ConfigError: decoding them without their
-    scales would be wrong, and how to apply them is not stated."""
-    if cfg.quantization is None and dtype != "keep":
-        unconf = unconfigured_scales(ckpt)
+    converting policy on FP8 weights that have scale tensors which no
+    ``quantization_config`` applies (none stated, or one that pairs them
+    with nothing) is a ConfigError: decoding them without their scales
+    would be wrong."""
+    scaled = scaled_tensors(ckpt, cfg.quantization)
+    if dtype != "keep":
+        unconf = unconfigured_scales(ckpt, scaled)
         if unconf:
-            shown = ", ".join(repr(n) for n in unconf[:5]) + (f" and {len(unconf) - 5} more" if len(unconf) > 5 else "")
-            raise ConfigError(
-                f"{ckpt.directory}: FP8 weight(s) {shown} come with scale tensors but config.json has no "
-                f"quantization_config: how the scales apply is not stated, so --dtype {dtype} cannot decode them "
-                "(--dtype keep loads the bytes as they are)", key="quantization_config")
-    return scaled_tensors(ckpt, cfg.quantization)
+            raise unconfigured_error(ckpt, unconf, cfg.quantization, f"--dtype {dtype}",
+                                     "--dtype keep loads the bytes as they are")
+    return scaled

@@ -36,11 +36,12 @@ from ...safetensors import Checkpoint, SafetensorsFile
 from ...errors import (
     ConfigError,
     DtypeMismatchError,
+    DuplicateTensorError,
     ManifestError,
     MissingTensorError,
     ShapeMismatchError,
 )
-from .._quant import scaled_tensors
+from .._quant import scaled_tensors, unconfigured_error, unconfigured_scales
 from .config import Qwen35Config
 from .transforms import transform_tensor
 from .names import (  # noqa: F401  (the public names are re-exported in __all__)
@@ -98,16 +99,6 @@ _STREAMABLE = frozenset((Transform.FUSED_SPLIT, Transform.STACK_EXPERTS, Transfo
 
 
 # --------------------------------------------------------------------------- errors
-class DuplicateTensorError(ManifestError):
-    """Two or more checkpoint tensors feed the same destination. ``groups`` maps
-    each destination (GGUF name, with ``[expert e]`` for experts) to the names."""
-
-    def __init__(self, groups: Mapping[str, list[str]]) -> None:
-        self.groups = {k: sorted(v) for k, v in sorted(groups.items())}
-        lines = [f"{k}: {', '.join(v)}" for k, v in self.groups.items()]
-        super().__init__(f"{len(lines)} destination(s) are given more than once:{_listing(lines)}")
-
-
 class MixedExpertFormsError(ManifestError):
     """A layer holds both fused (``experts.gate_up_proj``/``experts.down_proj``) and
     per-expert (``experts.{e}.*_proj.weight``) expert tensors. ``layers`` maps
@@ -642,6 +633,12 @@ def plan_qwen35_moe(
                 layer_forms[0].add(name)
 
     if unknown:
+        if scaled.scheme is None:
+            # FP8 weights with their scales but no quantization_config: say
+            # that (docs/FP8.md), rather than that the scales are unknown names.
+            unconf = unconfigured_scales(headers)
+            if unconf:
+                raise unconfigured_error(headers, unconf, None, "the qwen35moe loader")
         raise UnknownTensorError(unknown)
 
     # duplicates
