@@ -96,6 +96,19 @@ class _Reader:
         return v
 
 
+def _check_model_type(v: Any, key: str, source: str | None) -> None:
+    """Refuse another family's config up front: a ``model_type`` (root or
+    ``text_config``) that is present and not one this loader reads. Absent or
+    null is accepted (transformers' defaults then apply)."""
+    if v is None or v in MODEL_TYPES:
+        return
+    where = f"{source}: " if source else ""
+    shown = repr(v) if isinstance(v, str) else _tname(v)
+    raise ConfigError(
+        f"{where}config key '{key}' is {shown}: not a Gemma 4 config; the Gemma 4 loader reads model_type "
+        f"{' / '.join(MODEL_TYPES)} (`hf2q load` picks the loader from config.json)", key=key)
+
+
 @dataclass(frozen=True)
 class Gemma4Layer:
     """The geometry of one decoder layer (what its tensors' shapes follow)."""
@@ -196,9 +209,12 @@ class Gemma4Config:
     def from_dict(cls, d: Mapping[str, Any], *, source: str | None = None) -> Gemma4Config:
         if not isinstance(d, Mapping):
             raise ConfigError(f"{source or 'config'}: config must be a JSON object, got {_tname(d)}")
+        _check_model_type(d.get("model_type"), "model_type", source)
         tc = d.get("text_config")
         if tc is not None and not isinstance(tc, Mapping):
             raise _Reader(d, "", source).error("text_config", f"must be an object, got {_tname(tc)}")
+        if tc is not None:
+            _check_model_type(tc.get("model_type"), "text_config.model_type", source)
         wrapper = tc is not None
         t = _Reader(tc if wrapper else d, "text_config." if wrapper else "", source)
         root = _Reader(d, "", source)
