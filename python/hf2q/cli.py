@@ -40,9 +40,51 @@ def resolve_source(args: argparse.Namespace) -> Path:
         path = hub.resolve(args.path, args.revision, download=args.download, command=args.command)
     except ValueError as e:  # --revision/--download with a local path
         raise UsageError(str(e)) from None
+    except hub.HubError as e:  # the fetch command: the user's, with --download
+        _with_hint(e, fetch_hint(args, "download"))
+        raise
     if not os.path.lexists(path):
         raise SafetensorsError(f"{path}: no such file or directory", code="Io", path=str(path))
     return path
+
+
+def fetch_hint(args: argparse.Namespace, flag: str) -> str:
+    """The command that fetches a repo id the user named: the command they
+    ran (its checkpoint, ``--revision``, ``convert``'s OUT, ``load``'s
+    ``--drafter``/``--drafter-revision``; the other options are left out)
+    with ``--<flag>`` added: ``download`` (the checkpoint) or
+    ``drafter-download`` (``load``'s drafter). Each part shell-quoted."""
+    import shlex
+
+    parts = ["hf2q", args.command, args.path]
+    if args.revision is not None:
+        parts += ["--revision", args.revision]
+    out = getattr(args, "out", None)  # convert's OUT.gguf, required
+    if out is not None and not out.startswith("-"):
+        parts.append(out)
+    drafter = getattr(args, "drafter", None)
+    if drafter is not None:
+        parts += ["--drafter", drafter]
+        if args.drafter_revision is not None:
+            parts += ["--drafter-revision", args.drafter_revision]
+    flags = {"--download": args.download or flag == "download",
+             "--drafter-download": bool(getattr(args, "drafter_download", False)) or flag == "drafter-download"}
+    parts += [f for f, on in flags.items() if on]
+    if out is not None and out.startswith("-"):  # given after `--`: so again
+        parts += ["--", out]
+    return " ".join(shlex.quote(str(x)) for x in parts)
+
+
+def _with_hint(e: Exception, hint: str) -> None:
+    """Replace the fetch command of ``e`` (a :class:`hf2q.hub.HubError`): its
+    ``hint`` and the same words in its message become ``hint``. hf2q.hub
+    knows only the repo id and revision, not the rest of the command line."""
+    old = getattr(e, "hint", None)
+    if old and e.args and isinstance(e.args[0], str):
+        msg = e.args[0]
+        msg = msg[:-len(old)] + hint if msg.endswith(old) else msg.replace(old, hint)
+        e.args = (msg, *e.args[1:])
+        e.hint = hint  # type: ignore[attr-defined]  # --json's "hint"
 
 
 def detect_architecture(path: Path) -> str:
@@ -274,6 +316,9 @@ def _load_pair(path: Path, args: argparse.Namespace, device: Any) -> int:
                               command=args.command)
     except ValueError as e:  # --drafter-revision/--drafter-download with a local path
         raise UsageError(str(e).replace("--download", "--drafter-download")) from None
+    except hub.HubError as e:  # the drafter's fetch command: --drafter-download, not the target's --download
+        _with_hint(e, fetch_hint(args, "drafter-download"))
+        raise
     if not os.path.lexists(drafter):
         raise SafetensorsError(f"{drafter}: no such file or directory", code="Io", path=str(drafter))
     _, config = models.read_config(path)
