@@ -266,6 +266,12 @@ def _options_for(fam: Any, path: Path, args: argparse.Namespace) -> dict[str, An
         offered = [_flag(o.name) for o in fam.option_specs if o.cli]  # not the Python-only ones (mtp)
         raise UsageError(f"{' and '.join(foreign)} {verb} not apply to {path}: the {fam.name} family takes "
                          f"{', '.join(offered) or 'no options'}")
+    from .recipes import DTYPE_OPTIONS
+
+    replaced = [_flag(k) for k in DTYPE_OPTIONS if k in given]
+    if given.get("recipe") is not None and replaced:
+        raise UsageError(f"--recipe {given['recipe']} chooses every tensor's format: it replaces "
+                         f"{' and '.join(replaced)}; give one or the other")
     return given
 
 

@@ -27,8 +27,8 @@ else:  # numpy on first use (hf2q._lazy)
 from . import formats
 from .plan import LoadPlan, TensorPlan
 
-__all__ = ["RECIPES", "FILE_TYPES", "ModelFacts", "recipe_types", "apply_recipe", "allows_quantization", "category",
-           "generic_facts"]
+__all__ = ["RECIPES", "DTYPE_OPTIONS", "FILE_TYPES", "ModelFacts", "recipe_types", "apply_recipe",
+           "allows_quantization", "category", "generic_facts"]
 
 #: The recipes (llama-quantize's file types without an importance matrix)
 #: and each one's default tensor format.
@@ -240,6 +240,10 @@ def _gather_bf16(entry: TensorPlan) -> Callable[[list[np.ndarray]], np.ndarray]:
     return step
 
 
+#: The options a recipe replaces (hf2q.models.base refuses them beside one).
+DTYPE_OPTIONS = ("dtype", "expert_dtype", "dense_dtype")
+
+
 def apply_recipe(plan: LoadPlan, recipe: str, facts: ModelFacts,
                  names: Mapping[str, str] | None = None) -> LoadPlan:
     """``plan`` (made as the converter's ``--outtype bf16`` file) with each
@@ -270,5 +274,11 @@ def apply_recipe(plan: LoadPlan, recipe: str, facts: ModelFacts,
             else:
                 changes["transform"] = _gather_bf16(e)
         entries.append(dataclasses.replace(e, **changes))
-    extra = {**plan.extra, "recipe": recipe}
+    # The dtype options the plan was made with (the BF16 file's) say nothing
+    # of what is loaded: the formats the recipe chose, counted, instead.
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e.dtype] = counts.get(e.dtype, 0) + 1
+    extra = {k: v for k, v in plan.extra.items() if k not in DTYPE_OPTIONS}
+    extra |= {"recipe": recipe, "formats": ", ".join(f"{n} {d}" for d, n in sorted(counts.items()))}
     return dataclasses.replace(plan, entries=entries, extra=extra)

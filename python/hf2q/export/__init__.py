@@ -124,12 +124,14 @@ class ConvertSummary:
 def _planner(family: str) -> Any:
     """The family's plan for one ``outtype``: ``--outtype X`` sets both of
     its tensor classes (``expert_dtype``, ``dense_dtype``) to X, the options
-    given win for theirs. Returns ``(plan, the plan's resolved config)``."""
+    given win for theirs (with a ``recipe``, which replaces them, neither is
+    set). Returns ``(plan, the plan's resolved config)``."""
     def plan(ckpt: Any, config: Mapping[str, Any], outtype: str, options: dict[str, Any]) -> tuple[LoadPlan, Any]:
         from ..models import family as family_row
 
-        p = family_row(family).impl().plan_checkpoint(
-            ckpt, config=config, **{"expert_dtype": outtype, "dense_dtype": outtype, **options})
+        # (a recipe chooses every format itself: the dtype options would be refused beside it)
+        by_outtype = {} if options.get("recipe") is not None else {"expert_dtype": outtype, "dense_dtype": outtype}
+        p = family_row(family).impl().plan_checkpoint(ckpt, config=config, **{**by_outtype, **options})
         return p, p.config
 
     return plan

@@ -24,7 +24,7 @@ from ..device import Buffer, Device
 from ..loader import execute
 from ..model import LoadedModel
 from ..plan import CONVERT_DTYPES, LoadPlan
-from ..recipes import RECIPES
+from ..recipes import DTYPE_OPTIONS as RECIPE_REPLACES, RECIPES
 from ..safetensors import Checkpoint
 from ..shard import Decision, Shard, name_rule, shard_plan
 
@@ -127,6 +127,11 @@ class ModelFamily:
         if unknown:
             takes = f"it takes {', '.join(self.option_names)}" if self.options else "it takes none"
             raise TypeError(f"the {self.name} family takes no option(s) {', '.join(unknown)}; {takes}")
+        replaced = [k for k in RECIPE_REPLACES if options.get(k) is not None]
+        if options.get("recipe") is not None and replaced:
+            # (never dropped without a word: the recipe chooses every tensor's format)
+            raise TypeError(f"recipe {options['recipe']!r} chooses every tensor's format: it replaces "
+                            f"{' and '.join(replaced)}; give one or the other")
 
     def with_defaults(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """``options`` (checked) with every option of the family not given at its default."""
