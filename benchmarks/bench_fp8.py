@@ -16,9 +16,13 @@ per-layer shapes, per-expert experts, 128x128 BF16 scales, as Qwen's -FP8
 repos; ``--layers`` of the real 40, ``--vocab`` rows, ``--experts`` of 256)
 is written into DIR (kept for later runs: config.json is written last), and
 loaded with qwen35.load (experts -> Q8_0, dense -> BF16) on ``--device``:
-FP8 checkpoint bytes read per second, best of 3 after a warm-up, beside
-pinned host-to-device copies (torch) on a GPU. Issue target (GPU): >= 0.8x
-the pinned H2D line rate of the FP8 bytes read.
+FP8 checkpoint bytes read per second, best of 3 after a warm-up, and the
+best of 3 of opening and planning alone (part of each load), beside pinned
+host-to-device copies (torch) of the same byte count on a GPU: into device
+memory written just before (the line rate: "x pinned H2D") and into memory
+freed and allocated again, as each warm load writes ("x recycled",
+benchmarks/bench_fullscale.py's limit). Issue target (GPU): >= 0.8x the
+pinned H2D line rate of the FP8 bytes read.
 
 The checkpoint's layout (names, shapes, which tensors are FP8, the
 quantization_config) is hf2q.testing's (checkpoint_tensor_specs and
@@ -115,6 +119,7 @@ def load_case(args: argparse.Namespace) -> int:
         secs = write_fp8_checkpoint(d, text, args.threads)
         print(f"wrote {d} in {secs:.1f} s", file=sys.stderr)
     dev = hf2q.Device(args.device) if args.device else hf2q.Device.default()
+    from hf2q.models.qwen35 import plan_checkpoint
     from hf2q.safetensors import open_checkpoint
 
     with open_checkpoint(d) as ckpt:
@@ -129,25 +134,25 @@ def load_case(args: argparse.Namespace) -> int:
         del m
         return dt
 
+    def planned() -> float:
+        t = time.perf_counter()
+        with open_checkpoint(d) as c:
+            plan_checkpoint(c, config=None, expert_dtype="q8_0", dense_dtype="bf16")
+        return time.perf_counter() - t
+
     once()
     secs = min(once() for _ in range(args.repeat))
+    plan_secs = min(planned() for _ in range(args.repeat))
     row = {"case": f"qwen35 FP8 load ({text['num_hidden_layers']} layers) on {dev.kind}", "seconds": secs,
-           "checkpoint bytes": nbytes, "fp8 bytes": fp8_bytes, "GB/s read": nbytes / secs / 1e9}
+           "open+plan s": plan_secs, "checkpoint bytes": nbytes, "fp8 bytes": fp8_bytes,
+           "GB/s read": nbytes / secs / 1e9}
     if dev.kind == "cuda":
         try:
-            import torch
-
-            n = 1 << 30
-            pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-            dst = torch.empty(n, dtype=torch.uint8, device=f"cuda:{dev.index}")
-            dst.copy_(pinned, non_blocking=True)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            dst.copy_(pinned, non_blocking=True)
-            torch.cuda.synchronize()
-            h2d = n / (time.perf_counter() - t) / 1e9
-            row["pinned H2D GB/s"] = h2d
-            row["x pinned H2D"] = row["GB/s read"] / h2d
+            bus, limit = pinned_h2d_rates(nbytes, dev.index)
+            row["pinned H2D GB/s"] = bus
+            row["x pinned H2D"] = row["GB/s read"] / bus
+            row["recycled H2D GB/s"] = limit
+            row["x recycled"] = row["GB/s read"] / limit
         except Exception as e:  # noqa: BLE001 - no torch / no CUDA build of torch: report without the line rate
             row["pinned H2D GB/s"] = f"unavailable: {type(e).__name__}"
     if args.json:
@@ -155,6 +160,38 @@ def load_case(args: argparse.Namespace) -> int:
     else:
         print_table("scaled FP8 checkpoint load", [row], list(row))
     return 0
+
+
+def pinned_h2d_rates(nbytes: int, index: int) -> tuple[float, float]:
+    """GB/s of a pinned host-to-device copy of ``nbytes`` (torch, a 1 GiB
+    pinned buffer copied over the range), best of 3 each: into device memory
+    the copy wrote just before (the bus: the issue's line rate), and into
+    memory the process freed and allocated again, as every warm load writes
+    (benchmarks/bench_fullscale.py's limit; about 10% slower on the H200
+    machines, docs/CUDA.md)."""
+    import torch
+
+    chunk = 1 << 30
+    pinned = torch.empty(chunk, dtype=torch.uint8, pin_memory=True)
+    where = f"cuda:{index}"
+
+    def copy(dst: Any) -> float:
+        torch.cuda.synchronize(where)
+        t = time.perf_counter()
+        for o in range(0, nbytes, chunk):
+            n = min(chunk, nbytes - o)
+            dst[o:o + n].copy_(pinned[:n], non_blocking=True)
+        torch.cuda.synchronize(where)
+        return time.perf_counter() - t
+
+    bus, recycled = [], []
+    for _ in range(3):
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=where)
+        recycled.append(copy(dst))
+        bus.append(copy(dst))
+        del dst
+        torch.cuda.empty_cache()
+    return nbytes / min(bus) / 1e9, nbytes / min(recycled) / 1e9
 
 
 def main() -> int:
