@@ -96,12 +96,15 @@ def __dir__() -> list[str]:
     return sorted(set(__all__) | {n for n in globals() if n.startswith("__") and n.endswith("__")})
 
 
-def load(path: "str | os.PathLike[str]", device: "Device | None" = None, *, family: str | None = None,
+def load(path: "str | os.PathLike[str]", device: "Device | str | None" = None, *, family: str | None = None,
          progress: bool = True, revision: str | None = None, download: bool = False, check_finite: bool = False,
          shard: "Shard | None" = None, **options: object) -> "LoadedModel":
     """Load any checkpoint with the model family its ``config.json`` names
     (DFlash drafter, Qwen3.5/3.6 MoE, Gemma 4, else ``generic``: its own tensor names);
-    ``family`` forces one. ``options`` go to the family's loader: ``dtype``
+    ``family`` forces one. ``device``: an :class:`hf2q.Device`, a kind
+    (``"cuda"``, ``"cuda:1"``, ``"host"``, ...) or None (:meth:`Device.default`);
+    one not given as a Device is opened while the checkpoint is opened and
+    planned. ``options`` go to the family's loader: ``dtype``
     (generic: ``keep``/``f32``/``bf16``/``q8_0``/``q4_0``/``q4_k``/``q5_k``/``q6_k``), ``expert_dtype`` /
     ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE), ``recipe`` (Qwen3.5 MoE, Gemma 4,
     generic: ``q4_k_m`` / ``q4_k_s`` / ``q5_k_m`` / ``q6_k`` / ``q8_0``, each

@@ -377,6 +377,74 @@ def _shared_native(spec: str) -> Any:
         return dev
 
 
+class DeviceOpening:
+    """A device being opened on a helper thread (``Device.default()`` for
+    ``kind`` None, else ``Device(kind)``) while the caller opens and plans
+    the checkpoint: a GPU's driver and context take a few tenths of a
+    second (docs/CUDA.md). :meth:`get` waits for it and returns it, or
+    raises its error on the caller's thread. Where no thread could be
+    started, or in a child forked while it ran (the thread is not there),
+    :meth:`get` opens the device itself. The thread is not a daemon: an
+    interpreter that exits meanwhile waits for the open to end rather than
+    stopping it inside the driver."""
+
+    __slots__ = ("_cls", "_kind", "_thread", "_device", "_error")
+
+    def __init__(self, cls: type["Device"], kind: str | None = None) -> None:
+        self._cls = cls
+        self._kind = kind
+        self._device: Device | None = None
+        self._error: BaseException | None = None
+        thread: threading.Thread | None = threading.Thread(target=self._run, name="hf2q-device-open")
+        try:
+            thread.start()  # type: ignore[union-attr]
+        except RuntimeError:  # can't start new thread
+            thread = None
+        self._thread = thread
+
+    def _open(self) -> "Device":
+        return self._cls.default() if self._kind is None else self._cls(self._kind)
+
+    def _run(self) -> None:
+        try:
+            self._device = self._open()
+        except BaseException as e:  # noqa: BLE001 - handed to get(), raised on the caller's thread
+            self._error = e
+
+    def get(self) -> "Device":
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+        if self._device is None:
+            self._device = self._open()
+        return self._device
+
+
+def as_device(device: "Device | DeviceOpening | str | None") -> "Device | DeviceOpening":
+    """A loader's ``device`` argument: a :class:`Device` as it is; None (the
+    default device) or a kind such as ``"cuda"`` opened meanwhile
+    (:class:`DeviceOpening`; a kind's spelling is checked now); anything
+    else a TypeError."""
+    if isinstance(device, (Device, DeviceOpening)):
+        return device
+    if device is None:
+        return DeviceOpening(Device)
+    if isinstance(device, str):
+        _device_spec(device)  # ValueError for a kind hf2q does not know, before any work
+        return DeviceOpening(Device, device)
+    raise TypeError(f"device must be an hf2q.Device, a kind such as 'cuda' or 'host', or None (the default "
+                    f"device), got {type(device).__name__}")
+
+
+def resolve_device(device: "Device | DeviceOpening | str | None") -> "Device":
+    """The device a loader was given (:func:`as_device`), waiting for one being opened."""
+    dev = as_device(device)
+    return dev.get() if isinstance(dev, DeviceOpening) else dev
+
+
 class Device:
     """A device: ``Device("host")``, ``Device("metal")``, ``Device("cuda")`` or
     ``Device("cuda:N")``; one native device per kind (and GPU) and process,

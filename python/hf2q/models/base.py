@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._gc import pausing
-from ..device import Buffer, Device
+from ..device import Buffer, Device, DeviceOpening, resolve_device
 from ..loader import execute
 from ..model import LoadedModel
 from ..plan import CONVERT_DTYPES, LoadPlan
@@ -150,14 +150,16 @@ class ModelFamily:
             plan = shard_plan(plan, shard, self.shard_rule)
         return plan
 
-    def load_planned(self, plan: LoadPlan, ckpt: Checkpoint, device: Device, *, progress: bool,
-                     check_finite: bool = False) -> Any:
+    def load_planned(self, plan: LoadPlan, ckpt: Checkpoint, device: Device | DeviceOpening | str | None, *,
+                     progress: bool, check_finite: bool = False) -> Any:
         """Run a plan that :meth:`plan_checkpoint` made for ``ckpt`` (a pair
         checks the plan's heads first, then loads it: planned once)."""
-        return execute(plan, ckpt, device, lambda bufs: self.model(device, plan, bufs), progress=progress,
+        dev = resolve_device(device)
+        return execute(plan, ckpt, dev, lambda bufs: self.model(dev, plan, bufs), progress=progress,
                        extra=plan.extra, check_finite=check_finite)
 
-    def load_checkpoint(self, ckpt: Checkpoint, device: Device, *, config: Mapping[str, Any] | None,
+    def load_checkpoint(self, ckpt: Checkpoint, device: Device | DeviceOpening | str | None, *,
+                        config: Mapping[str, Any] | None,
                         progress: bool, check_finite: bool = False, shard: Shard | None = None,
                         **options: Any) -> Any:
         """Plan and load an open checkpoint (``shard``: only that rank's slices)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from ...device import Device
+from ...device import Device, as_device, resolve_device
 from ...model import LoadedModel
 from .config import DFlashConfig
 from .manifest import DFlashWeights
@@ -19,7 +19,7 @@ __all__ = ["load"]
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def load(path: PathLike, device: Device | None = None, progress: bool = True,
+def load(path: PathLike, device: Device | str | None = None, progress: bool = True,
          config: DFlashConfig | None = None, *, target: LoadedModel | None = None, revision: str | None = None,
          download: bool = False, check_finite: bool = False, shard: Shard | None = None) -> DFlashModelTensors:
     """Validate a DFlash drafter checkpoint (file or directory with
@@ -42,6 +42,7 @@ def load(path: PathLike, device: Device | None = None, progress: bool = True,
     path = resolve(path, revision, download=download)
     if target is not None:
         return bind(path, target, device, progress=progress, config=config, check_finite=check_finite)
-    dev = device if device is not None else Device.default()
+    dev = as_device(device)  # None or a kind: opened while the checkpoint is opened and planned
     with DFlashWeights.load(path, config) as weights:
-        return DFlashModelTensors.upload(dev, weights.config, weights, progress=progress, check_finite=check_finite)
+        return DFlashModelTensors.upload(resolve_device(dev), weights.config, weights, progress=progress,
+                                         check_finite=check_finite)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from ...device import Buffer, Device
+from ...device import Buffer, Device, as_device, resolve_device
 from ...device import _detached as detached
 from ...errors import ConfigError
 
@@ -181,7 +181,7 @@ def _drafter_weights(drafter: PathLike, config: Any = None) -> Any:
     return DFlashWeights.load(Path(os.fspath(drafter)), config)
 
 
-def bind(drafter: PathLike, target: Any, device: Device | None = None, *, progress: bool = True,
+def bind(drafter: PathLike, target: Any, device: Device | str | None = None, *, progress: bool = True,
          config: Any = None, check_finite: bool = False) -> Any:
     """Load the DFlash drafter at ``drafter`` bound to the loaded ``target``
     (on the target's device unless ``device`` says otherwise — it must be the
@@ -191,7 +191,7 @@ def bind(drafter: PathLike, target: Any, device: Device | None = None, *, progre
     from .model import DFlashModelTensors
 
     heads = target_heads(target)
-    dev = device if device is not None else target.device
+    dev = resolve_device(device) if device is not None else target.device
     if dev != target.device:
         raise PairError(f"the drafter must live on the target's device ({target.device.kind}), not {dev.kind}",
                         key="device")
@@ -202,7 +202,7 @@ def bind(drafter: PathLike, target: Any, device: Device | None = None, *, progre
     return model
 
 
-def load_pair(target: PathLike, drafter: PathLike, device: Device | None = None, *, progress: bool = True,
+def load_pair(target: PathLike, drafter: PathLike, device: Device | str | None = None, *, progress: bool = True,
               check_finite: bool = False, **target_options: Any) -> SpeculativePair:
     """Load a target checkpoint and its DFlash drafter as a bound pair. Both
     checkpoints' headers and configs are validated and the pair checked
@@ -222,7 +222,7 @@ def load_pair(target: PathLike, drafter: PathLike, device: Device | None = None,
 TARGET_HOOKS = ("plan_checkpoint", "target_heads", "load_planned")
 
 
-def load_pair_with(target: PathLike, config: Any, fam: Any, drafter: PathLike, device: Device | None = None, *,
+def load_pair_with(target: PathLike, config: Any, fam: Any, drafter: PathLike, device: Device | str | None = None, *,
                    progress: bool = True, check_finite: bool = False, **target_options: Any) -> SpeculativePair:
     """:func:`load_pair` with the target's ``config.json`` already read
     (``config``) and its family (``fam``, a :class:`hf2q.models.Family`)
@@ -238,11 +238,12 @@ def load_pair_with(target: PathLike, config: Any, fam: Any, drafter: PathLike, d
         raise PairError(f"{tpath}: the {fam.name} family declares no embedding / LM head, so it cannot be a "
                         "drafter's target", key="target")
     models.check_options(fam, target_options)
-    dev = device if device is not None else Device.default()
+    dev = as_device(device)  # None or a kind: opened while the checkpoint is opened and planned
     with _drafter_weights(drafter) as weights, open_checkpoint(tpath) as ckpt:
         plan = impl.plan_checkpoint(ckpt, config=config, **target_options)
         heads = _heads_from(fam.name, impl.target_heads(plan))
         check_pair(weights.config, heads)
+        dev = resolve_device(dev)
         target_model = impl.load_planned(plan, ckpt, dev, progress=progress, check_finite=check_finite)
         try:
             drafter_model = DFlashModelTensors.upload(dev, weights.config, weights, progress=progress,

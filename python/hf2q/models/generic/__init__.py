@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Union
 
-from ...device import Buffer, Device
+from ...device import Buffer, Device, as_device
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan
 from ...safetensors import Checkpoint, open_checkpoint
@@ -127,7 +127,7 @@ load_checkpoint = FAMILY.load_checkpoint
 inspect_checkpoint = FAMILY.inspect_checkpoint
 
 
-def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", progress: bool = True,
+def load(path: PathLike, device: Device | str | None = None, *, dtype: str = "keep", progress: bool = True,
          check_finite: bool = False, shard: Shard | None = None, recipe: str | None = None) -> GenericModel:
     """Load any safetensors checkpoint (file or directory) with its own tensor
     names; ``dtype`` as in :func:`~hf2q.models.generic.plan.plan_generic`;
@@ -137,7 +137,7 @@ def load(path: PathLike, device: Device | None = None, *, dtype: str = "keep", p
     by its GGUF name (replaces ``dtype``; docs/KQUANTS.md)."""
     from .. import read_config
 
-    dev = device if device is not None else Device.default()
+    dev = as_device(device)  # None or a kind: opened while the checkpoint is opened and planned
     path = Path(path)
     _, config = read_config(path)
     with open_checkpoint(path) as ckpt:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 
-from ...device import Buffer, Device
+from ...device import Buffer, Device, as_device
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
@@ -93,7 +93,7 @@ class Qwen35Model(LoadedModel):
                 f"on {self.device.kind}>")
 
 
-def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
+def load(path: PathLike, device: Device | str | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
          progress: bool = True, mtp: bool | None = None, *, revision: str | None = None,
          download: bool = False, check_finite: bool = False, shard: Shard | None = None,
          recipe: str | None = None) -> Qwen35Model:
@@ -115,8 +115,8 @@ def load(path: PathLike, device: Device | None = None, expert_dtype: str = "q8_0
     file type gives it (replaces the dtype options; docs/KQUANTS.md)."""
     from ...hub import resolve
 
+    dev = as_device(device)  # None or a kind: opened while the path is resolved and the checkpoint planned
     path = resolve(path, revision, download=download)
-    dev = device if device is not None else Device.default()
     with open_checkpoint(Path(path)) as ckpt:
         return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
                                dense_dtype=dense_dtype, mtp=mtp, check_finite=check_finite, shard=shard,
