@@ -334,3 +334,47 @@ def test_join_thread_waits_out_an_interrupt_then_raises_it() -> None:
     with pytest.raises(KeyboardInterrupt):
         loader.join_thread(t)
     assert finished.is_set() and not t.is_alive() and Interrupted.joins >= 2
+
+
+def test_gpu_batches_end_at_their_own_entry_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CPU does not address the memory (a GPU), a batch ends at
+    GPU_BATCH_ENTRIES entries, not BATCH_ENTRIES: a checkpoint of a buffer
+    per tensor was 244 drained batches of 256 (docs/CUDA.md). A host device
+    stand-in that says its memory is not CPU-visible takes the GPU path."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from hf2q import models
+    from hf2q.safetensors import open_checkpoint
+
+    save_file({f"t.{i}.weight": np.full((4, 8), i, np.float32) for i in range(1000)},
+              str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"]}))
+
+    class NotCpuVisible:
+        cpu_visible = False
+
+        def __init__(self, native: Any) -> None:
+            self._native = native
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._native, name)
+
+    fam = models.family("generic").impl()
+
+    def batches(dev: Device) -> list[int]:
+        seen = _count_batches(monkeypatch)
+        with open_checkpoint(tmp_path) as ck:
+            plan = fam.plan_checkpoint(ck, config=None, dtype="keep")
+            model = fam.load_planned(plan, ck, dev, progress=False)
+        assert all((model[f"t.{i}.weight"].to_host() == i).all() for i in range(1000))
+        return [len(b) for b in seen]
+
+    gpu = Device._isolated("host")
+    gpu._native = NotCpuVisible(gpu._native)
+    assert batches(gpu) == [1000]  # within GPU_BATCH_ENTRIES (and the first batch's byte bound)
+    monkeypatch.setattr(loader, "GPU_BATCH_ENTRIES", 300)
+    assert batches(gpu) == [300, 300, 300, 100]
+    monkeypatch.setattr(loader, "_OVERLAP", True)  # the host itself: BATCH_ENTRIES, in the helper thread as on a GPU
+    assert batches(Device._isolated("host")) == [256, 256, 256, 232]
