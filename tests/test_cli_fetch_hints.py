@@ -80,12 +80,33 @@ def test_convert_hint_keeps_out(env: dict[str, str], tmp_path: Path) -> None:
     assert not os.path.exists(out)
 
 
-def test_convert_hint_keeps_revision_and_quotes(env: dict[str, str], tmp_path: Path) -> None:
+def test_convert_hint_keeps_every_option_and_quotes(env: dict[str, str], tmp_path: Path) -> None:
+    # Following the hint must write the file asked for: the outtype, the
+    # recipe and the name kept (a hint of the repo and OUT alone wrote a
+    # q8_0 file at OUT, and the command asked for then found it there).
     out = str(tmp_path / "my model.gguf")
-    hint = hint_of(env, "convert", REPO, out, "--revision", "v1", "--outtype", "bf16")
-    assert hint == f"hf2q convert {REPO} --revision v1 {shlex.quote(out)} --download"
+    hint = hint_of(env, "convert", REPO, out, "--revision", "v1", "--outtype", "bf16", "--name", "My X")
+    assert hint == f"hf2q convert {REPO} {shlex.quote(out)} --revision v1 --outtype bf16 --name 'My X' --download"
     args = build_parser().parse_args(runs(env, hint))
-    assert (args.path, args.revision, args.out, args.download) == (REPO, "v1", out, True)
+    assert (args.path, args.revision, args.out, args.outtype, args.name, args.download) == \
+        (REPO, "v1", out, "bf16", "My X", True)
+    hint = hint_of(env, "convert", REPO, out, "--recipe", "q4_k_m", "--no-progress")
+    assert hint == f"hf2q convert {REPO} {shlex.quote(out)} --recipe q4_k_m --no-progress --download"
+    args = build_parser().parse_args(runs(env, hint))
+    assert (args.recipe, args.download) == ("q4_k_m", True)
+
+
+def test_hint_flag_goes_before_a_double_dash() -> None:
+    import argparse
+
+    from hf2q.cli import fetch_hint
+
+    argv = ["convert", REPO, "--json", "--", "-odd.gguf"]
+    hint = fetch_hint(argparse.Namespace(argv=argv), "download")
+    assert hint == f"hf2q convert {REPO} --download -- -odd.gguf"
+    args = build_parser().parse_args(shlex.split(hint)[1:])
+    assert (args.out, args.download, args.json) == ("-odd.gguf", True, False)
+    assert fetch_hint(argparse.Namespace(), "download") == ""  # not parsed by main(): hf2q.hub's hint stands
 
 
 def test_load_and_inspect_hints_unchanged(env: dict[str, str]) -> None:
@@ -97,7 +118,7 @@ def test_load_and_inspect_hints_unchanged(env: dict[str, str]) -> None:
 
 def test_drafter_hint_is_drafter_download(env: dict[str, str], target: Path) -> None:
     hint = hint_of(env, "load", str(target), "--drafter", DRAFTER, "--device", "host")
-    assert hint == f"hf2q load {shlex.quote(str(target))} --drafter {DRAFTER} --drafter-download"
+    assert hint == f"hf2q load {shlex.quote(str(target))} --drafter {DRAFTER} --device host --drafter-download"
     args = build_parser().parse_args(runs(env, hint))
     assert (args.path, args.drafter, args.drafter_download, args.download) == (str(target), DRAFTER, True, False)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import pytest
 
@@ -27,15 +28,14 @@ def test_the_opening_gives_the_default_device() -> None:
     assert resolve_device(dev) is dev
 
 
-def test_its_error_is_raised_by_get() -> None:
-    class Failing(Device):
-        @classmethod
-        def default(cls) -> Device:
-            raise DeviceError("no device for this test")
+def _fail() -> Device:
+    raise DeviceError("no device for this test")
 
-    opening = DeviceOpening(Failing)
+
+def test_its_error_is_raised_by_get_and_dropped_by_close() -> None:
     with pytest.raises(DeviceError, match="no device for this test"):
-        opening.get()
+        DeviceOpening(_fail).get()
+    DeviceOpening(_fail).close()  # the caller failed first: its own error leaves, not this one
 
 
 def test_no_thread_started_opens_on_get(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,10 +52,12 @@ def test_a_thread_that_left_nothing_opens_on_get() -> None:
     # A child forked while the thread ran has no such thread: its join
     # returns at once and nothing was made; get() makes the device.
     class Idle(DeviceOpening):
+        __slots__ = ()
+
         def _run(self) -> None:
             pass
 
-    assert Idle(Device).get() == Device.default()
+    assert Idle(Device.default).get() == Device.default()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
@@ -91,8 +93,8 @@ def test_a_load_with_no_device_or_a_kind_uses_an_opening(monkeypatch: pytest.Mon
     class Spy(DeviceOpening):
         __slots__ = ()
 
-        def __init__(self, cls: type[Device], kind: str | None = None) -> None:
-            super().__init__(cls, kind)
+        def __init__(self, open_device: Any) -> None:
+            super().__init__(open_device)
             made.append(self)
 
     monkeypatch.setattr(device_module, "DeviceOpening", Spy)
@@ -126,16 +128,97 @@ def test_bad_devices_are_refused_before_any_work(tmp_path) -> None:
         as_device(object())  # type: ignore[arg-type]
 
 
-def test_the_thread_ends_after_a_failed_load(tmp_path) -> None:
+def test_no_opening_outlives_a_failed_load(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A load that fails after its opening began closes it: the thread is
+    # done when the error leaves (a slow open, as a GPU's, waited for).
+    import time
+
     from hf2q import Hf2qError
 
+    def slow_default(cls: type[Device]) -> Device:
+        time.sleep(0.3)
+        return Device("host")
+
+    monkeypatch.setattr(Device, "default", classmethod(slow_default))
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForCausalLM"]}')
-    with pytest.raises(Hf2qError):
-        hf2q.load(tmp_path, progress=False)
-    for t in threading.enumerate():
-        if t.name == "hf2q-device-open":
-            t.join(timeout=30)
-            assert not t.is_alive()
+    for load in (hf2q.load, hf2q.qwen35.load):
+        with pytest.raises(Hf2qError):
+            load(tmp_path, progress=False)
+        assert "hf2q-device-open" not in {t.name for t in threading.enumerate()}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_fork_while_another_thread_configures_cuda_or_probes_the_driver(tmp_path) -> None:
+    # A device opened on a helper thread takes hf2q._cuda's lock and the
+    # native configuration and driver locks; a child forked meanwhile must
+    # not inherit one held (it would wait forever at its first CUDA probe).
+    # The native side holds them across fork(); Python's lock is renewed.
+    import faulthandler
+    import signal
+    import time
+    from pathlib import Path
+
+    from hf2q import _core, _cuda
+
+    tmp = str(tmp_path)
+
+    stop = False
+
+    def churn() -> None:
+        while not stop:
+            _core.cuda_configure([], "")  # the native configuration lock
+            try:
+                resolve_device("cuda")  # an opening's thread: the driver probe (loaded once, under its lock)
+            except Exception:  # noqa: BLE001 - no GPU here: the probe's error is expected
+                pass
+
+    # As a loader does: the backends' Python set-up (imports) on the calling
+    # thread, before a helper opens (as_device); a thread importing while
+    # another forks would leave the child its module's import lock held.
+    as_device("cuda").close()
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    try:
+        pids = []
+        for _ in range(20):
+            time.sleep(0.002)
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child exits with its status
+                code = 1
+                try:
+                    # a hung child dumps where it waits (then exits 1), for the assertion below
+                    log = open(os.path.join(tmp, f"child-{os.getpid()}.txt"), "w")
+                    faulthandler.dump_traceback_later(15, exit=True, file=log)
+                    _cuda.prepare()
+                    _core.cuda_configure([], "")
+                    Device.default()
+                    with pytest.raises(DeviceError):
+                        Device("cuda")
+                    code = 0
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        deadline = time.monotonic() + 30
+        codes = []
+        for pid in pids:
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes.append(status)
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    codes.append("hung")
+                    break
+                time.sleep(0.01)
+        dumps = "".join(f.read_text() for f in Path(tmp).glob("child-*.txt"))
+        assert codes == [0] * len(pids), (codes, dumps[-4000:])
+    finally:
+        stop = True
+        t.join(10)
+        _cuda._done = False
+        _cuda.prepare()  # the configuration as it was (the churn's cuda_configure replaced it)
 
 
 @pytest.mark.cuda
@@ -159,3 +242,39 @@ def test_cuda_opened_on_a_helper_thread_loads_the_same_bytes(tmp_path) -> None:
         for n in m.names():
             assert m[n].to_host().view(np.uint8).tobytes() == ref[n].to_host().view(np.uint8).tobytes(), n
         del m
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_child_forked_while_cuda_is_being_prepared_can_prepare_it() -> None:
+    # hf2q._cuda's lock held by another thread at the fork (that thread is
+    # not in the child): the child gets a new lock, not one held forever.
+    import signal
+
+    from hf2q import _cuda
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _cuda._lock:
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child exits with its status
+            code = 1
+            try:
+                signal.alarm(20)
+                _cuda._done = False
+                _cuda.prepare()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, status
+    finally:
+        release.set()
+        t.join(10)

@@ -56,3 +56,17 @@ def prepare() -> None:
         if not _done:
             _core.cuda_configure(nvrtc_candidates(), cache_dir())
             _done = True
+
+
+def _new_lock_in_child() -> None:
+    # A child forked while another thread was inside prepare() (a device
+    # opened on a helper thread while a load plans, hf2q.device.DeviceOpening)
+    # inherits the lock held by a thread it does not have: a new one. The
+    # native configuration it guards is the parent's, copied whole or not
+    # begun (cuda_configure runs under the native side's own lock).
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)

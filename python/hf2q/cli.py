@@ -49,30 +49,23 @@ def resolve_source(args: argparse.Namespace) -> Path:
 
 
 def fetch_hint(args: argparse.Namespace, flag: str) -> str:
-    """The command that fetches a repo id the user named: the command they
-    ran (its checkpoint, ``--revision``, ``convert``'s OUT, ``load``'s
-    ``--drafter``/``--drafter-revision``; the other options are left out)
-    with ``--<flag>`` added: ``download`` (the checkpoint) or
-    ``drafter-download`` (``load``'s drafter). Each part shell-quoted."""
+    """The command that fetches a repo id the user named: the command line
+    they ran, every option kept (convert's ``--outtype``, ``--recipe``,
+    ``--name`` and OUT: following the hint writes the file they asked for),
+    with ``--<flag>`` added where it is not there: ``download`` (the
+    checkpoint) or ``drafter-download`` (``load``'s drafter); before a
+    ``--`` that ends the options; ``--json`` left out. Each part shell-quoted."""
     import shlex
 
-    parts = ["hf2q", args.command, args.path]
-    if args.revision is not None:
-        parts += ["--revision", args.revision]
-    out = getattr(args, "out", None)  # convert's OUT.gguf, required
-    if out is not None and not out.startswith("-"):
-        parts.append(out)
-    drafter = getattr(args, "drafter", None)
-    if drafter is not None:
-        parts += ["--drafter", drafter]
-        if args.drafter_revision is not None:
-            parts += ["--drafter-revision", args.drafter_revision]
-    flags = {"--download": args.download or flag == "download",
-             "--drafter-download": bool(getattr(args, "drafter_download", False)) or flag == "drafter-download"}
-    parts += [f for f, on in flags.items() if on]
-    if out is not None and out.startswith("-"):  # given after `--`: so again
-        parts += ["--", out]
-    return " ".join(shlex.quote(str(x)) for x in parts)
+    given = getattr(args, "argv", None)
+    if given is None:  # arguments not parsed by main(): hf2q.hub's own hint stands
+        return ""
+    argv = [a for a in given if a != "--json"]  # (a person reads the hint: JSON or not is theirs to choose)
+    want = f"--{flag}"
+    if want not in argv[:argv.index("--") if "--" in argv else len(argv)]:
+        at = argv.index("--") if "--" in argv else len(argv)
+        argv.insert(at, want)
+    return " ".join(shlex.quote(str(x)) for x in ["hf2q", *argv])
 
 
 def _with_hint(e: Exception, hint: str) -> None:
@@ -80,7 +73,7 @@ def _with_hint(e: Exception, hint: str) -> None:
     ``hint`` and the same words in its message become ``hint``. hf2q.hub
     knows only the repo id and revision, not the rest of the command line."""
     old = getattr(e, "hint", None)
-    if old and e.args and isinstance(e.args[0], str):
+    if hint and old and e.args and isinstance(e.args[0], str):
         msg = e.args[0]
         msg = msg[:-len(old)] + hint if msg.endswith(old) else msg.replace(old, hint)
         e.args = (msg, *e.args[1:])
@@ -266,13 +259,19 @@ def _options_for(fam: Any, path: Path, args: argparse.Namespace) -> dict[str, An
         offered = [_flag(o.name) for o in fam.option_specs if o.cli]  # not the Python-only ones (mtp)
         raise UsageError(f"{' and '.join(foreign)} {verb} not apply to {path}: the {fam.name} family takes "
                          f"{', '.join(offered) or 'no options'}")
+    _refuse_dtypes_beside_recipe(given)
+    return given
+
+
+def _refuse_dtypes_beside_recipe(given: dict[str, Any]) -> None:
+    """A dtype flag beside ``--recipe`` (which chooses every format) is a
+    usage error naming the flags (hf2q.models.base refuses the keywords)."""
     from .recipes import DTYPE_OPTIONS
 
     replaced = [_flag(k) for k in DTYPE_OPTIONS if k in given]
     if given.get("recipe") is not None and replaced:
         raise UsageError(f"--recipe {given['recipe']} chooses every tensor's format: it replaces "
                          f"{' and '.join(replaced)}; give one or the other")
-    return given
 
 
 def _load_model(path: Path, device: Any, progress: bool, args: argparse.Namespace) -> Any:
@@ -672,6 +671,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     path = resolve_source(args)
     options = {k: getattr(args, k) for k in _convert_options() if getattr(args, k, None) is not None}
+    _refuse_dtypes_beside_recipe(options)
     try:
         summary = convert(path, args.out, args.outtype, force=args.force,
                           progress=not (args.no_progress or args.json), name=args.name or _convert_default_name(args),
@@ -1180,6 +1180,7 @@ def _main(argv: Sequence[str] | None) -> int:
         parser = build_parser()
         try:
             args = parser.parse_args(argv)
+            args.argv = argv  # the command line as given (fetch_hint repeats it)
         except UsageError as e:
             command = next((a for a in argv if not a.startswith("-")), None)
             return report_error(command if command in COMMANDS else None, e, as_json)

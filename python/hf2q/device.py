@@ -17,9 +17,9 @@ from stat import S_ISREG as _S_ISREG
 import sys
 import threading
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
 
 from . import _core, formats
 from .errors import DeviceError, Hf2qError, NonFiniteError, ResidencyWarning, ScaleOverflowWarning
@@ -358,13 +358,18 @@ def _device_spec(kind: str) -> str:
     return base
 
 
-def _open_native(spec: str) -> Any:
-    backend = _BACKENDS[spec.partition(":")[0]]
+def _prepare_backend(kind: str) -> None:
+    """A backend's Python set-up before its first open (CUDA: where NVRTC
+    and the kernel cache are; it imports and searches ``sys.path``)."""
+    backend = _BACKENDS[kind.partition(":")[0]]
     if backend.prepare:
-        # Configured before the first open (CUDA: where NVRTC and the kernel cache are).
         import importlib
 
         importlib.import_module(f"{__package__}._{backend.kind}").prepare()
+
+
+def _open_native(spec: str) -> Any:
+    _prepare_backend(spec)  # configured before the first open
     return _core.NativeDevice.open(spec)
 
 
@@ -377,33 +382,48 @@ def _shared_native(spec: str) -> Any:
         return dev
 
 
+def join_thread(thread: threading.Thread) -> None:
+    """Until ``thread`` is done, whatever arrives meanwhile (its work may
+    still be using memory the caller is about to free, or opening a device).
+    A KeyboardInterrupt that arrives while waiting is raised once the thread
+    is done."""
+    interrupted: BaseException | None = None
+    while thread.is_alive():
+        try:
+            thread.join(0.05)
+        except KeyboardInterrupt as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
+
+
 class DeviceOpening:
-    """A device being opened on a helper thread (``Device.default()`` for
-    ``kind`` None, else ``Device(kind)``) while the caller opens and plans
-    the checkpoint: a GPU's driver and context take a few tenths of a
-    second (docs/CUDA.md). :meth:`get` waits for it and returns it, or
-    raises its error on the caller's thread. Where no thread could be
-    started, or in a child forked while it ran (the thread is not there),
-    :meth:`get` opens the device itself. The thread is not a daemon: an
-    interpreter that exits meanwhile waits for the open to end rather than
-    stopping it inside the driver."""
+    """A device opened on a helper thread (``open_device()``, the GIL
+    released in the native open) while the caller does work that does not
+    need it: a loader resolving the path and opening and planning the
+    checkpoint, the transformers hand-off building its model. A GPU's driver
+    and context take about 0.2 s (docs/CUDA.md).
 
-    __slots__ = ("_cls", "_kind", "_thread", "_device", "_error")
+    :meth:`get` waits for it and returns it, or raises what opening raised,
+    on the caller's thread; :meth:`close` waits for it and drops the outcome
+    (the caller failed first: its own error says more). Either waits through
+    a Ctrl-C (raised once the thread is done), so no opening outlives its
+    caller's call. Where no thread could be started, the device is opened
+    here, at once; in a child forked while the thread ran (the thread is not
+    there), :meth:`get` opens it itself."""
 
-    def __init__(self, cls: type["Device"], kind: str | None = None) -> None:
-        self._cls = cls
-        self._kind = kind
+    __slots__ = ("_open", "_thread", "_device", "_error")
+
+    def __init__(self, open_device: Callable[[], "Device"]) -> None:
+        self._open = open_device
         self._device: Device | None = None
         self._error: BaseException | None = None
-        thread: threading.Thread | None = threading.Thread(target=self._run, name="hf2q-device-open")
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="hf2q-device-open")
         try:
-            thread.start()  # type: ignore[union-attr]
-        except RuntimeError:  # can't start new thread
-            thread = None
-        self._thread = thread
-
-    def _open(self) -> "Device":
-        return self._cls.default() if self._kind is None else self._cls(self._kind)
+            self._thread.start()
+        except RuntimeError:  # no thread to be had (a thread limit, interpreter shutdown): open it here
+            self._thread = None
+            self._device = open_device()
 
     def _run(self) -> None:
         try:
@@ -411,10 +431,13 @@ class DeviceOpening:
         except BaseException as e:  # noqa: BLE001 - handed to get(), raised on the caller's thread
             self._error = e
 
+    def _wait(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            join_thread(thread)
+
     def get(self) -> "Device":
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._wait()
         if self._error is not None:
             e, self._error = self._error, None
             raise e
@@ -422,27 +445,71 @@ class DeviceOpening:
             self._device = self._open()
         return self._device
 
+    def close(self) -> None:
+        self._wait()
+        self._error = None
 
-def as_device(device: "Device | DeviceOpening | str | None") -> "Device | DeviceOpening":
-    """A loader's ``device`` argument: a :class:`Device` as it is; None (the
-    default device) or a kind such as ``"cuda"`` opened meanwhile
-    (:class:`DeviceOpening`; a kind's spelling is checked now); anything
-    else a TypeError."""
-    if isinstance(device, (Device, DeviceOpening)):
-        return device
-    if device is None:
-        return DeviceOpening(Device)
+
+def check_device_arg(device: object) -> None:
+    """A loader's ``device`` argument checked, nothing opened: a
+    :class:`Device`, a :class:`DeviceOpening`, None (the default device) or
+    a kind hf2q knows (``"cuda"``, ``"cuda:1"``, ``"host"``); a ValueError
+    for an unknown kind, a TypeError for another type."""
+    if device is None or isinstance(device, (Device, DeviceOpening)):
+        return
     if isinstance(device, str):
-        _device_spec(device)  # ValueError for a kind hf2q does not know, before any work
-        return DeviceOpening(Device, device)
+        _device_spec(device)  # ValueError for a kind hf2q does not know
+        return
     raise TypeError(f"device must be an hf2q.Device, a kind such as 'cuda' or 'host', or None (the default "
                     f"device), got {type(device).__name__}")
+
+
+def as_device(device: "Device | DeviceOpening | str | None") -> "Device | DeviceOpening":
+    """A loader's ``device`` argument (:func:`check_device_arg`): a
+    :class:`Device` as it is; None (the default device) or a kind begun on a
+    helper thread (:class:`DeviceOpening`). The caller gets it with
+    :func:`resolve_device` and closes it if it fails before that
+    (:func:`close_device`)."""
+    check_device_arg(device)
+    if isinstance(device, (Device, DeviceOpening)):
+        return device
+    # The backends' Python set-up (imports) here, on the calling thread: a
+    # child forked while another thread imports inherits that module's
+    # import lock held and waits for it forever; the helper thread then does
+    # native work only (the open, its locks held across fork by the native
+    # side: docs/CUDA.md, "Fork").
+    for kind in (_DEFAULT_ORDER if device is None else (device,)):
+        _prepare_backend(kind)
+    if device is None:
+        return DeviceOpening(Device.default)
+    kind = device
+    return DeviceOpening(lambda: Device(kind))
 
 
 def resolve_device(device: "Device | DeviceOpening | str | None") -> "Device":
     """The device a loader was given (:func:`as_device`), waiting for one being opened."""
     dev = as_device(device)
     return dev.get() if isinstance(dev, DeviceOpening) else dev
+
+
+@contextmanager
+def opened_meanwhile(device: "Device | DeviceOpening | str | None") -> Iterator["Device | DeviceOpening"]:
+    """:func:`as_device` for a ``with`` block that opens and plans the
+    checkpoint and then loads it (:func:`resolve_device` inside): an opening
+    the block leaves by an error is closed first (:func:`close_device`)."""
+    dev = as_device(device)
+    try:
+        yield dev
+    except BaseException:
+        close_device(dev)
+        raise
+
+
+def close_device(device: object) -> None:
+    """After a failure: an opening's thread waited for, its outcome dropped
+    (a :class:`Device` or anything else: nothing to do)."""
+    if isinstance(device, DeviceOpening):
+        device.close()
 
 
 class Device:

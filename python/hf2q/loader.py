@@ -30,7 +30,7 @@ else:  # numpy on first use (hf2q._lazy)
 from . import formats
 from ._gc import pausing
 from ._progress import progress_bar, progress_enabled
-from .device import Buffer, Device
+from .device import Buffer, Device, join_thread
 from .device import _detached as detached
 from .errors import FileReadError, NonFiniteError, SafetensorsError
 from .plan import LoadPlan, Piece, Scale, TensorPlan
@@ -532,20 +532,6 @@ def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bo
         raise detached(e)
     batch.drop()
     return out
-
-
-def join_thread(thread: threading.Thread) -> None:
-    """Until ``thread`` is done, whatever arrives meanwhile (its work may
-    still be using memory the caller is about to free). A KeyboardInterrupt
-    that arrives while waiting is raised once the thread is done."""
-    interrupted: BaseException | None = None
-    while thread.is_alive():
-        try:
-            thread.join(0.05)
-        except KeyboardInterrupt as e:
-            interrupted = e
-    if interrupted is not None:
-        raise interrupted
 
 
 class _InFlight:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import itertools
 import os
-import threading
 import traceback
 from pathlib import Path
 from typing import Any, Union
@@ -33,8 +32,7 @@ import torch
 import transformers
 
 from ._handoff import HandoffError, Target, plan_handoff
-from .device import _detached
-from .loader import join_thread
+from .device import _detached, close_device, resolve_device
 from .torch import _state_dict
 from .model import LoadedModel
 
@@ -159,60 +157,25 @@ def _device_kind(device: Any) -> str:
     return "host" if name == "cpu" else name
 
 
-class _DeviceOpening:
-    """``_hf2q_device(device)`` begun on a helper thread, so that opening a
-    device this process has not opened yet (on CUDA a driver context and
-    NVRTC's kernels: 0.11 s on the H200 machine, the GIL released) overlaps
-    transformers building the model and its conversion mapping (Python).
-    :meth:`result` waits for it and raises what opening raised; a device
-    string is parsed first, here, so that a bad one is refused at once (a
-    device that cannot be opened is reported once the model is built and
-    the load planned, and not at all when those fail first)."""
+def _opening(device: Any) -> Any:
+    """``_hf2q_device(device)`` begun on a helper thread
+    (:class:`hf2q.device.DeviceOpening`), so that opening a device this
+    process has not opened yet (on CUDA a driver context and NVRTC's
+    kernels: 0.11 s on the H200 machine, the GIL released) overlaps
+    transformers building the model and its conversion mapping (Python). A
+    device string is parsed first, here, so that a bad one is refused at
+    once (a device that cannot be opened is reported once the model is
+    built and the load planned, and not at all when those fail first). A
+    :class:`hf2q.Device` is used as it is."""
+    from .device import _DEFAULT_ORDER, Device, DeviceOpening, _device_spec, _prepare_backend
 
-    def __init__(self, device: Any) -> None:
-        from .device import Device, _device_spec
-
-        self._device: Any = None
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        if isinstance(device, Device):
-            self._device = device
-            return
-        if device is not None:
-            _device_spec(_device_kind(device))  # ValueError now, not later
-        self._thread = threading.Thread(target=self._open, args=(device,), name="hf2q-device-open")
-        try:
-            self._thread.start()
-        except RuntimeError:  # no thread to be had (a thread limit, interpreter shutdown): open it here
-            self._thread = None
-            self._device = _hf2q_device(device)
-
-    def _open(self, device: Any) -> None:
-        try:
-            self._device = _hf2q_device(device)
-        except BaseException as e:  # handed to the caller by result()
-            self._error = e
-
-    def _wait(self) -> None:
-        """Until the thread is done (no opening is left running); a
-        KeyboardInterrupt meanwhile is raised once it is."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            join_thread(thread)
-
-    def result(self) -> Any:
-        """The device, or what opening it raised."""
-        self._wait()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        return self._device
-
-    def close(self) -> None:
-        """Waits for the opening and drops its outcome (the load failed
-        before it was needed: the error on its way out says more)."""
-        self._wait()
-        self._error = None
+    if isinstance(device, Device):
+        return device
+    if device is not None:
+        _device_spec(_device_kind(device))  # ValueError now, not later
+    for kind in (_DEFAULT_ORDER if device is None else (_device_kind(device),)):
+        _prepare_backend(kind)  # imports on this thread, not the helper's (hf2q.device.as_device)
+    return DeviceOpening(lambda: _hf2q_device(device))
 
 
 def _build(cls: type, config: Any, dtype: torch.dtype, tf: dict[str, Any]) -> Any:
@@ -357,7 +320,7 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
                            missing=[str(raw.get("model_type"))]) from None
     cls = _model_class(config)
     torch_dtype = _torch_dtype(dtype, config)
-    opening = _DeviceOpening(device)
+    opening = _opening(device)
     try:
         model = _build(cls, config, torch_dtype, tf)
         meta_keys = set(model.state_dict())
@@ -371,7 +334,7 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
                                    f"{cls.__name__}: {', '.join(lacking[:8])}{' ...' if len(lacking) > 8 else ''}",
                                    missing=lacking)
             plan = plan_handoff(ckpt, targets, config=config, skipped=skipped)
-            dev = opening.result()
+            dev = resolve_device(opening)
 
             # Tying reads weights: transformers compares the two ends of a tied
             # pair that are both in the checkpoint (and ties only equal ones),
@@ -421,7 +384,7 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
                 model = loaded = None  # the traceback keeps this frame: not the buffers the model holds
                 raise _detached(e)
     finally:
-        opening.close()  # after a failure above: no opening thread is left running
+        close_device(opening)  # after a failure above: no opening thread is left running
     model._weight_conversions = [w for w in mapping if w.was_used()]  # save_pretrained writes the checkpoint's layout
     on_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if on_meta:

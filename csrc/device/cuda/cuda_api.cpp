@@ -2,6 +2,7 @@
 #include "cuda_api.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -12,6 +13,26 @@ namespace {
 std::mutex g_config_mu;
 std::vector<std::string> g_nvrtc_candidates;
 std::string g_cache_dir;
+
+// Held while the driver is loaded and initialised (driver()'s one-time
+// load: dlopen and cuInit, tens of milliseconds), and with g_config_mu
+// across fork(): a device may be opened on a helper thread while a load
+// plans (hf2q.device.DeviceOpening), and a child forked in the middle would
+// otherwise inherit a one-time initialisation or a lock that no thread of
+// it will ever finish or release. The fork waits for them instead; the
+// child then finds the driver loaded by its parent (kForkedChild) or not
+// loaded at all.
+std::mutex g_driver_init_mu;
+
+void lock_for_fork() {
+  g_config_mu.lock();
+  g_driver_init_mu.lock();
+}
+void unlock_after_fork() {
+  g_driver_init_mu.unlock();
+  g_config_mu.unlock();
+}
+[[maybe_unused]] const bool g_fork_handlers = pthread_atfork(&lock_for_fork, &unlock_after_fork, &unlock_after_fork) == 0;
 
 template <typename Fn>
 bool bind(void* lib, const char* name, Fn* out, std::string* missing) {
@@ -31,6 +52,9 @@ struct DriverState {
   std::string why;
   pid_t pid = 0;  // the process that ran cuInit
 };
+
+DriverState g_driver;          // guarded by g_driver_init_mu until loaded, then read-only
+bool g_driver_loaded = false;  // guarded by g_driver_init_mu
 
 DriverState load_driver() {
   DriverState st;
@@ -156,7 +180,17 @@ std::string describe(const Driver& d, const char* what, CUresult r) {
 }
 
 const Driver* driver(std::string* why) {
-  static const DriverState st = load_driver();  // thread-safe once
+  // Loaded once, under g_driver_init_mu (not into a function-local static:
+  // a child forked between the end of its initialiser and the release of
+  // its guard would wait for that guard forever).
+  {
+    std::lock_guard<std::mutex> lk(g_driver_init_mu);
+    if (!g_driver_loaded) {
+      g_driver = load_driver();
+      g_driver_loaded = true;
+    }
+  }
+  const DriverState& st = g_driver;
   if (!st.ok) {
     *why = st.why;
     return nullptr;

@@ -830,7 +830,7 @@ class CudaBackend final : public Backend {
     // loading thread) stay under kStatusCells, so that neither waits for the
     // other. Each pipeline ends waiting for the device (the status is read):
     // a 4 GiB batch of a MoE's FP8 layers (about 50 stacks and matrices) is
-    // one; a batch of more small matrices (up to the loader's 256 entries,
+    // one; a batch of more small matrices (up to the loader's GPU_BATCH_ENTRIES,
     // more where they span files) is several.
     constexpr std::size_t kQuantizeJobsPerRun = 120;
     std::size_t begin = 0;

@@ -166,9 +166,10 @@ def _scaled(ckpt: Any, config: Mapping[str, Any], arch: str) -> Any:
                            f"scheme) in a {arch} checkpoint: hf2q convert writes MXFP4 only as gpt-oss's "
                            "converter does, and has no gpt-oss GGUF writer")
     scaled = scaled_tensors(ckpt, scheme)
-    unconf = unconfigured_scales(ckpt, scaled)
-    if unconf:
-        raise unconfigured_error(ckpt, unconf, scheme, "hf2q convert")
+    if scheme is None:  # (a stated scheme refuses an FP8 weight it leaves unpaired: scaled_tensors)
+        unconf = unconfigured_scales(ckpt, scaled)
+        if unconf:
+            raise unconfigured_error(ckpt, unconf, scheme, "hf2q convert")
     return scaled
 
 

@@ -133,10 +133,10 @@ def load(path: PathLike, device: Any = None, *, family: str | None = None, progr
     raises NonFiniteError (docs/RELIABILITY.md). ``shard`` (an
     :class:`hf2q.Shard`): only that rank's slice of each tensor is read and
     loaded (docs/SHARDING.md)."""
-    from ..device import as_device
+    from ..device import check_device_arg
     from ..hub import resolve
 
-    device = as_device(device)  # None or a kind: opened while the path is resolved and the checkpoint planned
+    check_device_arg(device)  # before any work; opened (None or a kind) while the checkpoint is planned
     path = resolve(path, revision, download=download)
     _, config = read_config(path)
     fam = detect(config) if family is None else globals()["family"](family)
@@ -149,11 +149,11 @@ def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, dev
               progress: bool = True, check_finite: bool = False, shard: Any = None, **options: Any) -> Any:
     """:func:`load` with ``config.json`` already read (``config``) and the
     family chosen: the checkpoint is opened once and handed to the family."""
-    from ..device import as_device
+    from ..device import opened_meanwhile
     from ..safetensors import open_checkpoint
 
-    dev = as_device(device)  # None or a kind: opened while the checkpoint is opened and planned
-    with open_checkpoint(Path(os.fspath(path))) as ckpt:
+    # None or a kind: the device opened while the checkpoint is opened and planned
+    with opened_meanwhile(device) as dev, open_checkpoint(Path(os.fspath(path))) as ckpt:
         return fam.impl().load_checkpoint(ckpt, dev, config=config, progress=progress, check_finite=check_finite,
                                           shard=shard, **options)
 

@@ -428,17 +428,20 @@ def unconfigured_scales(ckpt: Any, scaled: ScaledTensors | None = None) -> list[
     """FP8 weights that come with a ``*_scale_inv`` / ``*.weight_scale``
     tensor that no stated scheme applies: ``config.json`` has no
     ``quantization_config``, or (``scaled``: the pairing under the one it
-    has) its scheme pairs them with nothing (an ``_scale_inv`` under
-    compressed-tensors, an FP8 weight under MXFP4). How the scales apply is
-    unknown, so converting them is refused (keeping the bytes is not)."""
-    present = set(ckpt.keys())
-    paired = scaled.scales if scaled is not None else {}
-    out = []
-    for name in ckpt.keys():
-        if name not in paired and formats.from_safetensors(ckpt[name].dtype).name in _F8 and (
-                name + "_scale_inv" in present or name + "_scale" in present):
-            out.append(name)
-    return out
+    has) its scheme pairs them with nothing (an FP8 weight under MXFP4; fp8
+    and compressed-tensors refuse an FP8 weight they leave unpaired
+    themselves). How the scales apply is unknown, so converting them is
+    refused (keeping the bytes is not)."""
+    names = list(ckpt.keys())
+    # The few scale-like names first (one C-level test per name: this runs
+    # on converting generic loads without a scheme), then their weights by
+    # set algebra.
+    scale_like = [n for n in names if n.endswith(("_scale_inv", "_scale"))]
+    if not scale_like:
+        return []
+    bases = {n[:-len("_scale_inv")] if n.endswith("_scale_inv") else n[:-len("_scale")] for n in scale_like}
+    cands = (bases & set(names)).difference(scaled.scales if scaled is not None else ())
+    return [n for n in names if n in cands and formats.from_safetensors(ckpt[n].dtype).name in _F8]
 
 
 def unconfigured_error(ckpt: Any, names: list[str], scheme: QuantScheme | None, what: str,

@@ -31,6 +31,13 @@ from ..shard import Decision, Shard, name_rule, shard_plan
 __all__ = ["ModelFamily", "Option", "EXPERT_DTYPE", "DENSE_DTYPE", "RECIPE"]
 
 
+def given(**options: Any) -> dict[str, Any]:
+    """The options a family-level ``load`` / ``inspect`` was given (not
+    None): the others take the family's defaults (:meth:`ModelFamily.with_defaults`),
+    and a recipe is refused only beside a dtype option given."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class Option:
     """A keyword option of a family's loader: ``name`` (the keyword),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from ...device import Device, as_device, resolve_device
+from ...device import Device, opened_meanwhile, resolve_device
 from ...model import LoadedModel
 from .config import DFlashConfig
 from .manifest import DFlashWeights
@@ -42,7 +42,7 @@ def load(path: PathLike, device: Device | str | None = None, progress: bool = Tr
     path = resolve(path, revision, download=download)
     if target is not None:
         return bind(path, target, device, progress=progress, config=config, check_finite=check_finite)
-    dev = as_device(device)  # None or a kind: opened while the checkpoint is opened and planned
-    with DFlashWeights.load(path, config) as weights:
+    # None or a kind: the device opened while the drafter's files are opened and checked
+    with opened_meanwhile(device) as dev, DFlashWeights.load(path, config) as weights:
         return DFlashModelTensors.upload(resolve_device(dev), weights.config, weights, progress=progress,
                                          check_finite=check_finite)

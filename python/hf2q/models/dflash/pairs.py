@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-from ...device import Buffer, Device, as_device, resolve_device
+from ...device import Buffer, Device, opened_meanwhile, resolve_device
 from ...device import _detached as detached
 from ...errors import ConfigError
 
@@ -238,8 +238,8 @@ def load_pair_with(target: PathLike, config: Any, fam: Any, drafter: PathLike, d
         raise PairError(f"{tpath}: the {fam.name} family declares no embedding / LM head, so it cannot be a "
                         "drafter's target", key="target")
     models.check_options(fam, target_options)
-    dev = as_device(device)  # None or a kind: opened while the checkpoint is opened and planned
-    with _drafter_weights(drafter) as weights, open_checkpoint(tpath) as ckpt:
+    # None or a kind: the device opened while the checkpoints are opened and the target planned
+    with opened_meanwhile(device) as dev, _drafter_weights(drafter) as weights, open_checkpoint(tpath) as ckpt:
         plan = impl.plan_checkpoint(ckpt, config=config, **target_options)
         heads = _heads_from(fam.name, impl.target_heads(plan))
         check_pair(weights.config, heads)

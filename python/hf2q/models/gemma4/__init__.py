@@ -17,12 +17,12 @@ import os
 from collections.abc import Mapping
 from typing import Any, Union
 
-from ...device import Buffer, Device, as_device
+from ...device import Buffer, Device, check_device_arg, opened_meanwhile
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily
+from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily, given
 from .config import ARCHITECTURES, FULL_ATTENTION, MODEL_TYPES, SLIDING_ATTENTION, Gemma4Config, Gemma4Layer
 from .plan import DEVICE_DTYPES, device_dtype, gguf_name, is_multimodal_tensor, plan_gemma4, rope_freqs, vocab_rows
 
@@ -169,13 +169,13 @@ inspect_checkpoint = FAMILY.inspect_checkpoint
 target_heads = FAMILY.target_heads
 
 
-def load(path: PathLike, device: Device | str | None = None, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-         progress: bool = True, revision: str | None = None, download: bool = False,
+def load(path: PathLike, device: Device | str | None = None, *, expert_dtype: str | None = None,
+         dense_dtype: str | None = None, progress: bool = True, revision: str | None = None, download: bool = False,
          check_finite: bool = False, shard: Shard | None = None, recipe: str | None = None) -> Gemma4Model:
     """Load a Gemma 4 checkpoint (directory with ``config.json``, single file
-    or sharded) into device buffers. ``expert_dtype`` (default ``"q8_0"``)
+    or sharded) into device buffers. ``expert_dtype`` (None: ``"q8_0"``)
     applies to ``ffn_gate_up_exps`` / ``ffn_down_exps``, ``dense_dtype``
-    (``"f32"``, ``"bf16"`` or ``"q8_0"``) to every other tensor llama.cpp
+    (None: ``"f32"``; ``"bf16"`` or ``"q8_0"``) to every other tensor llama.cpp
     would quantize; the rest stays F32. On failure every buffer is freed.
     ``check_finite=True``: a NaN/Inf weight kept as it is raises
     NonFiniteError (quantized tensors always refuse them; docs/RELIABILITY.md).
@@ -185,19 +185,21 @@ def load(path: PathLike, device: Device | str | None = None, *, expert_dtype: st
     format as llama-quantize's file type gives it (docs/KQUANTS.md)."""
     from ...hub import resolve
 
-    dev = as_device(device)  # None or a kind: opened while the path is resolved and the checkpoint planned
+    check_device_arg(device)
     path = resolve(path, revision, download=download)
-    with open_checkpoint(path) as ckpt:
-        return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype, check_finite=check_finite, shard=shard, recipe=recipe)
+    options = given(expert_dtype=expert_dtype, dense_dtype=dense_dtype, recipe=recipe)
+    # None or a kind: the device opened while the checkpoint is opened and planned
+    with opened_meanwhile(device) as dev, open_checkpoint(path) as ckpt:
+        return load_checkpoint(ckpt, dev, config=None, progress=progress, check_finite=check_finite, shard=shard,
+                               **options)
 
 
-def inspect(path: PathLike, *, expert_dtype: str = "q8_0", dense_dtype: str = "f32", revision: str | None = None,
-            download: bool = False, recipe: str | None = None) -> dict[str, Any]:
+def inspect(path: PathLike, *, expert_dtype: str | None = None, dense_dtype: str | None = None,
+            revision: str | None = None, download: bool = False, recipe: str | None = None) -> dict[str, Any]:
     """The load plan's numbers for a checkpoint (or Hugging Face repo id, as
-    for :func:`load`), reading no tensor bytes."""
+    for :func:`load`, the options too), reading no tensor bytes."""
     from ...hub import resolve
 
     with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
-        return inspect_checkpoint(ckpt, config=None, expert_dtype=expert_dtype, dense_dtype=dense_dtype,
-                                  recipe=recipe)
+        return inspect_checkpoint(ckpt, config=None,
+                                  **given(expert_dtype=expert_dtype, dense_dtype=dense_dtype, recipe=recipe))

@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Union
 
-from ...device import Buffer, Device, as_device
+from ...device import Buffer, Device, check_device_arg, opened_meanwhile
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import RECIPE, ModelFamily, Option
+from ..base import RECIPE, ModelFamily, Option, given
 from .config import DTYPE_POLICIES, GenericConfig
 from .plan import device_dtype, plan_generic
 
@@ -127,19 +127,20 @@ load_checkpoint = FAMILY.load_checkpoint
 inspect_checkpoint = FAMILY.inspect_checkpoint
 
 
-def load(path: PathLike, device: Device | str | None = None, *, dtype: str = "keep", progress: bool = True,
+def load(path: PathLike, device: Device | str | None = None, *, dtype: str | None = None, progress: bool = True,
          check_finite: bool = False, shard: Shard | None = None, recipe: str | None = None) -> GenericModel:
     """Load any safetensors checkpoint (file or directory) with its own tensor
-    names; ``dtype`` as in :func:`~hf2q.models.generic.plan.plan_generic`;
+    names; ``dtype`` as in :func:`~hf2q.models.generic.plan.plan_generic` (None: ``"keep"``);
     ``check_finite=True``: a NaN/Inf weight raises NonFiniteError; ``shard``:
     only that rank's slices (docs/SHARDING.md); ``recipe`` (``"q4_k_m"``, ...):
     llama-quantize's type for each tensor of a llama-like checkpoint, decided
     by its GGUF name (replaces ``dtype``; docs/KQUANTS.md)."""
     from .. import read_config
 
-    dev = as_device(device)  # None or a kind: opened while the checkpoint is opened and planned
+    check_device_arg(device)
     path = Path(path)
     _, config = read_config(path)
-    with open_checkpoint(path) as ckpt:
-        return load_checkpoint(ckpt, dev, config=config, progress=progress, dtype=dtype, check_finite=check_finite,
-                               shard=shard, recipe=recipe)
+    # None or a kind: the device opened while the checkpoint is opened and planned
+    with opened_meanwhile(device) as dev, open_checkpoint(path) as ckpt:
+        return load_checkpoint(ckpt, dev, config=config, progress=progress, check_finite=check_finite,
+                               shard=shard, **given(dtype=dtype, recipe=recipe))

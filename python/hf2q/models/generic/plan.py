@@ -145,7 +145,8 @@ def fp8_sources(ckpt: Checkpoint, cfg: GenericConfig, dtype: str) -> ScaledTenso
     with nothing) is a ConfigError: decoding them without their scales
     would be wrong."""
     scaled = scaled_tensors(ckpt, cfg.quantization)
-    if dtype != "keep":
+    # (fp8 and compressed-tensors refuse an FP8 weight they leave unpaired: scaled_tensors)
+    if dtype != "keep" and (scaled.scheme is None or scaled.scheme.method == "mxfp4"):
         unconf = unconfigured_scales(ckpt, scaled)
         if unconf:
             raise unconfigured_error(ckpt, unconf, cfg.quantization, f"--dtype {dtype}",

@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 
-from ...device import Buffer, Device, as_device
+from ...device import Buffer, Device, check_device_arg, opened_meanwhile
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily, Option
+from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily, Option, given
 from .config import FULL_ATTENTION, Qwen35Config
 from .plan import Qwen35Plan, plan_qwen35_moe
 
@@ -93,15 +93,15 @@ class Qwen35Model(LoadedModel):
                 f"on {self.device.kind}>")
 
 
-def load(path: PathLike, device: Device | str | None = None, expert_dtype: str = "q8_0", dense_dtype: str = "f32",
-         progress: bool = True, mtp: bool | None = None, *, revision: str | None = None,
+def load(path: PathLike, device: Device | str | None = None, expert_dtype: str | None = None,
+         dense_dtype: str | None = None, progress: bool = True, mtp: bool | None = None, *, revision: str | None = None,
          download: bool = False, check_finite: bool = False, shard: Shard | None = None,
          recipe: str | None = None) -> Qwen35Model:
     """Load a Qwen3.5/3.6 MoE checkpoint (directory with ``config.json``,
     single-file or sharded) into inference-ready device buffers.
 
-    ``expert_dtype`` (default ``"q8_0"``) applies to the expert stacks,
-    ``dense_dtype`` (``"f32"``, ``"bf16"`` or ``"q8_0"``; with ``"q8_0"`` the
+    ``expert_dtype`` (None: ``"q8_0"``) applies to the expert stacks,
+    ``dense_dtype`` (None: ``"f32"``; ``"bf16"`` or ``"q8_0"``; with ``"q8_0"`` the
     same tensors are quantized as by ``convert_hf_to_gguf.py --outtype q8_0``)
     to the other matrices; norms, ``ssm_*`` and routers stay F32. ``mtp``:
     keep (None: when present), require (True) or drop (False) the MTP block.
@@ -115,24 +115,25 @@ def load(path: PathLike, device: Device | str | None = None, expert_dtype: str =
     file type gives it (replaces the dtype options; docs/KQUANTS.md)."""
     from ...hub import resolve
 
-    dev = as_device(device)  # None or a kind: opened while the path is resolved and the checkpoint planned
+    check_device_arg(device)
     path = resolve(path, revision, download=download)
-    with open_checkpoint(Path(path)) as ckpt:
-        return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype, mtp=mtp, check_finite=check_finite, shard=shard,
-                               recipe=recipe)
+    options = given(expert_dtype=expert_dtype, dense_dtype=dense_dtype, mtp=mtp, recipe=recipe)
+    # None or a kind: the device opened while the checkpoint is opened and planned
+    with opened_meanwhile(device) as dev, open_checkpoint(Path(path)) as ckpt:
+        return load_checkpoint(ckpt, dev, config=None, progress=progress, check_finite=check_finite, shard=shard,
+                               **options)
 
 
-def inspect(path: PathLike, dense_dtype: str = "f32", expert_dtype: str = "q8_0", *,
+def inspect(path: PathLike, dense_dtype: str | None = None, expert_dtype: str | None = None, *,
             revision: str | None = None, download: bool = False, recipe: str | None = None) -> dict[str, Any]:
     """The load plan of a checkpoint (or Hugging Face repo id, as for
     :func:`load`: ``download=True`` fetches it first), without reading tensor
-    bytes."""
+    bytes; the options as for :func:`load`."""
     from ...hub import resolve
 
     with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
-        return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype,
-                                  recipe=recipe)
+        return inspect_checkpoint(ckpt, config=None,
+                                  **given(dense_dtype=dense_dtype, expert_dtype=expert_dtype, recipe=recipe))
 
 
 # ----------------------------------------------------------------------------- family interface
