@@ -103,3 +103,22 @@ def build_cuda_emulator(out_dir):
     subprocess.run([cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-w", str(src), "-o", str(out)],
                    check=True)
     return out
+
+
+def wait_child(pid: int, end: float) -> int | str:
+    """A forked child's exit code (``os.waitstatus_to_exitcode``), or
+    ``"hang"`` once ``time.monotonic()`` passes ``end`` (the child killed):
+    a child that never exits fails its test instead of stalling the suite."""
+    import os
+    import signal
+    import time
+
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got == pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > end:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "hang"
+        time.sleep(0.005)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import pytest
+from _helpers import wait_child
 
 import hf2q
 from hf2q import DeviceError
@@ -77,7 +79,7 @@ def test_forked_child_while_opening() -> None:
     os.close(w)
     got = os.read(r, 1)
     os.close(r)
-    os.waitpid(pid, 0)
+    assert wait_child(pid, time.monotonic() + 30) == 0
     assert got == b"\x00"
     assert opening.get() == Device.default()
 
@@ -131,8 +133,6 @@ def test_bad_devices_are_refused_before_any_work(tmp_path) -> None:
 def test_no_opening_outlives_a_failed_load(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A load that fails after its opening began closes it: the thread is
     # done when the error leaves (a slow open, as a GPU's, waited for).
-    import time
-
     from hf2q import Hf2qError
 
     def slow_default(cls: type[Device]) -> Device:
@@ -154,8 +154,6 @@ def test_fork_while_another_thread_configures_cuda_or_probes_the_driver(tmp_path
     # not inherit one held (it would wait forever at its first CUDA probe).
     # The native side holds them across fork(); Python's lock is renewed.
     import faulthandler
-    import signal
-    import time
     from pathlib import Path
 
     from hf2q import _core, _cuda
@@ -199,19 +197,7 @@ def test_fork_while_another_thread_configures_cuda_or_probes_the_driver(tmp_path
                     os._exit(code)
             pids.append(pid)
         deadline = time.monotonic() + 30
-        codes = []
-        for pid in pids:
-            while True:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    codes.append(status)
-                    break
-                if time.monotonic() > deadline:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    codes.append("hung")
-                    break
-                time.sleep(0.01)
+        codes = [wait_child(pid, deadline) for pid in pids]
         dumps = "".join(f.read_text() for f in Path(tmp).glob("child-*.txt"))
         assert codes == [0] * len(pids), (codes, dumps[-4000:])
     finally:
@@ -248,8 +234,6 @@ def test_cuda_opened_on_a_helper_thread_loads_the_same_bytes(tmp_path) -> None:
 def test_a_child_forked_while_cuda_is_being_prepared_can_prepare_it() -> None:
     # hf2q._cuda's lock held by another thread at the fork (that thread is
     # not in the child): the child gets a new lock, not one held forever.
-    import signal
-
     from hf2q import _cuda
 
     held, release = threading.Event(), threading.Event()
@@ -267,14 +251,12 @@ def test_a_child_forked_while_cuda_is_being_prepared_can_prepare_it() -> None:
         if pid == 0:  # pragma: no cover - the child exits with its status
             code = 1
             try:
-                signal.alarm(20)
                 _cuda._done = False
                 _cuda.prepare()
                 code = 0
             finally:
                 os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert status == 0, status
+        assert wait_child(pid, time.monotonic() + 30) == 0
     finally:
         release.set()
         t.join(10)

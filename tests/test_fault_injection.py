@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
-from _helpers import InterruptingBar
+from _helpers import InterruptingBar, wait_child
 
 import hf2q
 from hf2q import dflash, qwen35
@@ -394,7 +394,6 @@ def test_fork_at_every_point_of_a_load(kind: str, ckpts: dict[str, Path], dev: D
     7th for Qwen3.5): the child loads the checkpoint itself and gets the same
     bytes; the parent's load completes with them too. A hung child is killed
     after a deadline and fails the test."""
-    import signal
     import time
 
     path = ckpts[kind]
@@ -411,18 +410,7 @@ def test_fork_at_every_point_of_a_load(kind: str, ckpts: dict[str, Path], dev: D
                 code = 0 if model_bytes(kind, load(kind, path, Device._isolated("host"))) == reference else 3
             finally:
                 os._exit(code)
-        end = time.monotonic() + 30
-        while True:
-            got, status = os.waitpid(pid, os.WNOHANG)
-            if got == pid:
-                statuses.append(os.waitstatus_to_exitcode(status))
-                return
-            if time.monotonic() > end:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                statuses.append("hang")
-                return
-            time.sleep(0.005)
+        statuses.append(wait_child(pid, time.monotonic() + 30))
 
     for k in range(0, total, step):
         hook = _AfterAllocations(k, fork_once)

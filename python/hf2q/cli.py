@@ -62,8 +62,8 @@ def fetch_hint(args: argparse.Namespace, flag: str) -> str:
         return ""
     argv = [a for a in given if a != "--json"]  # (a person reads the hint: JSON or not is theirs to choose)
     want = f"--{flag}"
-    if want not in argv[:argv.index("--") if "--" in argv else len(argv)]:
-        at = argv.index("--") if "--" in argv else len(argv)
+    at = argv.index("--") if "--" in argv else len(argv)  # the options end there
+    if want not in argv[:at]:
         argv.insert(at, want)
     return " ".join(shlex.quote(str(x)) for x in ["hf2q", *argv])
 
@@ -266,10 +266,10 @@ def _options_for(fam: Any, path: Path, args: argparse.Namespace) -> dict[str, An
 def _refuse_dtypes_beside_recipe(given: dict[str, Any]) -> None:
     """A dtype flag beside ``--recipe`` (which chooses every format) is a
     usage error naming the flags (hf2q.models.base refuses the keywords)."""
-    from .recipes import DTYPE_OPTIONS
+    from .recipes import replaced_by_recipe
 
-    replaced = [_flag(k) for k in DTYPE_OPTIONS if k in given]
-    if given.get("recipe") is not None and replaced:
+    replaced = [_flag(k) for k in replaced_by_recipe(given)]
+    if replaced:
         raise UsageError(f"--recipe {given['recipe']} chooses every tensor's format: it replaces "
                          f"{' and '.join(replaced)}; give one or the other")
 

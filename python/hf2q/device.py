@@ -473,23 +473,31 @@ def as_device(device: "Device | DeviceOpening | str | None") -> "Device | Device
     check_device_arg(device)
     if isinstance(device, (Device, DeviceOpening)):
         return device
-    # The backends' Python set-up (imports) here, on the calling thread: a
-    # child forked while another thread imports inherits that module's
-    # import lock held and waits for it forever; the helper thread then does
-    # native work only (the open, its locks held across fork by the native
-    # side: docs/CUDA.md, "Fork").
-    for kind in (_DEFAULT_ORDER if device is None else (device,)):
-        _prepare_backend(kind)
-    if device is None:
-        return DeviceOpening(Device.default)
     kind = device
-    return DeviceOpening(lambda: Device(kind))
+    return open_meanwhile(kind, Device.default if kind is None else lambda: Device(kind))
+
+
+def open_meanwhile(kind: str | None, open_device: Callable[[], "Device"]) -> DeviceOpening:
+    """``open_device()`` (the device of ``kind``, None: the default one) on
+    a helper thread. The backends' Python set-up (imports) runs first, here,
+    on the calling thread: a child forked while another thread imports
+    inherits that module's import lock held and waits for it forever; the
+    helper thread then does native work only (the open, whose locks the
+    native side holds across fork: docs/CUDA.md, "Fork")."""
+    for k in (_DEFAULT_ORDER if kind is None else (kind,)):
+        _prepare_backend(k)
+    return DeviceOpening(open_device)
 
 
 def resolve_device(device: "Device | DeviceOpening | str | None") -> "Device":
-    """The device a loader was given (:func:`as_device`), waiting for one being opened."""
-    dev = as_device(device)
-    return dev.get() if isinstance(dev, DeviceOpening) else dev
+    """The device a loader was given (:func:`check_device_arg`), waiting for
+    one being opened; None or a kind opened here (no helper to wait for)."""
+    if isinstance(device, DeviceOpening):
+        return device.get()
+    check_device_arg(device)
+    if isinstance(device, Device):
+        return device
+    return Device.default() if device is None else Device(device)
 
 
 @contextmanager

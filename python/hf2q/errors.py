@@ -217,6 +217,14 @@ class ShapeMismatchError(ManifestError):
     """A tensor's shape is not the expected one."""
 
 
+def _listing(items: list[str], limit: int = 60) -> str:
+    """``items`` one per indented line (the first ``limit``, then a count):
+    the tail of a message that names many tensors."""
+    head = "\n  ".join(items[:limit])
+    more = f"\n  ... and {len(items) - limit} more" if len(items) > limit else ""
+    return f"\n  {head}{more}"
+
+
 class DuplicateTensorError(ManifestError):
     """Two or more checkpoint tensors feed the same destination. ``groups`` maps
     each destination (a Qwen3.5 GGUF name, with ``[expert e]`` for experts; a
@@ -226,11 +234,8 @@ class DuplicateTensorError(ManifestError):
     def __init__(self, groups: Mapping[str, list[str]], where: str = "") -> None:
         self.groups = {k: sorted(v) for k, v in sorted(groups.items())}
         lines = [f"{k}: {', '.join(v)}" for k, v in self.groups.items()]
-        listing = "".join(f"\n  {line}" for line in lines[:60])
-        if len(lines) > 60:
-            listing += f"\n  ... and {len(lines) - 60} more"
         lead = f"{where}: " if where else ""
-        super().__init__(f"{lead}{len(lines)} destination(s) are given more than once:{listing}")
+        super().__init__(f"{lead}{len(lines)} destination(s) are given more than once:{_listing(lines)}")
 
 
 class FileReadError(Hf2qError, OSError):

@@ -27,7 +27,7 @@ else:  # numpy on first use (hf2q._lazy)
 from . import formats
 from .plan import LoadPlan, TensorPlan
 
-__all__ = ["RECIPES", "DTYPE_OPTIONS", "FILE_TYPES", "ModelFacts", "recipe_types", "apply_recipe",
+__all__ = ["RECIPES", "DTYPE_OPTIONS", "replaced_by_recipe", "FILE_TYPES", "ModelFacts", "recipe_types", "apply_recipe",
            "allows_quantization", "category", "generic_facts"]
 
 #: The recipes (llama-quantize's file types without an importance matrix)
@@ -240,8 +240,17 @@ def _gather_bf16(entry: TensorPlan) -> Callable[[list[np.ndarray]], np.ndarray]:
     return step
 
 
-#: The options a recipe replaces (hf2q.models.base refuses them beside one).
+#: The options a recipe replaces (refused beside one: :func:`replaced_by_recipe`).
 DTYPE_OPTIONS = ("dtype", "expert_dtype", "dense_dtype")
+
+
+def replaced_by_recipe(options: Mapping[str, Any]) -> list[str]:
+    """The dtype options given (not None) beside a ``recipe`` in ``options``,
+    which it would replace ([] without a recipe): the families refuse them
+    (a TypeError), the command line names their flags."""
+    if options.get("recipe") is None:
+        return []
+    return [k for k in DTYPE_OPTIONS if options.get(k) is not None]
 
 
 def apply_recipe(plan: LoadPlan, recipe: str, facts: ModelFacts,

@@ -159,23 +159,22 @@ def _device_kind(device: Any) -> str:
 
 def _opening(device: Any) -> Any:
     """``_hf2q_device(device)`` begun on a helper thread
-    (:class:`hf2q.device.DeviceOpening`), so that opening a device this
+    (:func:`hf2q.device.open_meanwhile`), so that opening a device this
     process has not opened yet (on CUDA a driver context and NVRTC's
     kernels: 0.11 s on the H200 machine, the GIL released) overlaps
     transformers building the model and its conversion mapping (Python). A
     device string is parsed first, here, so that a bad one is refused at
-    once (a device that cannot be opened is reported once the model is
-    built and the load planned, and not at all when those fail first). A
+    once (a device that cannot be opened is reported once the model is built
+    and the load planned, and not at all when those fail first). A
     :class:`hf2q.Device` is used as it is."""
-    from .device import _DEFAULT_ORDER, Device, DeviceOpening, _device_spec, _prepare_backend
+    from .device import Device, _device_spec, open_meanwhile
 
     if isinstance(device, Device):
         return device
-    if device is not None:
-        _device_spec(_device_kind(device))  # ValueError now, not later
-    for kind in (_DEFAULT_ORDER if device is None else (_device_kind(device),)):
-        _prepare_backend(kind)  # imports on this thread, not the helper's (hf2q.device.as_device)
-    return DeviceOpening(lambda: _hf2q_device(device))
+    kind = None if device is None else _device_kind(device)
+    if kind is not None:
+        _device_spec(kind)  # ValueError now, not later
+    return open_meanwhile(kind, lambda: _hf2q_device(device))
 
 
 def _build(cls: type, config: Any, dtype: torch.dtype, tf: dict[str, Any]) -> Any:

@@ -24,18 +24,11 @@ from ..device import Buffer, Device, DeviceOpening, resolve_device
 from ..loader import execute
 from ..model import LoadedModel
 from ..plan import CONVERT_DTYPES, LoadPlan
-from ..recipes import DTYPE_OPTIONS as RECIPE_REPLACES, RECIPES
+from ..recipes import RECIPES, replaced_by_recipe
 from ..safetensors import Checkpoint
 from ..shard import Decision, Shard, name_rule, shard_plan
 
 __all__ = ["ModelFamily", "Option", "EXPERT_DTYPE", "DENSE_DTYPE", "RECIPE"]
-
-
-def given(**options: Any) -> dict[str, Any]:
-    """The options a family-level ``load`` / ``inspect`` was given (not
-    None): the others take the family's defaults (:meth:`ModelFamily.with_defaults`),
-    and a recipe is refused only beside a dtype option given."""
-    return {k: v for k, v in options.items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -134,16 +127,17 @@ class ModelFamily:
         if unknown:
             takes = f"it takes {', '.join(self.option_names)}" if self.options else "it takes none"
             raise TypeError(f"the {self.name} family takes no option(s) {', '.join(unknown)}; {takes}")
-        replaced = [k for k in RECIPE_REPLACES if options.get(k) is not None]
-        if options.get("recipe") is not None and replaced:
-            # (never dropped without a word: the recipe chooses every tensor's format)
+        replaced = replaced_by_recipe(options)
+        if replaced:  # (never dropped without a word: the recipe chooses every tensor's format)
             raise TypeError(f"recipe {options['recipe']!r} chooses every tensor's format: it replaces "
                             f"{' and '.join(replaced)}; give one or the other")
 
     def with_defaults(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        """``options`` (checked) with every option of the family not given at its default."""
+        """``options`` (checked) with every option of the family not given,
+        or given as None, at its default (None is no option's choice but its
+        default: a family-level ``load(expert_dtype=None)`` is the default)."""
         self.check_options(options)
-        return {o.name: options.get(o.name, o.default) for o in self.options}
+        return {o.name: o.default if options.get(o.name) is None else options[o.name] for o in self.options}
 
     @pausing  # entries and pieces per tensor, no cycles: no collection while they are made (hf2q._gc)
     def plan_checkpoint(self, ckpt: Checkpoint, *, config: Mapping[str, Any] | None, shard: Shard | None = None,

@@ -22,7 +22,7 @@ from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily, given
+from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily
 from .config import ARCHITECTURES, FULL_ATTENTION, MODEL_TYPES, SLIDING_ATTENTION, Gemma4Config, Gemma4Layer
 from .plan import DEVICE_DTYPES, device_dtype, gguf_name, is_multimodal_tensor, plan_gemma4, rope_freqs, vocab_rows
 
@@ -187,11 +187,10 @@ def load(path: PathLike, device: Device | str | None = None, *, expert_dtype: st
 
     check_device_arg(device)
     path = resolve(path, revision, download=download)
-    options = given(expert_dtype=expert_dtype, dense_dtype=dense_dtype, recipe=recipe)
     # None or a kind: the device opened while the checkpoint is opened and planned
     with opened_meanwhile(device) as dev, open_checkpoint(path) as ckpt:
-        return load_checkpoint(ckpt, dev, config=None, progress=progress, check_finite=check_finite, shard=shard,
-                               **options)
+        return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
+                               dense_dtype=dense_dtype, check_finite=check_finite, shard=shard, recipe=recipe)
 
 
 def inspect(path: PathLike, *, expert_dtype: str | None = None, dense_dtype: str | None = None,
@@ -201,5 +200,5 @@ def inspect(path: PathLike, *, expert_dtype: str | None = None, dense_dtype: str
     from ...hub import resolve
 
     with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
-        return inspect_checkpoint(ckpt, config=None,
-                                  **given(expert_dtype=expert_dtype, dense_dtype=dense_dtype, recipe=recipe))
+        return inspect_checkpoint(ckpt, config=None, expert_dtype=expert_dtype, dense_dtype=dense_dtype,
+                                  recipe=recipe)

@@ -15,7 +15,7 @@ from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import RECIPE, ModelFamily, Option, given
+from ..base import RECIPE, ModelFamily, Option
 from .config import DTYPE_POLICIES, GenericConfig
 from .plan import device_dtype, plan_generic
 
@@ -142,5 +142,5 @@ def load(path: PathLike, device: Device | str | None = None, *, dtype: str | Non
     _, config = read_config(path)
     # None or a kind: the device opened while the checkpoint is opened and planned
     with opened_meanwhile(device) as dev, open_checkpoint(path) as ckpt:
-        return load_checkpoint(ckpt, dev, config=config, progress=progress, check_finite=check_finite,
-                               shard=shard, **given(dtype=dtype, recipe=recipe))
+        return load_checkpoint(ckpt, dev, config=config, progress=progress, dtype=dtype, check_finite=check_finite,
+                               shard=shard, recipe=recipe)

@@ -22,7 +22,7 @@ from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
 from ...shard import Shard
-from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily, Option, given
+from ..base import DENSE_DTYPE, EXPERT_DTYPE, RECIPE, ModelFamily, Option
 from .config import FULL_ATTENTION, Qwen35Config
 from .plan import Qwen35Plan, plan_qwen35_moe
 
@@ -117,11 +117,11 @@ def load(path: PathLike, device: Device | str | None = None, expert_dtype: str |
 
     check_device_arg(device)
     path = resolve(path, revision, download=download)
-    options = given(expert_dtype=expert_dtype, dense_dtype=dense_dtype, mtp=mtp, recipe=recipe)
     # None or a kind: the device opened while the checkpoint is opened and planned
     with opened_meanwhile(device) as dev, open_checkpoint(Path(path)) as ckpt:
-        return load_checkpoint(ckpt, dev, config=None, progress=progress, check_finite=check_finite, shard=shard,
-                               **options)
+        return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
+                               dense_dtype=dense_dtype, mtp=mtp, check_finite=check_finite, shard=shard,
+                               recipe=recipe)
 
 
 def inspect(path: PathLike, dense_dtype: str | None = None, expert_dtype: str | None = None, *,
@@ -132,8 +132,8 @@ def inspect(path: PathLike, dense_dtype: str | None = None, expert_dtype: str | 
     from ...hub import resolve
 
     with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
-        return inspect_checkpoint(ckpt, config=None,
-                                  **given(dense_dtype=dense_dtype, expert_dtype=expert_dtype, recipe=recipe))
+        return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype,
+                                  recipe=recipe)
 
 
 # ----------------------------------------------------------------------------- family interface

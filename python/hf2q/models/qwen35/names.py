@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from ...errors import ExtraTensorError
+from ...errors import ExtraTensorError, _listing
 from ...plan import CONVERT_DTYPES
 from .._names import GLOBAL_NAMES, LAYER_NAMES, multimodal_filter, with_additions
 from .config import Qwen35Config
@@ -51,12 +51,6 @@ class Transform:
     ALL = (FUSED_SPLIT, STACK_EXPERTS, NORM_PLUS_ONE, SQUEEZE_CONV1D, REORDER_V_QKV, REORDER_V_ROWS,
            REORDER_V_HEADS, REORDER_V_CONV1D, REORDER_V_COLS, NEG_EXP)
     REORDERS = (REORDER_V_QKV, REORDER_V_ROWS, REORDER_V_HEADS, REORDER_V_CONV1D, REORDER_V_COLS)
-
-
-def _listing(items: list[str], limit: int = 60) -> str:
-    head = "\n  ".join(items[:limit])
-    more = f"\n  ... and {len(items) - limit} more" if len(items) > limit else ""
-    return f"\n  {head}{more}"
 
 
 class UnknownTensorError(ExtraTensorError):

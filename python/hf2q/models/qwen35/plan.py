@@ -40,6 +40,7 @@ from ...errors import (
     ManifestError,
     MissingTensorError,
     ShapeMismatchError,
+    _listing,
 )
 from .._quant import scaled_tensors, unconfigured_error, unconfigured_scales
 from .config import Qwen35Config
@@ -64,7 +65,6 @@ from .names import (  # noqa: F401  (the public names are re-exported in __all__
     _HUB_EXPERT_NAME_RE,
     _canon_int,
     _classify,
-    _listing,
     checkpoint_targets,
     hf_name_to_gguf,
     is_multimodal_tensor,
