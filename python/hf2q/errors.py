@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any, Mapping, Sequence
 
 __all__ = [
     "Hf2qError",
@@ -170,13 +171,16 @@ class ManifestProblem:
 
     ``kind`` is ``"extra"``, ``"missing"``, ``"dtype"`` or ``"shape"``;
     ``expected``/``actual`` are human-readable (``"absent"`` where the tensor
-    does not exist on that side).
+    does not exist on that side). ``file``: the file that holds the tensor,
+    where the problem is with a tensor present and the file is known (the
+    message names it; the error's lead names the checkpoint); not compared.
     """
 
     kind: str
     tensor: str
     expected: str
     actual: str
+    file: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         label = {
@@ -185,7 +189,25 @@ class ManifestProblem:
             "dtype": "dtype mismatch",
             "shape": "shape mismatch",
         }.get(self.kind, self.kind)
-        return f"{label} '{self.tensor}': expected {self.expected}, actual {self.actual}"
+        return f"{label} '{self.tensor}'{in_file(self.file)}: expected {self.expected}, actual {self.actual}"
+
+
+def tensor_file(tensors: Any, name: str) -> str | None:
+    """The file holding tensor ``name`` of ``tensors`` (an open checkpoint or
+    file, or a mapping of :class:`~hf2q.safetensors.TensorInfo`), or None
+    where that is not known (a plain mapping of dtypes and shapes): what a
+    problem with that tensor names beside it."""
+    try:
+        path = getattr(tensors[name], "path", None)
+    except (KeyError, TypeError):
+        return None
+    return None if path is None else str(path)
+
+
+def in_file(path: str | None) -> str:
+    """`` in <file name>`` for a problem line (the error's lead names the
+    checkpoint's directory), or "" where the file is not known."""
+    return f" in {PurePath(path).name}" if path else ""
 
 
 class ManifestError(Hf2qError):

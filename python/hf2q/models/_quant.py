@@ -38,7 +38,8 @@ from typing import Any
 
 from .. import formats
 from .._frozen import constructor
-from ..errors import ConfigError, DtypeMismatchError, ManifestProblem, MissingTensorError, ShapeMismatchError
+from ..errors import (ConfigError, DtypeMismatchError, ManifestProblem, MissingTensorError, ShapeMismatchError,
+                      tensor_file)
 from ..plan import Scale
 
 __all__ = ["QuantScheme", "ScaledTensors", "quant_scheme", "scaled_tensors", "SUPPORTED_SCHEMES",
@@ -333,7 +334,8 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
                 continue
             kind, about, want, got = problem
             target = bad_shape if kind == "shape" else bad_dtype
-            target.append(ManifestProblem(kind, w if about == "weight" else n, want.format(weight=w, scale=n), got))
+            which = w if about == "weight" else n
+            target.append(ManifestProblem(kind, which, want.format(weight=w, scale=n), got, tensor_file(ckpt, which)))
     # FP8 tensors with no scale: among the names no rule above took (set
     # arithmetic at C speed), in the checkpoint's order.
     rest = present.difference(paired, consumed, dropped)
@@ -378,17 +380,19 @@ def _mxfp4_tensors(ckpt: Any, scheme: QuantScheme, names: list[str], rule: str) 
         bfmt = formats.from_safetensors(binfo.dtype).name
         sfmt = formats.from_safetensors(sinfo.dtype).name
         if bfmt != "u8":
-            bad_dtype.append(ManifestProblem("dtype", name, f"U8 (MXFP4 codes, two per byte; {rule})", binfo.dtype))
+            bad_dtype.append(ManifestProblem("dtype", name, f"U8 (MXFP4 codes, two per byte; {rule})", binfo.dtype,
+                                             tensor_file(ckpt, name)))
             continue
         if sfmt not in ("u8", "f8_e8m0"):
-            bad_dtype.append(ManifestProblem("dtype", sname, f"U8 or F8_E8M0 (E8M0 exponents; {rule})", sinfo.dtype))
+            bad_dtype.append(ManifestProblem("dtype", sname, f"U8 or F8_E8M0 (E8M0 exponents; {rule})", sinfo.dtype,
+                                             tensor_file(ckpt, sname)))
             continue
         bshape = tuple(int(d) for d in binfo.shape)
         sshape = tuple(int(d) for d in sinfo.shape)
         if len(bshape) < 2 or bshape[-1] != 16 or sshape != bshape[:-1]:
             bad_shape.append(ManifestProblem(
                 "shape", sname, f"{list(bshape[:-1])}: one exponent per 16-byte block of '{name}' {list(bshape)} "
-                f"(whose last dimension must be 16; {rule})", str(list(sshape))))
+                f"(whose last dimension must be 16; {rule})", str(list(sshape)), tensor_file(ckpt, sname)))
             continue
         scales[name] = Scale(sname, sfmt, sshape, (1, 32), sshape, "mxfp4")
     for problems, cls in ((missing, MissingTensorError), (bad_dtype, DtypeMismatchError),

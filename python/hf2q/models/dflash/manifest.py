@@ -26,6 +26,7 @@ from ...errors import (
     ManifestProblem,
     MissingTensorError,
     ShapeMismatchError,
+    tensor_file,
 )
 from ...safetensors import Checkpoint, SafetensorsFile, TensorInfo, open_checkpoint
 from .config import LAYER_TENSOR_NAMES, DFlashConfig
@@ -150,7 +151,8 @@ def check_manifest(
         if name not in wanted:
             info = tensors[name]
             problems.append(
-                ManifestProblem("extra", name, "absent (not in the DFlash manifest)", f"{info.dtype} {_fmt_shape(info.shape)}")
+                ManifestProblem("extra", name, "absent (not in the DFlash manifest)", f"{info.dtype} {_fmt_shape(info.shape)}",
+                                tensor_file(tensors, name))
             )
     present = set(names)
     for e in manifest:
@@ -160,10 +162,12 @@ def check_manifest(
         info = tensors[e.name]
         if info.dtype != e.disk_dtype:
             problems.append(
-                ManifestProblem("dtype", e.name, f"{e.disk_dtype} (DFlash drafters are BF16-only)", info.dtype)
+                ManifestProblem("dtype", e.name, f"{e.disk_dtype} (DFlash drafters are BF16-only)", info.dtype,
+                                tensor_file(tensors, e.name))
             )
         if tuple(info.shape) != tuple(e.shape):
-            problems.append(ManifestProblem("shape", e.name, _fmt_shape(e.shape), _fmt_shape(info.shape)))
+            problems.append(ManifestProblem("shape", e.name, _fmt_shape(e.shape), _fmt_shape(info.shape),
+                                            tensor_file(tensors, e.name)))
     problems.sort(key=lambda p: (_KIND_ORDER[p.kind], p.tensor))
     return problems
 

@@ -38,6 +38,7 @@ from ...errors import (
     ManifestProblem,
     MissingTensorError,
     ShapeMismatchError,
+    tensor_file,
 )
 from ...plan import CONVERT_DTYPES, LoadPlan, Piece, TensorPlan
 from .._quant import scaled_tensors
@@ -267,19 +268,19 @@ def plan_gemma4(ckpt: Any, cfg: Gemma4Config, *, dense_dtype: str = "f32", exper
                 why = "per-expert experts (Gemma 4 checkpoints store fused experts.gate_up_proj / experts.down_proj)"
             else:
                 why = "no Gemma 4 tensor of this name"
-            problems.append(ManifestProblem("extra", raw, why, "present"))
+            problems.append(ManifestProblem("extra", raw, why, "present", tensor_file(ckpt, raw)))
             continue
         m = _LAYER_RE.match(canon)
         if m and int(m.group(1)) >= cfg.num_hidden_layers:
             problems.append(ManifestProblem("extra", raw, f"a layer below num_hidden_layers = {cfg.num_hidden_layers}",
-                                            "present"))
+                                            "present", tensor_file(ckpt, raw)))
             continue
         info = ckpt[raw]
         fmt = formats.from_safetensors(str(info.dtype)).name if str(info.dtype) in formats.safetensors_codes() \
             else str(info.dtype)
         if g in found:
             problems.append(ManifestProblem("extra", raw, f"one tensor for {g} (also given as {found[g][0]})",
-                                            "a second one"))
+                                            "a second one", tensor_file(ckpt, raw)))
             continue
         found[g] = (raw, fmt, tuple(int(d) for d in info.shape))
 
@@ -307,7 +308,7 @@ def plan_gemma4(ckpt: Any, cfg: Gemma4Config, *, dense_dtype: str = "f32", exper
         if g not in wanted:
             problems.append(ManifestProblem("extra", raw, "not a tensor of this config (e.g. a v_proj on a "
                                                           "k_eq_v layer, or MoE/PLE tensors the config lacks)",
-                                            "present"))
+                                            "present", tensor_file(ckpt, raw)))
 
     rows, rows_why = vocab_rows(directory or Path(where), cfg)
     entries: list[TensorPlan] = [TensorPlan("rope_freqs.weight", (cfg.full_head_dim // 2,), "f32", (),
@@ -320,10 +321,12 @@ def plan_gemma4(ckpt: Any, cfg: Gemma4Config, *, dense_dtype: str = "f32", exper
         raw, fmt, shape = found[w.gguf]
         scale = scaled.scales.get(raw)
         if fmt not in SOURCE_FORMATS and scale is None:
-            problems.append(ManifestProblem("dtype", raw, "BF16, F16 or F32", str(ckpt[raw].dtype)))
+            problems.append(ManifestProblem("dtype", raw, "BF16, F16 or F32", str(ckpt[raw].dtype),
+                                            tensor_file(ckpt, raw)))
             continue
         if shape != w.shape:
-            problems.append(ManifestProblem("shape", raw, f"{list(w.shape)}", f"{list(shape)}"))
+            problems.append(ManifestProblem("shape", raw, f"{list(w.shape)}", f"{list(shape)}",
+                                            tensor_file(ckpt, raw)))
             continue
         out_shape = shape
         piece = Piece(raw, fmt, shape, scale=scale)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import formats
-from ...errors import DtypeMismatchError, DuplicateTensorError, ManifestProblem
+from ...errors import DtypeMismatchError, DuplicateTensorError, ManifestProblem, tensor_file
 from ...plan import LoadPlan, Piece, TensorPlan
 from ...safetensors import Checkpoint
 from .._quant import ScaledTensors, mxfp4_logical, scaled_tensors, unconfigured_error, unconfigured_scales
@@ -120,7 +120,8 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
         if dst is None:
             problems.append(ManifestProblem(
                 "dtype", name, f"a dtype a device buffer holds ({', '.join(formats.DEVICE_FORMATS[:-1])})"
-                + ("" if src not in FLOAT_FORMATS else " or a --dtype policy that converts it"), info.dtype))
+                + ("" if src not in FLOAT_FORMATS else " or a --dtype policy that converts it"), info.dtype,
+                tensor_file(ckpt, name)))
             continue
         kind = "float" if src in FLOAT_FORMATS else "int"
         entries.append(TensorPlan(name, shape, dst, (Piece(name, src, shape),), group=_block_id(name), kind=kind))

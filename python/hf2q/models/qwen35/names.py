@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from ...errors import ExtraTensorError, _listing
+from ...errors import ExtraTensorError, _listing, in_file
 from ...plan import CONVERT_DTYPES
 from .._names import GLOBAL_NAMES, LAYER_NAMES, multimodal_filter, with_additions
 from .config import Qwen35Config
@@ -55,13 +55,18 @@ class Transform:
 
 class UnknownTensorError(ExtraTensorError):
     """Checkpoint tensors that map to no GGUF tensor of this model. ``names`` lists
-    them all (sorted); ``reasons`` maps each to why."""
+    them all (sorted); ``reasons`` maps each to why. ``files`` (given) maps
+    each to the file that holds it, named beside it; ``where`` leads the
+    message (the checkpoint)."""
 
-    def __init__(self, reasons: Mapping[str, str]) -> None:
+    def __init__(self, reasons: Mapping[str, str], files: Mapping[str, str | None] | None = None,
+                 where: str = "") -> None:
         self.reasons = dict(sorted(reasons.items()))
         self.names = list(self.reasons)
-        lines = [f"{n}: {r}" for n, r in self.reasons.items()]
-        super().__init__(f"{len(lines)} checkpoint tensor(s) map to no qwen35moe tensor:{_listing(lines)}")
+        files = files or {}
+        lines = [f"{n}{in_file(files.get(n))}: {r}" for n, r in self.reasons.items()]
+        lead = f"{where}: " if where else ""
+        super().__init__(f"{lead}{len(lines)} checkpoint tensor(s) map to no qwen35moe tensor:{_listing(lines)}")
 
 
 # --------------------------------------------------------------------------- name table

@@ -41,6 +41,8 @@ from ...errors import (
     MissingTensorError,
     ShapeMismatchError,
     _listing,
+    in_file,
+    tensor_file,
 )
 from .._quant import scaled_tensors, unconfigured_error, unconfigured_scales
 from .config import Qwen35Config
@@ -113,22 +115,30 @@ class MixedExpertFormsError(ManifestError):
         super().__init__(f"fused and per-expert expert tensors mixed in {len(lines)} layer(s):{_listing(lines)}")
 
 
-def _missing_error(names: list[str]) -> MissingTensorError:
-    err = MissingTensorError(f"{len(names)} tensor(s) the config requires are missing:{_listing(names)}")
+# Each led by the checkpoint's directory where it is known (``where``); a
+# line about a tensor present names the file that holds it.
+def _lead(where: Any) -> str:
+    return f"{where}: " if where else ""
+
+
+def _missing_error(names: list[str], where: Any = None) -> MissingTensorError:
+    err = MissingTensorError(f"{_lead(where)}{len(names)} tensor(s) the config requires are missing:{_listing(names)}")
     err.names = names  # type: ignore[attr-defined]
     return err
 
 
-def _dtype_error(lines: list[str]) -> DtypeMismatchError:
+def _dtype_error(lines: list[str], where: Any = None) -> DtypeMismatchError:
     err = DtypeMismatchError(
-        f"{len(lines)} tensor(s) with an unsupported dtype (qwen35moe reads BF16, F16, F32):{_listing(lines)}"
+        f"{_lead(where)}{len(lines)} tensor(s) with an unsupported dtype (qwen35moe reads BF16, F16, F32):"
+        f"{_listing(lines)}"
     )
     err.lines = lines  # type: ignore[attr-defined]
     return err
 
 
-def _shape_error(lines: list[str]) -> ShapeMismatchError:
-    err = ShapeMismatchError(f"{len(lines)} tensor(s) do not have the shape the config implies:{_listing(lines)}")
+def _shape_error(lines: list[str], where: Any = None) -> ShapeMismatchError:
+    err = ShapeMismatchError(f"{_lead(where)}{len(lines)} tensor(s) do not have the shape the config implies:"
+                             f"{_listing(lines)}")
     err.lines = lines  # type: ignore[attr-defined]
     return err
 
@@ -516,6 +526,7 @@ def plan_qwen35_moe(
     select_device_dtype("dense", dense_dtype, expert_dtype)  # validates both options
     cfg = config
     L = cfg.num_hidden_layers
+    directory = getattr(tensors, "directory", None)  # what the manifest errors are led by, where known
     entries = _entries(tensors)
     # FP8 checkpoints (docs/FP8.md): each FP8 weight decodes with its scale,
     # as the converter's dequant step does before any transform; the scale
@@ -639,7 +650,7 @@ def plan_qwen35_moe(
             unconf = unconfigured_scales(headers)
             if unconf:
                 raise unconfigured_error(headers, unconf, None, "the qwen35moe loader")
-        raise UnknownTensorError(unknown)
+        raise UnknownTensorError(unknown, {n: tensor_file(headers, n) for n in unknown}, str(directory or ""))
 
     # duplicates
     dups: dict[str, list[str]] = {}
@@ -654,7 +665,7 @@ def plan_qwen35_moe(
         if len(recs) > 1:
             dups[_gguf_name(_EXPERT_SPEC[p], b)] = [r[0] for r in recs]
     if dups:
-        raise DuplicateTensorError(dups)
+        raise DuplicateTensorError(dups, str(directory or ""))
 
     mixed = {b: (sorted(f), sorted(pe)) for b, (f, pe) in forms.items() if f and pe}
     if mixed:
@@ -668,9 +679,9 @@ def plan_qwen35_moe(
 
     def check_piece(raw: str, dtype: str, shape: tuple[int, ...], want: tuple[int, ...]) -> None:
         if dtype not in SOURCE_DTYPES and raw not in scaled.scales:
-            bad_dtype.append(f"{raw}: {dtype}")
+            bad_dtype.append(f"{raw}{in_file(tensor_file(headers, raw))}: {dtype}")
         if shape != want:
-            bad_shape.append(f"{raw}: shape {list(shape)}, expected {list(want)}")
+            bad_shape.append(f"{raw}{in_file(tensor_file(headers, raw))}: shape {list(shape)}, expected {list(want)}")
 
     def plan_simple(spec: _Spec, layer: int | None) -> None:
         g = _gguf_name(spec, layer)
@@ -775,11 +786,11 @@ def plan_qwen35_moe(
     plan_simple(_GLOBAL_BY_HF["lm_head.weight"], None)
 
     if missing:
-        raise _missing_error(missing)
+        raise _missing_error(missing, directory)
     if bad_dtype:
-        raise _dtype_error(bad_dtype)
+        raise _dtype_error(bad_dtype, directory)
     if bad_shape:
-        raise _shape_error(bad_shape)
+        raise _shape_error(bad_shape, directory)
 
     not_q8 = [f"{t.gguf_name} {list(t.shape)}" for t in planned if t.dtype == "q8_0" and t.shape[-1] % _Q8_BLOCK]
     if not_q8:
