@@ -1202,3 +1202,89 @@ def test_index_fast_parse_agrees_with_the_careful_one(text: str) -> None:
         assert fast == careful
     else:  # only what the careful parser must decide
         assert any(c in text for c in "-.eI") or re.search(r"\d{21}", text)
+
+
+_index_key = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_index_meta_value = st.one_of(st.text(max_size=8), st.integers(-3, 2**64 + 3), st.floats(allow_nan=False),
+                              st.none(), st.booleans(), st.lists(st.integers(0, 9), max_size=2))
+
+
+@HYP
+@given(
+    pairs=st.lists(st.tuples(_index_key, st.sampled_from([S1, S2, "a\\b", "é.safetensors"])), max_size=8),
+    meta=st.one_of(st.none(), st.dictionaries(_index_key, _index_meta_value, max_size=3)),
+    extra=st.booleans(),
+    ensure_ascii=st.booleans(),
+    indent=st.sampled_from([None, 0, 2]),
+    meta_first=st.booleans(),
+)
+def test_native_index_scan_agrees_with_the_careful_parse(pairs: list[tuple[str, str]], meta: Any, extra: bool,
+                                                         ensure_ascii: bool, indent: Any, meta_first: bool) -> None:
+    """``_core.scan_index`` returns the careful parser's weight_map pairs (in
+    file order, a repeated name kept) and metadata, or declines (None): an
+    escape, a float, a negative or too-large number, a nested value,
+    another member."""
+    from hf2q import _core
+
+    wm_text = "{" + ",".join(f"{json.dumps(k, ensure_ascii=ensure_ascii)}:{json.dumps(v, ensure_ascii=ensure_ascii)}"
+                             for k, v in pairs) + "}"
+    members = [f'"weight_map":{wm_text}']
+    if meta is not None or meta_first:
+        members.insert(0 if meta_first else 1, f'"metadata":{json.dumps(meta, ensure_ascii=ensure_ascii, indent=indent)}')
+    if extra:
+        members.append('"x":1')
+    text = "{" + ",\n".join(members) + "}"
+    fast = _core.scan_index(text.encode())
+    careful, duplicate = hst._loads(text)
+    top = dict(careful)
+    if fast is None:
+        plain_meta = meta is None or all(type(v) is str or (type(v) is int and 0 <= v < 2**64) for v in meta.values())
+        simple = all("\\" not in json.dumps(s, ensure_ascii=ensure_ascii) for p in pairs for s in p)
+        simple = simple and all("\\" not in json.dumps(k, ensure_ascii=ensure_ascii) for k in (meta or {}))
+        simple = simple and all("\\" not in json.dumps(v, ensure_ascii=ensure_ascii) for v in (meta or {}).values())
+        assert extra or not plain_meta or not simple or (duplicate is not None and duplicate in (meta or {})), text
+        return
+    assert not extra
+    metadata, got = fast
+    assert got == [tuple(p) for p in top["weight_map"]]  # every pair, in order, repeats included
+    want_meta = hst._plain(top["metadata"]) if isinstance(top.get("metadata"), hst._Obj) else {}
+    assert metadata == want_meta and [type(v) for v in metadata.values()] == [type(v) for v in want_meta.values()]
+
+
+@pytest.mark.parametrize("text", [
+    '{"weight_map": {}}', '{"metadata": null, "weight_map": {"a": "b"}}', ' {"weight_map":{"a":"b"}} \n',
+    '{"metadata": {"total_size": 18446744073709551615}, "weight_map": {"a": "b", "a": "c"}}',
+])
+def test_native_index_scan_takes(text: str) -> None:
+    from hf2q import _core
+
+    assert _core.scan_index(text.encode()) is not None
+
+
+@pytest.mark.parametrize("text", [
+    "", "[]", "{}", '{"metadata": {}}', '{"weight_map": {"a": "b"}} x', '{"weight_map": {"a": "b"},}',
+    '{"weight_map": {"a": "b"}, "weight_map": {}}', '{"weight_map": {"a": "b"}, "metadata": {}, "metadata": {}}',
+    '{"weight_map": {"a": 1}}', '{"weight_map": {"a\\u0041": "b"}}', '{"weight_map": {"a": "b"}, "other": 1}',
+    '{"metadata": {"total_size": 18446744073709551616}, "weight_map": {}}',
+    '{"metadata": {"total_size": 1.5}, "weight_map": {}}', '{"metadata": {"t": -1}, "weight_map": {}}',
+    '{"metadata": {"t": 01}, "weight_map": {}}', '{"metadata": {"t": {"u": 1}}, "weight_map": {}}',
+    '{"metadata": {"t": 1, "t": 2}, "weight_map": {}}', '{"metadata": "x", "weight_map": {}}',
+    '{"weight_map": {"a": "b\x01"}}', '{"weight_map": {"a": "b"', '{"weight_map": {"a" "b"}}',
+])
+def test_native_index_scan_declines(text: str) -> None:
+    """Anything but the plain subset is the careful parser's (its errors, its
+    reading of unusual but valid JSON)."""
+    from hf2q import _core
+
+    assert _core.scan_index(text.encode()) is None
+
+
+def test_index_with_a_repeated_tensor_name_is_refused_after_the_native_scan(tmp_path: Path) -> None:
+    """The native scan keeps a repeated weight_map name; the open finds it
+    as it maps the pairs and leaves the wording to the careful parser."""
+    d = _sharded(tmp_path)
+    _index(d, f'{{"weight_map": {{"z.weight": "{S1}", "b.weight": "{S1}", "a.weight": "{S2}", "y.weight": "{S2}", '
+              f'"z.weight": "{S1}"}}}}')
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open_checkpoint(d)
+    assert ei.value.code == "DuplicateKey" and "'z.weight'" in str(ei.value)

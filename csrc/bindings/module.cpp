@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "../kernels/checked_ops.h"
 #include "../device/dtype.h"
@@ -303,6 +304,45 @@ NB_MODULE(_core, m) {
       "name, dtype, shape), ...], laid_out), or None where the careful parser must decide "
       "(csrc/device/header_scan.h). laid_out: data_bytes and dtype_bits [(dtype, bits), ...] were given and "
       "the layout rules hold (check_layout); the entries are then in name order, else in header order.");
+  m.def(
+      "scan_index",
+      [](nb::bytes index) -> nb::object {
+        hf2q::device::ScannedIndex idx;
+        bool plain = false;
+        {
+          hf2q::bindings::ReleaseGil nogil;  // the bytes object is immutable and held by the caller
+          plain = hf2q::device::scan_index(index.c_str(), index.size(), &idx);
+        }
+        if (!plain) return nb::none();
+        auto utf8 = [](std::string_view v) {
+          PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "strict");
+          if (o == nullptr) throw nb::python_error();
+          return nb::steal(o);
+        };
+        nb::dict meta;
+        for (const auto& e : idx.metadata) {
+          if (e.is_int) {
+            PyObject* o = PyLong_FromUnsignedLongLong(e.value);
+            if (o == nullptr) throw nb::python_error();
+            meta[utf8(e.key)] = nb::steal(o);
+          } else {
+            meta[utf8(e.key)] = utf8(e.text);
+          }
+        }
+        // One string object per distinct shard name (a few, against 60,000 tensors).
+        std::unordered_map<std::string_view, nb::object> shards;
+        nb::list pairs;
+        for (const auto& [tensor, shard] : idx.weight_map) {
+          auto it = shards.find(shard);
+          if (it == shards.end()) it = shards.emplace(shard, utf8(shard)).first;
+          pairs.append(nb::make_tuple(utf8(tensor), it->second));
+        }
+        return nb::make_tuple(meta, pairs);
+      },
+      "index"_a,
+      "A model.safetensors.index.json that holds nothing unusual, scanned in one native pass: (metadata, "
+      "[(tensor, shard), ...] in file order, a tensor named twice kept twice), or None where the careful "
+      "parser must decide (csrc/device/header_scan.h).");
   m.def(
       "can_convert",
       [](const std::string& src, const std::string& dst) {

@@ -151,6 +151,66 @@ bool scan_header(const char* text, std::size_t len, ScannedHeader* out) {
   return s.eat('}') && s.at_end();
 }
 
+namespace {
+
+bool index_metadata(Scanner& s, ScannedIndex* out) {
+  if (s.null()) return true;
+  if (!s.eat('{')) return false;
+  if (s.eat('}')) return true;
+  std::unordered_set<std::string_view> seen;
+  do {
+    ScannedIndex::Meta m;
+    if (!s.string(&m.key) || !s.eat(':') || !seen.insert(m.key).second) return false;
+    if (s.peek('"')) {
+      if (!s.string(&m.text)) return false;
+    } else if (s.u64(&m.value)) {
+      m.is_int = true;
+    } else {
+      return false;
+    }
+    out->metadata.push_back(m);
+  } while (s.eat(','));
+  return s.eat('}');
+}
+
+// (Repeated tensor names are the caller's to find: it builds a map of them anyway.)
+bool weight_map(Scanner& s, ScannedIndex* out) {
+  if (!s.eat('{')) return false;
+  if (s.eat('}')) return true;
+  do {
+    std::string_view tensor, shard;
+    if (!s.string(&tensor) || !s.eat(':') || !s.string(&shard)) return false;
+    out->weight_map.emplace_back(tensor, shard);
+  } while (s.eat(','));
+  return s.eat('}');
+}
+
+}  // namespace
+
+bool scan_index(const char* text, std::size_t len, ScannedIndex* out) {
+  out->weight_map.clear();
+  out->metadata.clear();
+  Scanner s(text, len);
+  if (!s.eat('{')) return false;
+  bool have_map = false, have_meta = false;
+  if (!s.peek('}')) {
+    do {
+      std::string_view key;
+      if (!s.string(&key) || !s.eat(':')) return false;
+      if (key == "weight_map" && !have_map) {
+        if (!weight_map(s, out)) return false;
+        have_map = true;
+      } else if (key == "metadata" && !have_meta) {
+        if (!index_metadata(s, out)) return false;
+        have_meta = true;
+      } else {
+        return false;  // another member, or one repeated
+      }
+    } while (s.eat(','));
+  }
+  return have_map && s.eat('}') && s.at_end();
+}
+
 bool check_layout(ScannedHeader* h, std::uint64_t data_bytes,
                   const std::vector<std::pair<std::string_view, unsigned>>& dtype_bits) {
   using Tensor = ScannedHeader::Tensor;

@@ -44,4 +44,24 @@ bool scan_header(const char* text, std::size_t len, ScannedHeader* out);
 bool check_layout(ScannedHeader* h, std::uint64_t data_bytes,
                   const std::vector<std::pair<std::string_view, unsigned>>& dtype_bits);
 
+// A model.safetensors.index.json of the same plain subset (docs/SAFETENSORS.md,
+// "The index"): a top-level object of exactly "weight_map" (an object of
+// tensor name -> shard file name, both strings) and optionally "metadata"
+// (null, or an object whose values are strings or u64 integers), strings and
+// integers as scan_header takes them, no repeated key (the weight_map's
+// tensor names excepted: the caller checks those as it maps them). Anything else
+// (another top-level member, a float, an escape, ...) makes it return false
+// and the caller's careful parser decides with its exact errors.
+struct ScannedIndex {
+  struct Meta {
+    std::string_view key, text;  // text: the string's bytes, unless is_int
+    bool is_int = false;
+    std::uint64_t value = 0;
+  };
+  std::vector<std::pair<std::string_view, std::string_view>> weight_map;  // in file order
+  std::vector<Meta> metadata;  // in file order (empty for null or absent)
+};
+
+bool scan_index(const char* text, std::size_t len, ScannedIndex* out);
+
 }  // namespace hf2q::device

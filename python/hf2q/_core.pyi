@@ -137,5 +137,10 @@ def scan_header(
     parser decides); the flag: the layout rules hold over data_bytes with
     dtype_bits (entries then in name order)."""
 
+def scan_index(index: bytes) -> tuple[dict[str, str | int], list[tuple[str, str]]] | None:
+    """A plain model.safetensors.index.json in one native pass: (metadata,
+    [(tensor, shard), ...] in file order, a repeated tensor kept twice), or None
+    (the careful parser decides)."""
+
 def read_file(fd: int, offset: int, out: npt.NDArray[np.uint8], chunk: int = 0) -> None:
     """pread len(out) bytes at offset (parallel chunks); FileReadError(.code) on failure."""

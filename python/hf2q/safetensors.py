@@ -993,6 +993,15 @@ def _open_index(index_path: Path) -> Checkpoint:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _index_error(INVALID_INDEX, spath, f"index is not valid UTF-8: {e.reason}") from None
+    # The plain index every Hub repo has, in one native pass (a 60,000-tensor
+    # index: about 10 ms against 40-80 ms for the JSON tree); else the trees.
+    # (A tensor named twice: the careful parse below names the repeated key.)
+    scanned = _core.scan_index(raw)
+    if scanned is not None:
+        index_metadata, pairs = scanned
+        weight_map = dict(pairs)
+        if len(weight_map) == len(pairs):
+            return _open_shards(index_path, spath, weight_map, pairs, index_metadata)
     root, duplicate = _loads_plain(text), None
     try:
         if root is None:
@@ -1011,11 +1020,18 @@ def _open_index(index_path: Path) -> Checkpoint:
     wm = top["weight_map"]
     if not isinstance(wm, _Obj):
         raise _index_error(INVALID_INDEX, spath, f"'weight_map' must be an object of string -> string, got {_describe(wm)}")
-    # Keys are unique (a repeated one was refused above). The values are
-    # checked per distinct shard name (a few, against 60,000 tensors) at C
-    # speed; where one is not a string or not a plain file name, the entries
-    # are walked in order so the first offending tensor is the one named.
-    weight_map: dict[str, str] = dict(wm)
+    meta = top.get("metadata")
+    return _open_shards(index_path, spath, dict(wm), wm, _plain(meta) if isinstance(meta, _Obj) else {})
+
+
+def _open_shards(index_path: Path, spath: str, weight_map: dict[str, Any], wm: Sequence[tuple[str, Any]],
+                 index_metadata: dict[str, Any]) -> Checkpoint:
+    """The checkpoint of a parsed index: ``weight_map`` (its keys unique:
+    a repeated one was refused before) and the same pairs in file order
+    (``wm``); each shard opened and checked against it."""
+    # The values are checked per distinct shard name (a few, against 60,000
+    # tensors) at C speed; where one is not a string or not a plain file name,
+    # the entries are walked in order so the first offending tensor is the one named.
     shard_names = set(weight_map.values()) if set(map(type, weight_map.values())) <= {str} else None
     if shard_names is None or any(_bad_shard_name(s) is not None for s in shard_names):
         for tensor, shard in wm:
@@ -1029,8 +1045,6 @@ def _open_index(index_path: Path) -> Checkpoint:
                     INVALID_SHARD_NAME, spath, f"shard name {shard!r} {why}: shards must be plain file names in the index's directory", tensor
                 )
         shard_names = set(weight_map.values())  # every value passed the walk's checks
-    meta = top.get("metadata")
-    index_metadata = _plain(meta) if isinstance(meta, _Obj) else {}
 
     directory = index_path.parent
     by_shard_cache: dict[str, list[str]] = {}
