@@ -1288,3 +1288,35 @@ def test_index_with_a_repeated_tensor_name_is_refused_after_the_native_scan(tmp_
     with pytest.raises(SafetensorsError) as ei:
         hst.open_checkpoint(d)
     assert ei.value.code == "DuplicateKey" and "'z.weight'" in str(ei.value)
+
+
+@HYP
+@given(tensors=st.dictionaries(
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=10),
+    st.tuples(st.sampled_from(["float32", "uint8", "int64", "float16", "bool"]),
+              st.lists(st.integers(0, 3), max_size=3)),
+    min_size=1, max_size=6),  # (safetensors 0.8 writes no tensor and metadata as invalid JSON: '{},"__metadata__":{}}')
+    metadata=st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2)))
+def test_natively_built_infos_are_the_python_ones(tmp_path_factory: pytest.TempPathFactory, tensors: dict,
+                                                  metadata: Any) -> None:
+    """Every TensorInfo the native scan builds (``_built_infos``) equals, field
+    for field and type for type, the one the Python path makes from the same
+    file; where it declines (escapes, empty tensors, ...) the Python path runs."""
+    import unittest.mock
+
+    from safetensors.numpy import save_file as save
+
+    d = tmp_path_factory.mktemp("infos")
+    f = d / "model.safetensors"
+    save({k: np.zeros(shape, dtype) for k, (dtype, shape) in tensors.items()}, str(f), metadata=metadata)
+    with hst.open(f) as native:
+        with unittest.mock.patch.object(hst, "_built_infos", lambda *_: None):
+            with hst.open(f) as python:
+                assert native.metadata == python.metadata
+                assert native.keys() == python.keys() == sorted(tensors)
+                for k in python.keys():
+                    a, b = native[k], python[k]
+                    assert a == b and a.path == b.path, k
+                    assert list(a.__dict__.items()) == list(b.__dict__.items()), k
+                    assert [type(v) for v in a.__dict__.values()] == [type(v) for v in b.__dict__.values()], k
+                    assert all(type(x) is int for x in a.shape), k

@@ -305,6 +305,79 @@ NB_MODULE(_core, m) {
       "(csrc/device/header_scan.h). laid_out: data_bytes and dtype_bits [(dtype, bits), ...] were given and "
       "the layout rules hold (check_layout); the entries are then in name order, else in header order.");
   m.def(
+      "scan_header_infos",
+      [](nb::bytes header, std::uint64_t data_bytes, std::vector<std::pair<std::string, unsigned>> dtype_bits,
+         nb::handle new_instance, nb::handle cls, std::uint64_t base, nb::handle path, nb::tuple fields) -> nb::object {
+        if (nb::len(fields) != 6) throw nb::value_error("fields: the six TensorInfo field names");
+        hf2q::device::ScannedHeader h;
+        bool laid_out = false;
+        std::vector<std::pair<std::string_view, unsigned>> bits;
+        for (const auto& d : dtype_bits) bits.emplace_back(d.first, d.second);
+        {
+          hf2q::bindings::ReleaseGil nogil;  // the bytes object is immutable and held by the caller
+          laid_out = hf2q::device::scan_header(header.c_str(), header.size(), &h) &&
+                     hf2q::device::check_layout(&h, data_bytes, bits);
+        }
+        if (!laid_out) return nb::none();
+        for (const auto& t : h.tensors) {  // absolute offsets: base + end must fit (it does for a real file)
+          std::uint64_t sum = 0;
+          if (__builtin_add_overflow(base, t.end, &sum)) return nb::none();
+        }
+        auto utf8 = [](std::string_view v) {
+          PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "strict");
+          if (o == nullptr) throw nb::python_error();
+          return nb::steal(o);
+        };
+        auto u64 = [](std::uint64_t v) {
+          PyObject* o = PyLong_FromUnsignedLongLong(v);
+          if (o == nullptr) throw nb::python_error();
+          return nb::steal(o);
+        };
+        nb::dict meta;
+        for (const auto& kv : h.metadata) meta[utf8(kv.first)] = utf8(kv.second);
+        // Each instance as hf2q._frozen.constructor makes one: object.__new__(cls),
+        // then its fields written into its __dict__ in declaration order.
+        nb::tuple new_args = nb::make_tuple(cls);
+        nb::dict out;
+        std::vector<std::pair<std::string_view, nb::object>> dtypes;  // the few distinct dtype strings, made once
+        for (const auto& t : h.tensors) {  // in name order (check_layout sorted them)
+          nb::object dt;
+          for (const auto& d : dtypes) {
+            if (d.first == t.dtype) dt = d.second;
+          }
+          if (!dt.is_valid()) {
+            dt = utf8(t.dtype);
+            dtypes.emplace_back(t.dtype, dt);
+          }
+          PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(t.ndims));
+          if (shape == nullptr) throw nb::python_error();
+          nb::object shape_obj = nb::steal(shape);
+          for (std::size_t i = 0; i < t.ndims; ++i) {
+            if (PyTuple_SetItem(shape, static_cast<Py_ssize_t>(i), u64(h.dims[t.dims_begin + i]).release().ptr()) != 0) {
+              throw nb::python_error();
+            }
+          }
+          nb::object name = utf8(t.name);
+          PyObject* inst = PyObject_Call(new_instance.ptr(), new_args.ptr(), nullptr);
+          if (inst == nullptr) throw nb::python_error();
+          nb::object inst_obj = nb::steal(inst);
+          PyObject* d = PyObject_GenericGetDict(inst, nullptr);
+          if (d == nullptr) throw nb::python_error();
+          nb::object d_obj = nb::steal(d);
+          nb::object offset = u64(base + t.begin), nbytes = u64(t.end - t.begin);
+          PyObject* const values[6] = {name.ptr(), dt.ptr(), shape_obj.ptr(), offset.ptr(), nbytes.ptr(), path.ptr()};
+          for (std::size_t i = 0; i < 6; ++i) {
+            if (PyDict_SetItem(d, fields[i].ptr(), values[i]) != 0) throw nb::python_error();  // (no reference stolen)
+          }
+          if (PyDict_SetItem(out.ptr(), name.ptr(), inst) != 0) throw nb::python_error();
+        }
+        return nb::make_tuple(meta, out);
+      },
+      "header"_a, "data_bytes"_a, "dtype_bits"_a, "new"_a, "cls"_a, "base"_a, "path"_a, "fields"_a,
+      "A plain, laid-out safetensors header (scan_header's fast path with check_layout holding) as (metadata, "
+      "{name: cls instance}) in name order, each made as new(cls) with its six fields (name, dtype, shape, "
+      "base + begin, end - begin, path) written into its __dict__; None where the Python path must decide.");
+  m.def(
       "scan_index",
       [](nb::bytes index) -> nb::object {
         hf2q::device::ScannedIndex idx;

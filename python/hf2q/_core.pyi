@@ -137,6 +137,14 @@ def scan_header(
     parser decides); the flag: the layout rules hold over data_bytes with
     dtype_bits (entries then in name order)."""
 
+def scan_header_infos(
+    header: bytes, data_bytes: int, dtype_bits: list[tuple[str, int]], new: Any, cls: type, base: int, path: Any,
+    fields: tuple[str, ...],
+) -> tuple[dict[str, str], dict[str, Any]] | None:
+    """A plain, laid-out header as (metadata, {name: cls instance}) in name
+    order, each made as new(cls) with its fields written into its __dict__;
+    None where the Python path must decide."""
+
 def scan_index(index: bytes) -> tuple[dict[str, str | int], list[tuple[str, str]]] | None:
     """A plain model.safetensors.index.json in one native pass: (metadata,
     [(tensor, shard), ...] in file order, a repeated tensor kept twice), or None

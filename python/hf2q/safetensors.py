@@ -30,6 +30,7 @@ import sys
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Sequence, TypeVar, Union, cast
@@ -421,6 +422,32 @@ def _scanned_header(header: bytes, data_bytes: int | None = None
     return metadata, entries, laid_out
 
 
+_TENSOR_INFO_FIELDS = tuple(f.name for f in dataclass_fields(TensorInfo))
+if _TENSOR_INFO_FIELDS != ("name", "dtype", "shape", "offset", "nbytes", "path"):  # the order the native builder writes
+    raise RuntimeError(f"TensorInfo's fields changed ({_TENSOR_INFO_FIELDS}): update _core.scan_header_infos")
+
+
+def _built_infos(header: bytes, data_bytes: int, base: int, path: Path
+                 ) -> tuple[dict[str, str], dict[str, TensorInfo]] | None:
+    """Rules 4-11 by the native scan with every :class:`TensorInfo` made
+    there (``_core.scan_header_infos``, as :func:`_new_tensor_info` makes
+    them: a 60,000-tensor checkpoint's headers make that many), or None
+    where :func:`_validate_header` must decide (and word the error). Rule 4
+    first: the scan takes strings as bytes."""
+    if not 0 <= data_bytes <= U64_MAX or not header.isascii() and not _is_utf8(header):
+        return None
+    return _core.scan_header_infos(header, data_bytes, _DTYPE_BIT_PAIRS, object.__new__, TensorInfo, base, path,
+                                   _TENSOR_INFO_FIELDS)
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _parse_plain(text: str) -> Any:
     """``text`` parsed by the C JSON scanner with one Python call per
     integer (an index holds one: a scan of the text for negative numbers
@@ -623,14 +650,19 @@ class SafetensorsFile:
         header = bytearray(n)
         if n:
             _pread_exact(self._fd, memoryview(header), 8, spath, "the header")
-        metadata, raw = _validate_header(n, bytes(header), size, spath)
         base = 8 + n
+        path = self._path
         self._header_size = n
         self._file_size = size
+        self._tensors: dict[str, TensorInfo]
+        built = _built_infos(bytes(header), size - base, base, path)
+        if built is not None:  # the common case: every TensorInfo made natively
+            self._metadata, self._tensors = built
+            return
+        metadata, raw = _validate_header(n, bytes(header), size, spath)
         self._metadata = metadata
-        path = self._path
         make = _new_tensor_info
-        self._tensors: dict[str, TensorInfo] = {
+        self._tensors = {
             name: make(name, dtype, shape, base + begin, end - begin, path)
             for begin, end, name, dtype, shape in raw  # in name order
         }
