@@ -335,8 +335,8 @@ NB_MODULE(_core, m) {
         };
         nb::dict meta;
         for (const auto& kv : h.metadata) meta[utf8(kv.first)] = utf8(kv.second);
-        // Each instance as hf2q._frozen.constructor makes one: object.__new__(cls),
-        // then its fields written into its __dict__ in declaration order.
+        // Each instance as the dataclass's __init__ makes one: object.__new__(cls),
+        // then its fields set in declaration order.
         nb::tuple new_args = nb::make_tuple(cls);
         nb::dict out;
         std::vector<std::pair<std::string_view, nb::object>> dtypes;  // the few distinct dtype strings, made once
@@ -361,13 +361,12 @@ NB_MODULE(_core, m) {
           PyObject* inst = PyObject_Call(new_instance.ptr(), new_args.ptr(), nullptr);
           if (inst == nullptr) throw nb::python_error();
           nb::object inst_obj = nb::steal(inst);
-          PyObject* d = PyObject_GenericGetDict(inst, nullptr);
-          if (d == nullptr) throw nb::python_error();
-          nb::object d_obj = nb::steal(d);
           nb::object offset = u64(base + t.begin), nbytes = u64(t.end - t.begin);
           PyObject* const values[6] = {name.ptr(), dt.ptr(), shape_obj.ptr(), offset.ptr(), nbytes.ptr(), path.ptr()};
           for (std::size_t i = 0; i < 6; ++i) {
-            if (PyDict_SetItem(d, fields[i].ptr(), values[i]) != 0) throw nb::python_error();  // (no reference stolen)
+            // object.__setattr__ (the frozen class's own refuses): the values
+            // stay in the instance, no __dict__ object made until one is asked for.
+            if (PyObject_GenericSetAttr(inst, fields[i].ptr(), values[i]) != 0) throw nb::python_error();
           }
           if (PyDict_SetItem(out.ptr(), name.ptr(), inst) != 0) throw nb::python_error();
         }
@@ -376,7 +375,7 @@ NB_MODULE(_core, m) {
       "header"_a, "data_bytes"_a, "dtype_bits"_a, "new"_a, "cls"_a, "base"_a, "path"_a, "fields"_a,
       "A plain, laid-out safetensors header (scan_header's fast path with check_layout holding) as (metadata, "
       "{name: cls instance}) in name order, each made as new(cls) with its six fields (name, dtype, shape, "
-      "base + begin, end - begin, path) written into its __dict__; None where the Python path must decide.");
+      "base + begin, end - begin, path) set as object.__setattr__ sets them; None where the Python path must decide.");
   m.def(
       "scan_index",
       [](nb::bytes index) -> nb::object {
