@@ -1179,10 +1179,10 @@ def _scale_grid_values(ckpt: Checkpoint, pieces: list[Piece], files: dict[Any, s
     share a format (an expert stack: 256 scales of one). ``files`` (those
     checked before the batch's reads) collects their files, a file not in it
     checked before its first read here; the caller checks them all after the
-    reads. A failed read is a SafetensorsError naming the scale and its file,
-    as a batch's failed read is (:func:`file_read_error`)."""
-    from . import _core
+    reads. A failed read is the reader's SafetensorsError naming the scale
+    and its file."""
     from .ops import bf16_to_f32, f16_to_f32
+    from .safetensors import _pread_exact
 
     scales = [p.scale for p in pieces if p.scale is not None]
     where = list(map(ckpt.file_for, [sc.tensor for sc in scales]))
@@ -1199,10 +1199,8 @@ def _scale_grid_values(ckpt: Checkpoint, pieces: list[Piece], files: dict[Any, s
     view = memoryview(data)
     at = 0
     for sc, f, info in zip(scales, where, infos):
-        try:
-            _core.read_file(f.fileno(), info.offset, view[at:at + info.nbytes])
-        except FileReadError as e:
-            raise file_read_error(e, str(f.path), sc.tensor) from None
+        _pread_exact(f.fileno(), view[at:at + info.nbytes], info.offset, str(f.path), f"tensor '{sc.tensor}'",
+                     sc.tensor)
         at += info.nbytes
     kind = kinds.pop()
     if kind == "f32":
