@@ -424,10 +424,9 @@ def _fill_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
     file bytes in one device call; all of them or none (on failure the
     buffers made so far are freed before the error leaves). Scaled FP8
     entries that the device decodes (:func:`_batched_run`) have their
-    scale grids read on the calling thread and written into transient
-    float32 buffers first, then their weights decoded as the device call
-    reads them (on a GPU inside the staging pipeline, so the ring does not
-    drain between expert stacks)."""
+    scale grids read into transient float32 buffers first, then their
+    weights decoded as the same call reads them (on a GPU inside the staging
+    pipeline, so the ring does not drain between expert stacks)."""
     return _run_batch(device, ckpt, _prepare_batch(device, ckpt, entries, alloc, runs, check_finite), check_finite)
 
 
@@ -436,12 +435,13 @@ class _Batch:
     jobs built) for :func:`_run_batch`; ``drop()`` lets its buffers go."""
 
     __slots__ = ("entries", "pieces", "files", "made", "transients", "scaled", "jobs", "owner", "scaled_jobs",
-                 "scaled_owner", "grids", "write_call")
+                 "scaled_owner", "scale_jobs", "scale_owner", "scale_call", "write_call")
 
     def drop(self) -> None:
-        call = getattr(self, "write_call", None)
-        if call is not None:
-            call.close()
+        for k in ("scale_call", "write_call"):
+            call = getattr(self, k, None)
+            if call is not None:
+                call.close()
         for k in self.__slots__:
             setattr(self, k, None if k.endswith("_call") else {} if k == "files" else [])
 
@@ -472,23 +472,19 @@ def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
         if batch.scaled:
             batch.transients = device.alloc_many([_scale_grid_spec(run) for _, _, run in batch.scaled])
         for (entry, b, run), sbuf in zip(batch.scaled, batch.transients):
-            (wj, wo), _ = _scaled_jobs(ckpt, entry, run, b, sbuf, streamable=False, files=batch.files)
+            (wj, wo), (sj, so) = _scaled_jobs(ckpt, entry, run, b, sbuf, files=batch.files)
             batch.scaled_jobs += wj
             batch.scaled_owner += wo
+            batch.scale_jobs += sj
+            batch.scale_owner += so
         for entry, b, run in zip(entries, batch.made, runs):
             if not run:
                 j, o = _stream_jobs(ckpt, entry.name, entry.sources, b, files=batch.files)
                 batch.jobs += j
                 batch.owner += o
         _check_files(batch.files)  # the jobs' files (each met once while the jobs were made), before any read
-        # The scale grids read here, as float32 (exact from f32 / bf16 / f16),
-        # one host array per transient: on a GPU this thread does it while the
-        # batch before is read, and the batch's own thread writes each grid
-        # with one copy instead of a pipeline of its own before the weights'
-        # (1-11 ms a 4.4 GB batch of a full-size FP8 Qwen3.6, docs/FP8.md).
-        # The scales' files are the weights' (each file checked after the reads).
-        batch.grids = [(sbuf, _scale_grid_values(ckpt, run, batch.files))
-                       for (_, _, run), sbuf in zip(batch.scaled, batch.transients)]
+        if batch.scale_jobs:
+            batch.scale_call = device._prepare_file_batch(batch.scale_jobs)
         batch.write_call = device._prepare_file_batch(batch.jobs + batch.scaled_jobs, check_finite=check_finite)
     except BaseException as e:
         batch.drop()  # nothing may keep a buffer alive in the traceback
@@ -516,8 +512,8 @@ def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bo
     b: Buffer | None = None
     try:
         pieces = batch.pieces
-        for sbuf, grid in batch.grids:  # the scale grids land before the weights that need them are read
-            device.write(sbuf, grid)
+        if batch.scale_jobs:  # the scale grids land before the weights that need them are read
+            _write_jobs(device, ckpt, batch.scale_jobs, batch.scale_owner, pieces, False, batch.scale_call)
         # FP8 bytes are checked as products by the decode (always), not as they are read.
         results = _write_jobs(device, ckpt, batch.jobs + batch.scaled_jobs, batch.owner + batch.scaled_owner,
                               pieces, check_finite, batch.write_call)
@@ -1158,10 +1154,7 @@ def _scale_values(ckpt: Checkpoint, name: str, dtype: str) -> np.ndarray:
     info = ckpt[name]
     kind = formats.get(dtype).name
     if kind in ("f32", "bf16", "f16"):
-        try:
-            raw = os.pread(ckpt.file_for(name).fileno(), info.nbytes, info.offset)
-        except OSError:
-            raw = b""  # the general reader below words the failure (typed, naming the file)
+        raw = os.pread(ckpt.file_for(name).fileno(), info.nbytes, info.offset)
         if len(raw) == info.nbytes:
             if kind == "f32":
                 return np.frombuffer(raw, dtype="<f4")
@@ -1169,43 +1162,6 @@ def _scale_values(ckpt: Checkpoint, name: str, dtype: str) -> np.ndarray:
 
             return (bf16_to_f32 if kind == "bf16" else f16_to_f32)(raw)
     return ckpt.read_array(name).reshape(-1).astype(np.float32)
-
-
-def _scale_grid_values(ckpt: Checkpoint, pieces: list[Piece], files: dict[Any, str]) -> np.ndarray:
-    """The scale grids of a batched scaled run (:func:`_batched_run`: each
-    scale holds its whole grid, f32 / bf16 / f16) end to end as float32, as
-    the device's widening writes them: each scale's bytes read by the native
-    reader into one buffer, then widened together where the run's scales
-    share a format (an expert stack: 256 scales of one). ``files`` (those
-    checked before the batch's reads) collects their files, a file not in it
-    checked before its first read here; the caller checks them all after the
-    reads. A failed read is the reader's SafetensorsError naming the scale
-    and its file."""
-    from .ops import bf16_to_f32, f16_to_f32
-    from .safetensors import _pread_exact
-
-    scales = [p.scale for p in pieces if p.scale is not None]
-    where = list(map(ckpt.file_for, [sc.tensor for sc in scales]))
-    new = {f: sc.tensor for f, sc in zip(where, scales) if f not in files}
-    if new:
-        _check_files(new)
-        files.update(new)
-    kinds = {formats.get(sc.dtype).name for sc in scales}
-    if len(kinds) != 1:  # formats mixed within one run: each widened on its own
-        return np.concatenate([_scale_values(ckpt, sc.tensor, sc.dtype) for sc in scales]).astype(np.float32,
-                                                                                                  copy=False)
-    infos = [ckpt[sc.tensor] for sc in scales]
-    data = bytearray(sum(info.nbytes for info in infos))
-    view = memoryview(data)
-    at = 0
-    for sc, f, info in zip(scales, where, infos):
-        _pread_exact(f.fileno(), view[at:at + info.nbytes], info.offset, str(f.path), f"tensor '{sc.tensor}'",
-                     sc.tensor)
-        at += info.nbytes
-    kind = kinds.pop()
-    if kind == "f32":
-        return np.frombuffer(data, dtype="<f4").astype(np.float32, copy=False)
-    return (bf16_to_f32 if kind == "bf16" else f16_to_f32)(data)
 
 
 def _scale_streamable(piece: Piece) -> bool:
@@ -1221,10 +1177,9 @@ def _scale_streamable(piece: Piece) -> bool:
 def _batched_run(device: Device, entry: TensorPlan) -> list[Piece]:
     """The entry's scaled run (:func:`_scaled_run_on_device`) where the
     device decodes it while the loader's batched file pipeline reads its
-    weights, its scale grids read as the batch is prepared
-    (:func:`_scale_grid_values`) and written before, so it joins a batch
-    like a streamed entry (docs/FP8.md); else [] (a streamed entry, or one
-    decoded some other way)."""
+    weights, its scale grids read by the same pipeline first, so it joins a
+    batch like a streamed entry (docs/FP8.md); else [] (a streamed entry, or
+    one decoded some other way)."""
     if entry.streamed:
         return []
     run = _scaled_run_on_device(device, entry)
