@@ -1025,8 +1025,8 @@ def _open_index(index_path: Path) -> Checkpoint:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _index_error(INVALID_INDEX, spath, f"index is not valid UTF-8: {e.reason}") from None
-    # The plain index every Hub repo has, in one native pass (a 60,000-tensor
-    # index: about 10 ms against 40-80 ms for the JSON tree); else the trees.
+    # The plain index every Hub repo has, in one native pass (a 62,303-tensor
+    # index: 15 ms with its map, against 39 ms for the JSON tree); else the trees.
     # (A tensor named twice: the careful parse below names the repeated key.)
     scanned = _core.scan_index(raw)
     if scanned is not None:
