@@ -1205,8 +1205,9 @@ def test_index_fast_parse_agrees_with_the_careful_one(text: str) -> None:
 
 
 _index_key = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
-_index_meta_value = st.one_of(st.text(max_size=8), st.integers(-3, 2**64 + 3), st.floats(allow_nan=False),
-                              st.none(), st.booleans(), st.lists(st.integers(0, 9), max_size=2))
+_index_meta_value = st.one_of(st.text(max_size=8), st.integers(-3, 2**64 + 3),
+                              st.floats(allow_nan=False, allow_infinity=False), st.none(), st.booleans(),
+                              st.lists(st.integers(0, 9), max_size=2))
 
 
 @HYP
@@ -1309,7 +1310,16 @@ def test_natively_built_infos_are_the_python_ones(tmp_path_factory: pytest.TempP
     d = tmp_path_factory.mktemp("infos")
     f = d / "model.safetensors"
     save({k: np.zeros(shape, dtype) for k, (dtype, shape) in tensors.items()}, str(f), metadata=metadata)
-    with hst.open(f) as native:
+    built: list[Any] = []
+    real = hst._built_infos
+    with unittest.mock.patch.object(hst, "_built_infos", lambda *a: built.append(real(*a)) or built[-1]):
+        native = hst.open(f)
+    # safetensors' writer makes the plain subset: the native path took every file with no empty
+    # tensor and no string the writer escapes (a quote, a backslash, a control character)
+    strings = list(tensors) + [x for kv in (metadata or {}).items() for x in kv]
+    plain = not any(c in '"\\' or c < " " for x in strings for c in x)
+    assert (built[0] is not None) == (plain and all(0 not in shape for _, shape in tensors.values())), tensors
+    with native:
         with unittest.mock.patch.object(hst, "_built_infos", lambda *_: None):
             with hst.open(f) as python:
                 assert native.metadata == python.metadata
@@ -1320,3 +1330,42 @@ def test_natively_built_infos_are_the_python_ones(tmp_path_factory: pytest.TempP
                     assert list(a.__dict__.items()) == list(b.__dict__.items()), k
                     assert [type(v) for v in a.__dict__.values()] == [type(v) for v in b.__dict__.values()], k
                     assert all(type(x) is int for x in a.shape), k
+
+
+def test_a_repeated_tensor_name_is_refused_on_every_path(tmp_path: Path) -> None:
+    """The native scan keeps a repeated tensor name (no hash set of every
+    name); the layout check, or Python where it does not run, finds it, and
+    the careful parser words it."""
+    a = '"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+    b = '"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}'
+    text = "{" + a + "," + b + "}"
+    assert hst._scanned_header(text.encode()) is None
+    assert hst._scanned_header(text.encode(), 8) is None
+    f = tmp_path / "x.safetensors"
+    raw_file(f, text.encode(), b"\0" * 8)
+    with pytest.raises(SafetensorsError) as ei:
+        hst.open(f)
+    assert ei.value.code == "DuplicateKey", str(ei.value)
+
+
+def test_many_distinct_dtypes_or_metadata_keys_stay_linear(tmp_path: Path) -> None:
+    """A header whose every tensor has its own (unknown) dtype, and one with
+    5,000 metadata keys: refused, or read by the careful parser, in time
+    linear in the file (the dtype strings' cache is bounded; past 1,024
+    metadata keys the native scan declines)."""
+    import time
+
+    n = 150_000
+    text = "{" + ",".join(f'"t{i}":{{"dtype":"Q{i}","shape":[1],"data_offsets":[{i},{i + 1}]}}' for i in range(n)) + "}"
+    f = tmp_path / "dtypes.safetensors"
+    raw_file(f, text.encode(), b"\0" * n)
+    t0 = time.perf_counter()
+    with pytest.raises(SafetensorsError):
+        hst.open(f)
+    assert time.perf_counter() - t0 < 10, "quadratic in the header"
+
+    meta = {f"k{i}": "v" for i in range(5000)}
+    g = tmp_path / "meta.safetensors"
+    save_file({"w": np.zeros(2, np.float32)}, str(g), metadata=meta)
+    with hst.open(g) as h:
+        assert h.metadata == meta and h.keys() == ["w"]

@@ -17,7 +17,6 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <unordered_map>
 
 #include "../kernels/checked_ops.h"
 #include "../device/dtype.h"
@@ -42,6 +41,27 @@ using RwU16 = nb::ndarray<std::uint16_t, nb::ndim<1>, nb::c_contig, nb::device::
 }  // namespace
 
 void bind_device(nb::module_& m);
+
+namespace {
+
+// A string object for `v`, made once per distinct value while `cache` holds
+// fewer than kMaxCachedStrings of them (the few dtype names of a header, the
+// shard names of an index); past that, a new one each time: a crafted file
+// with a distinct value per tensor costs a linear scan of a bounded list at most.
+constexpr std::size_t kMaxCachedStrings = 64;
+
+nb::object cached(std::vector<std::pair<std::string_view, nb::object>>& cache, std::string_view v) {
+  for (const auto& e : cache) {
+    if (e.first == v) return e.second;
+  }
+  PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "strict");
+  if (o == nullptr) throw nb::python_error();
+  nb::object obj = nb::steal(o);
+  if (cache.size() < kMaxCachedStrings) cache.emplace_back(v, obj);
+  return obj;
+}
+
+}  // namespace
 
 NB_MODULE(_core, m) {
   m.doc() = "hf2q native core: conversion kernels and device buffers";
@@ -278,14 +298,7 @@ NB_MODULE(_core, m) {
         nb::list out;
         std::vector<std::pair<std::string_view, nb::object>> dtypes;  // the few distinct dtype strings, made once
         for (const auto& t : h.tensors) {
-          nb::object dt;
-          for (const auto& d : dtypes) {
-            if (d.first == t.dtype) dt = d.second;
-          }
-          if (!dt.is_valid()) {
-            dt = utf8(t.dtype);
-            dtypes.emplace_back(t.dtype, dt);
-          }
+          nb::object dt = cached(dtypes, t.dtype);
           PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(t.ndims));
           if (shape == nullptr) throw nb::python_error();
           nb::object shape_obj = nb::steal(shape);
@@ -303,7 +316,8 @@ NB_MODULE(_core, m) {
       "A safetensors header that holds nothing unusual, scanned in one native pass: (metadata, [(begin, end, "
       "name, dtype, shape), ...], laid_out), or None where the careful parser must decide "
       "(csrc/device/header_scan.h). laid_out: data_bytes and dtype_bits [(dtype, bits), ...] were given and "
-      "the layout rules hold (check_layout); the entries are then in name order, else in header order.");
+      "the layout rules hold (check_layout: no tensor name repeated either); the entries are then in name order, "
+      "else in header order, a repeated name kept for the caller to find.");
   m.def(
       "scan_header_infos",
       [](nb::bytes header, std::uint64_t data_bytes, std::vector<std::pair<std::string, unsigned>> dtype_bits,
@@ -341,14 +355,7 @@ NB_MODULE(_core, m) {
         nb::dict out;
         std::vector<std::pair<std::string_view, nb::object>> dtypes;  // the few distinct dtype strings, made once
         for (const auto& t : h.tensors) {  // in name order (check_layout sorted them)
-          nb::object dt;
-          for (const auto& d : dtypes) {
-            if (d.first == t.dtype) dt = d.second;
-          }
-          if (!dt.is_valid()) {
-            dt = utf8(t.dtype);
-            dtypes.emplace_back(t.dtype, dt);
-          }
+          nb::object dt = cached(dtypes, t.dtype);
           PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(t.ndims));
           if (shape == nullptr) throw nb::python_error();
           nb::object shape_obj = nb::steal(shape);
@@ -402,13 +409,9 @@ NB_MODULE(_core, m) {
           }
         }
         // One string object per distinct shard name (a few, against 60,000 tensors).
-        std::unordered_map<std::string_view, nb::object> shards;
+        std::vector<std::pair<std::string_view, nb::object>> shards;
         nb::list pairs;
-        for (const auto& [tensor, shard] : idx.weight_map) {
-          auto it = shards.find(shard);
-          if (it == shards.end()) it = shards.emplace(shard, utf8(shard)).first;
-          pairs.append(nb::make_tuple(utf8(tensor), it->second));
-        }
+        for (const auto& [tensor, shard] : idx.weight_map) pairs.append(nb::make_tuple(utf8(tensor), cached(shards, shard)));
         return nb::make_tuple(meta, pairs);
       },
       "index"_a,

@@ -78,6 +78,11 @@ class Scanner {
   const char* end_;
 };
 
+// Keys of a plain metadata object: real writers put a handful there. More is
+// the careful parser's (Python's randomised hashing), so that a crafted file's
+// colliding keys cannot make the unseeded set below quadratic in the file.
+constexpr std::size_t kMaxPlainMetadataKeys = 1024;
+
 bool metadata(Scanner& s, ScannedHeader* out) {
   if (s.null()) return true;
   if (!s.eat('{')) return false;
@@ -85,6 +90,7 @@ bool metadata(Scanner& s, ScannedHeader* out) {
   if (s.eat('}')) return true;
   do {
     std::string_view k, v;
+    if (seen.size() == kMaxPlainMetadataKeys) return false;
     if (!s.string(&k) || !s.eat(':') || !s.string(&v) || !seen.insert(k).second) return false;
     out->metadata.emplace_back(k, v);
   } while (s.eat(','));
@@ -136,13 +142,16 @@ bool scan_header(const char* text, std::size_t len, ScannedHeader* out) {
   out->metadata.clear();
   Scanner s(text, len);
   if (!s.eat('{')) return false;
-  std::unordered_set<std::string_view> names;
+  // A repeated tensor name is found by check_layout (after its sort by name)
+  // or by the caller: no hash set of 60,000 names a crafted file could flood.
+  bool have_meta = false;
   if (!s.peek('}')) {
     do {
       std::string_view key;
-      if (!s.string(&key) || !s.eat(':') || !names.insert(key).second) return false;
+      if (!s.string(&key) || !s.eat(':')) return false;
       if (key == "__metadata__") {
-        if (!metadata(s, out)) return false;
+        if (have_meta || !metadata(s, out)) return false;
+        have_meta = true;
       } else if (!tensor(s, key, out)) {
         return false;
       }
@@ -160,6 +169,7 @@ bool index_metadata(Scanner& s, ScannedIndex* out) {
   std::unordered_set<std::string_view> seen;
   do {
     ScannedIndex::Meta m;
+    if (seen.size() == kMaxPlainMetadataKeys) return false;
     if (!s.string(&m.key) || !s.eat(':') || !seen.insert(m.key).second) return false;
     if (s.peek('"')) {
       if (!s.string(&m.text)) return false;
@@ -246,7 +256,17 @@ bool check_layout(ScannedHeader* h, std::uint64_t data_bytes,
     previous_end = t.end;
   }
   if (previous_end != data_bytes) return false;
-  std::sort(h->tensors.begin(), h->tensors.end(), [](const Tensor& a, const Tensor& b) { return a.name < b.name; });
+  // Name order, and no name twice (the scan keeps a repeated one): sorted
+  // indices first, so that a false return leaves the header's order.
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return h->tensors[a].name < h->tensors[b].name; });
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    if (h->tensors[order[i]].name == h->tensors[order[i - 1]].name) return false;
+  }
+  std::vector<Tensor> by_name;
+  by_name.reserve(order.size());
+  for (std::size_t i : order) by_name.push_back(h->tensors[i]);
+  h->tensors.swap(by_name);
   return true;
 }
 

@@ -2,12 +2,15 @@
 // (docs/SAFETENSORS.md, "Reading the header fast"): one pass over the JSON
 // bytes, no allocation per number. It accepts only a plain subset of JSON:
 // a top-level object whose members are "__metadata__" (null, or an object of
-// strings) and tensor entries with exactly the fields dtype (a string),
-// shape (an array of integers) and data_offsets (two integers); strings
-// without escapes or control bytes; integers written as JSON writes them
-// (no sign, no leading zero, no fraction or exponent) up to 2^64 - 1; no
-// repeated key anywhere. Anything else, valid JSON or not, makes it return
-// false, and the caller's careful parser decides with its exact errors.
+// at most 1,024 strings) and tensor entries with exactly the fields dtype (a
+// string), shape (an array of integers) and data_offsets (two integers);
+// strings without escapes or control bytes; integers written as JSON writes
+// them (no sign, no leading zero, no fraction or exponent) up to 2^64 - 1; no
+// repeated key, except a repeated tensor name, which it keeps: check_layout
+// refuses one, and a caller that does not run it must look (no hash set of
+// every name that a crafted file's colliding names could make quadratic).
+// Anything else, valid JSON or not, makes it return false, and the caller's
+// careful parser decides with its exact errors.
 // The layout rules (offsets, sizes, dtypes) are the caller's; check_layout
 // below is a fast accept-path for them.
 #pragma once
@@ -38,16 +41,19 @@ bool scan_header(const char* text, std::size_t len, ScannedHeader* out);
 // (name, bits per element), the offsets run contiguously from 0 to
 // data_bytes in (begin, end, name) order, and each tensor's span is its
 // element count times its bits, in whole bytes, with no product overflowing
-// 64 bits. True: all hold, and `h->tensors` is then sorted by name (byte
-// order, which for UTF-8 is code point order). False: some rule fails (or a
-// dtype is unknown); the caller's careful check finds and words it.
+// 64 bits, and no name is given twice. True: all hold, and `h->tensors` is
+// then sorted by name (byte order, which for UTF-8 is code point order).
+// False: some rule fails (or a dtype is unknown, or a name is repeated), the
+// tensors left in the header's order; the caller's careful check finds and
+// words it.
 bool check_layout(ScannedHeader* h, std::uint64_t data_bytes,
                   const std::vector<std::pair<std::string_view, unsigned>>& dtype_bits);
 
 // A model.safetensors.index.json of the same plain subset (docs/SAFETENSORS.md,
 // "The index"): a top-level object of exactly "weight_map" (an object of
 // tensor name -> shard file name, both strings) and optionally "metadata"
-// (null, or an object whose values are strings or u64 integers), strings and
+// (null, or an object of at most 1,024 members whose values are strings or
+// u64 integers), strings and
 // integers as scan_header takes them, no repeated key (the weight_map's
 // tensor names excepted: the caller checks those as it maps them). Anything else
 // (another top-level member, a float, an escape, ...) makes it return false

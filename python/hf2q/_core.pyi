@@ -135,15 +135,16 @@ def scan_header(
 ) -> tuple[dict[str, str], list[tuple[int, int, str, str, tuple[int, ...]]], bool] | None:
     """A plain safetensors header in one native pass, or None (the careful
     parser decides); the flag: the layout rules hold over data_bytes with
-    dtype_bits (entries then in name order)."""
+    dtype_bits and no tensor name is repeated (entries then in name order;
+    else in the header's order, a repeated name kept for the caller to find)."""
 
 def scan_header_infos(
     header: bytes, data_bytes: int, dtype_bits: list[tuple[str, int]], new: Any, cls: type, base: int, path: Any,
     fields: tuple[str, ...],
 ) -> tuple[dict[str, str], dict[str, Any]] | None:
     """A plain, laid-out header as (metadata, {name: cls instance}) in name
-    order, each made as new(cls) with its fields written into its __dict__;
-    None where the Python path must decide."""
+    order, each made as new(cls) with its fields set as object.__setattr__
+    sets them; None where the Python path must decide."""
 
 def scan_index(index: bytes) -> tuple[dict[str, str | int], list[tuple[str, str]]] | None:
     """A plain model.safetensors.index.json in one native pass: (metadata,

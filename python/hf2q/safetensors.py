@@ -419,6 +419,10 @@ def _scanned_header(header: bytes, data_bytes: int | None = None
         for e in entries:
             if e[3] not in DTYPE_BITS:
                 return None
+        # The scan keeps a repeated tensor name (the layout check refuses one);
+        # the careful parser words it (Python's hashing: no crafted collisions).
+        if len(set(map(_NAME, entries))) != len(entries):
+            return None
     return metadata, entries, laid_out
 
 
@@ -655,11 +659,12 @@ class SafetensorsFile:
         self._header_size = n
         self._file_size = size
         self._tensors: dict[str, TensorInfo]
-        built = _built_infos(bytes(header), size - base, base, path)
+        text = bytes(header)
+        built = _built_infos(text, size - base, base, path)
         if built is not None:  # the common case: every TensorInfo made natively
             self._metadata, self._tensors = built
             return
-        metadata, raw = _validate_header(n, bytes(header), size, spath)
+        metadata, raw = _validate_header(n, text, size, spath)
         self._metadata = metadata
         make = _new_tensor_info
         self._tensors = {
