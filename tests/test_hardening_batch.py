@@ -130,3 +130,26 @@ def _unreadable(path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
 
     monkeypatch.setattr(st.SafetensorsFile, "fileno", fileno)
     return wfd
+
+
+def test_a_scale_read_the_kernel_refuses_goes_to_the_general_reader(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``loader._scale_values`` (a per-tensor scale of an expert stack, read on
+    the CPU on a GPU's path): an ``os.pread`` that raises is not a bare
+    OSError: the general reader reads it again and words its own failure."""
+    from hf2q import loader
+
+    f = tmp_path / "model.safetensors"
+    save_file({"w_scale": np.array([0.5, 2.0], np.float32)}, str(f))
+    ck = st.open_checkpoint(f)
+
+    def refused(*_: object) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(loader.os, "pread", refused)
+    assert loader._scale_values(ck, "w_scale", "F32").tolist() == [0.5, 2.0]
+    monkeypatch.setattr(st.SafetensorsFile, "read_array", lambda *_: (_ for _ in ()).throw(
+        hf2q.SafetensorsError("x: tensor 'w_scale': Input/output error", code="Io", path=str(f), tensor="w_scale")))
+    with pytest.raises(hf2q.SafetensorsError):
+        loader._scale_values(ck, "w_scale", "F32")
+    ck.close()

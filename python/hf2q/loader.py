@@ -1154,7 +1154,10 @@ def _scale_values(ckpt: Checkpoint, name: str, dtype: str) -> np.ndarray:
     info = ckpt[name]
     kind = formats.get(dtype).name
     if kind in ("f32", "bf16", "f16"):
-        raw = os.pread(ckpt.file_for(name).fileno(), info.nbytes, info.offset)
+        try:
+            raw = os.pread(ckpt.file_for(name).fileno(), info.nbytes, info.offset)
+        except OSError:
+            raw = b""  # read again by the general reader below, which words a failure (typed, naming the file)
         if len(raw) == info.nbytes:
             if kind == "f32":
                 return np.frombuffer(raw, dtype="<f4")
