@@ -4,12 +4,15 @@ the test instead of hanging the suite."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from _helpers import wait_child
 
 UNDER_SANITIZER = os.environ.get("HF2Q_UNDER_SANITIZER") == "1"
 
@@ -33,9 +36,10 @@ def run_python(code: str, *, timeout: float = 60.0, env: dict[str, str] | None =
 
 
 # Python source the fork scenarios share: fork, wait for the child with a
-# deadline (kill it and report a hang past the deadline), return its status.
-FORK_HELPERS = r'''
-import os, sys, time, signal
+# deadline (kill it and report a hang past the deadline: _helpers.wait_child,
+# its source), return its status.
+FORK_HELPERS = inspect.getsource(wait_child) + r'''
+import os, sys, time
 
 def fork_and_wait(child_fn, deadline=10.0):
     pid = os.fork()
@@ -49,14 +53,5 @@ def fork_and_wait(child_fn, deadline=10.0):
             finally:
                 code = 4
         os._exit(code)
-    end = time.monotonic() + deadline
-    while True:
-        got, status = os.waitpid(pid, os.WNOHANG)
-        if got == pid:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > end:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "hang"
-        time.sleep(0.01)
+    return wait_child(pid, time.monotonic() + deadline)
 '''

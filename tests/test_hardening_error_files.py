@@ -43,10 +43,20 @@ def _error(d: Path) -> ManifestError:
     return ei.value
 
 
+def _one_problem(d: Path, cls: type, tensor: str, shard: Path) -> tuple[ManifestError, str]:
+    """Loading ``d`` raises ``cls`` with one problem, about ``tensor`` in
+    ``shard``; returns the error and its line about the tensor."""
+    e = _error(d)
+    assert type(e) is cls, e
+    (p,) = e.problems
+    assert (p.tensor, p.file) == (tensor, str(shard))
+    return e, _named(e, d, tensor)
+
+
 def _named(e: ManifestError, d: Path, tensor: str) -> str:
     """The error's line about ``tensor``, after checking the lead."""
     msg = str(e)
-    assert msg.startswith(f"{d}: "), msg
+    assert msg.startswith(str(d)), msg  # led by the checkpoint (its directory, or its index)
     lines = [ln for ln in msg.splitlines() if tensor in ln]
     assert lines, msg
     return lines[0]
@@ -58,11 +68,8 @@ def test_qwen_fp8_scale_of_the_wrong_shape(tmp_path: Path) -> None:
     scale = "model.layers.1.mlp.experts.3.up_proj.weight_scale_inv"
     arrays[scale] = np.ones((2, 2), ml_dtypes.bfloat16)  # the tiny weight is one 128 x 128 block
     shard = _two_shards(d, arrays, {scale, scale.removesuffix("_scale_inv")})
-    e = _error(d)
-    assert type(e) is ShapeMismatchError
-    (p,) = e.problems
-    assert (p.tensor, p.file) == (scale, str(shard))
-    assert f"'{scale}' in {SECOND}: expected [1, 1]" in _named(e, d, scale)
+    _, line = _one_problem(d, ShapeMismatchError, scale, shard)
+    assert f"'{scale}' in {SECOND}: expected [1, 1]" in line
 
 
 def test_qwen_shape_dtype_and_unknown_names(tmp_path: Path) -> None:
@@ -97,11 +104,8 @@ def test_gemma4_dtype(tmp_path: Path) -> None:
     name = "model.layers.0.mlp.up_proj.weight"
     arrays[name] = arrays[name].astype(np.int32)
     shard = _two_shards(d, arrays, {name})
-    e = _error(d)
-    assert type(e) is DtypeMismatchError
-    (p,) = e.problems
-    assert (p.tensor, p.file) == (name, str(shard))
-    assert f"'{name}' in {SECOND}: expected BF16, F16 or F32, actual I32" in _named(e, d, name)
+    _, line = _one_problem(d, DtypeMismatchError, name, shard)
+    assert f"'{name}' in {SECOND}: expected BF16, F16 or F32, actual I32" in line
 
 
 def test_dflash_shape(tmp_path: Path) -> None:
@@ -110,11 +114,8 @@ def test_dflash_shape(tmp_path: Path) -> None:
     name = "hidden_norm.weight"
     arrays[name] = arrays[name].reshape(1, -1)
     shard = _two_shards(d, arrays, {name})
-    e = _error(d)
-    assert type(e) is ShapeMismatchError
-    (p,) = e.problems
-    assert (p.tensor, p.file) == (name, str(shard))
-    assert f"'{name}' in {SECOND}: " in str(e)
+    _, line = _one_problem(d, ShapeMismatchError, name, shard)
+    assert f"'{name}' in {SECOND}: " in line
 
 
 def test_generic_dtype_and_mxfp4_scales(tmp_path: Path) -> None:
@@ -123,11 +124,8 @@ def test_generic_dtype_and_mxfp4_scales(tmp_path: Path) -> None:
     (d / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
     arrays = {"a.weight": np.ones((2, 4), np.float32), "b.pos": np.arange(4, dtype=np.int64)}
     shard = _two_shards(d, arrays, {"b.pos"})
-    e = _error(d)
-    assert type(e) is DtypeMismatchError
-    (p,) = e.problems
-    assert (p.tensor, p.file) == ("b.pos", str(shard))
-    assert f"'b.pos' in {SECOND}: " in _named(e, d, "b.pos")
+    _, line = _one_problem(d, DtypeMismatchError, "b.pos", shard)
+    assert f"'b.pos' in {SECOND}: " in line
 
     # gpt-oss MXFP4: scales that are not E8M0 exponents, named in their shard
     src = tmp_path / "src"
@@ -143,11 +141,8 @@ def test_generic_dtype_and_mxfp4_scales(tmp_path: Path) -> None:
     assert scales
     arrays[scales[0]] = arrays[scales[0]].astype(np.int32)
     shard = _two_shards(m, arrays, {scales[0]})
-    e = _error(m)
-    assert type(e) is DtypeMismatchError
-    (p,) = e.problems
-    assert (p.tensor, p.file) == (scales[0], str(shard))
-    assert f"'{scales[0]}' in {SECOND}: " in _named(e, m, scales[0])
+    _, line = _one_problem(m, DtypeMismatchError, scales[0], shard)
+    assert f"'{scales[0]}' in {SECOND}: " in line
 
 
 def test_a_problem_without_a_file_reads_as_before() -> None:

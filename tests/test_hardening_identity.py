@@ -23,7 +23,6 @@ from hf2q.errors import SafetensorsError
 import importlib
 
 dflash_mod = importlib.import_module("hf2q.models.dflash.manifest")  # where each loader opens its checkpoint
-qwen35_load = importlib.import_module("hf2q.models.qwen35.load")
 from hf2q.testing import make_dflash_checkpoint, make_qwen35_moe_checkpoint
 
 # Linux file timestamps come from a coarse clock (one tick, 1-10 ms): a write
@@ -61,7 +60,8 @@ def test_rewritten_in_place_after_validation_is_refused(which: str, ckpts: dict[
     d = tmp_path / "ck"
     shutil.copytree(ckpts[which], d)
     victims = sorted(d.glob("*.safetensors"))
-    mod = dflash_mod if which.startswith("dflash") else qwen35_load
+    # (qwen35.load opens the checkpoint through hf2q.models.load_with, which takes it from hf2q.safetensors)
+    mod = dflash_mod if which.startswith("dflash") else hf2q.safetensors
     real_open = mod.open_checkpoint
 
     def open_then_rewrite(path, *a, **k):  # validated, then rewritten before any tensor is read

@@ -50,14 +50,40 @@ namespace {
 // with a distinct value per tensor costs a linear scan of a bounded list at most.
 constexpr std::size_t kMaxCachedStrings = 64;
 
+// The scans' Python objects, built with the C API (one of each per tensor of a
+// 60,000-tensor header): a str from UTF-8 bytes, an int from a u64.
+nb::object utf8(std::string_view v) {
+  PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "strict");
+  if (o == nullptr) throw nb::python_error();
+  return nb::steal(o);
+}
+
+nb::object u64(std::uint64_t v) {
+  PyObject* o = PyLong_FromUnsignedLongLong(v);
+  if (o == nullptr) throw nb::python_error();
+  return nb::steal(o);
+}
+
 nb::object cached(std::vector<std::pair<std::string_view, nb::object>>& cache, std::string_view v) {
   for (const auto& e : cache) {
     if (e.first == v) return e.second;
   }
-  PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "strict");
-  if (o == nullptr) throw nb::python_error();
-  nb::object obj = nb::steal(o);
+  nb::object obj = utf8(v);
   if (cache.size() < kMaxCachedStrings) cache.emplace_back(v, obj);
+  return obj;
+}
+
+// A scanned tensor's shape as a tuple of ints.
+nb::object shape_tuple(const hf2q::device::ScannedHeader& h, const hf2q::device::ScannedHeader::Tensor& t) {
+  PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(t.ndims));
+  if (shape == nullptr) throw nb::python_error();
+  nb::object obj = nb::steal(shape);
+  for (std::size_t i = 0; i < t.ndims; ++i) {
+    // PyTuple_SetItem (it steals the reference), not the macro: the stable ABI (abi3 wheels) has only the function.
+    if (PyTuple_SetItem(shape, static_cast<Py_ssize_t>(i), u64(h.dims[t.dims_begin + i]).release().ptr()) != 0) {
+      throw nb::python_error();
+    }
+  }
   return obj;
 }
 
@@ -283,31 +309,13 @@ NB_MODULE(_core, m) {
         }
         if (!plain) return nb::none();
         // Built with the C API: one tuple per tensor of a 60,000-tensor header.
-        auto utf8 = [](std::string_view v) {
-          PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "strict");
-          if (o == nullptr) throw nb::python_error();
-          return nb::steal(o);
-        };
-        auto u64 = [](std::uint64_t v) {
-          PyObject* o = PyLong_FromUnsignedLongLong(v);
-          if (o == nullptr) throw nb::python_error();
-          return nb::steal(o);
-        };
         nb::dict meta;
         for (const auto& kv : h.metadata) meta[utf8(kv.first)] = utf8(kv.second);
         nb::list out;
         std::vector<std::pair<std::string_view, nb::object>> dtypes;  // the few distinct dtype strings, made once
         for (const auto& t : h.tensors) {
           nb::object dt = cached(dtypes, t.dtype);
-          PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(t.ndims));
-          if (shape == nullptr) throw nb::python_error();
-          nb::object shape_obj = nb::steal(shape);
-          for (std::size_t i = 0; i < t.ndims; ++i) {
-            // PyTuple_SetItem, not the macro: the stable ABI (abi3 wheels) has only the function.
-            if (PyTuple_SetItem(shape, static_cast<Py_ssize_t>(i), u64(h.dims[t.dims_begin + i]).release().ptr()) != 0) {
-              throw nb::python_error();
-            }
-          }
+          nb::object shape_obj = shape_tuple(h, t);
           out.append(nb::make_tuple(u64(t.begin), u64(t.end), utf8(t.name), dt, shape_obj));
         }
         return nb::make_tuple(meta, out, laid_out);
@@ -337,16 +345,6 @@ NB_MODULE(_core, m) {
           std::uint64_t sum = 0;
           if (__builtin_add_overflow(base, t.end, &sum)) return nb::none();
         }
-        auto utf8 = [](std::string_view v) {
-          PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "strict");
-          if (o == nullptr) throw nb::python_error();
-          return nb::steal(o);
-        };
-        auto u64 = [](std::uint64_t v) {
-          PyObject* o = PyLong_FromUnsignedLongLong(v);
-          if (o == nullptr) throw nb::python_error();
-          return nb::steal(o);
-        };
         nb::dict meta;
         for (const auto& kv : h.metadata) meta[utf8(kv.first)] = utf8(kv.second);
         // Each instance as the dataclass's __init__ makes one: object.__new__(cls),
@@ -356,14 +354,7 @@ NB_MODULE(_core, m) {
         std::vector<std::pair<std::string_view, nb::object>> dtypes;  // the few distinct dtype strings, made once
         for (const auto& t : h.tensors) {  // in name order (check_layout sorted them)
           nb::object dt = cached(dtypes, t.dtype);
-          PyObject* shape = PyTuple_New(static_cast<Py_ssize_t>(t.ndims));
-          if (shape == nullptr) throw nb::python_error();
-          nb::object shape_obj = nb::steal(shape);
-          for (std::size_t i = 0; i < t.ndims; ++i) {
-            if (PyTuple_SetItem(shape, static_cast<Py_ssize_t>(i), u64(h.dims[t.dims_begin + i]).release().ptr()) != 0) {
-              throw nb::python_error();
-            }
-          }
+          nb::object shape_obj = shape_tuple(h, t);
           nb::object name = utf8(t.name);
           PyObject* inst = PyObject_Call(new_instance.ptr(), new_args.ptr(), nullptr);
           if (inst == nullptr) throw nb::python_error();
@@ -393,20 +384,9 @@ NB_MODULE(_core, m) {
           plain = hf2q::device::scan_index(index.c_str(), index.size(), &idx);
         }
         if (!plain) return nb::none();
-        auto utf8 = [](std::string_view v) {
-          PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()), "strict");
-          if (o == nullptr) throw nb::python_error();
-          return nb::steal(o);
-        };
         nb::dict meta;
         for (const auto& e : idx.metadata) {
-          if (e.is_int) {
-            PyObject* o = PyLong_FromUnsignedLongLong(e.value);
-            if (o == nullptr) throw nb::python_error();
-            meta[utf8(e.key)] = nb::steal(o);
-          } else {
-            meta[utf8(e.key)] = utf8(e.text);
-          }
+          meta[utf8(e.key)] = e.is_int ? u64(e.value) : utf8(e.text);
         }
         // One string object per distinct shard name (a few, against 60,000 tensors).
         std::vector<std::pair<std::string_view, nb::object>> shards;

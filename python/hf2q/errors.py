@@ -239,6 +239,11 @@ class ShapeMismatchError(ManifestError):
     """A tensor's shape is not the expected one."""
 
 
+def _lead(where: Any) -> str:
+    """``"<where>: "`` leading a message about a checkpoint, or "" where none is named."""
+    return f"{where}: " if where else ""
+
+
 def _listing(items: list[str], limit: int = 60) -> str:
     """``items`` one per indented line (the first ``limit``, then a count):
     the tail of a message that names many tensors."""
@@ -256,8 +261,7 @@ class DuplicateTensorError(ManifestError):
     def __init__(self, groups: Mapping[str, list[str]], where: str = "") -> None:
         self.groups = {k: sorted(v) for k, v in sorted(groups.items())}
         lines = [f"{k}: {', '.join(v)}" for k, v in self.groups.items()]
-        lead = f"{where}: " if where else ""
-        super().__init__(f"{lead}{len(lines)} destination(s) are given more than once:{_listing(lines)}")
+        super().__init__(f"{_lead(where)}{len(lines)} destination(s) are given more than once:{_listing(lines)}")
 
 
 class FileReadError(Hf2qError, OSError):

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Union
 
-from ...device import Buffer, Device, check_device_arg, opened_meanwhile
+from ...device import Buffer, Device, check_device_arg
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
@@ -185,12 +185,12 @@ def load(path: PathLike, device: Device | str | None = None, *, expert_dtype: st
     format as llama-quantize's file type gives it (docs/KQUANTS.md)."""
     from ...hub import resolve
 
+    from .. import family, load_with
+
     check_device_arg(device)
     path = resolve(path, revision, download=download)
-    # None or a kind: the device opened while the checkpoint is opened and planned
-    with opened_meanwhile(device) as dev, open_checkpoint(path) as ckpt:
-        return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype, check_finite=check_finite, shard=shard, recipe=recipe)
+    return load_with(path, None, family("gemma4"), device, progress=progress, check_finite=check_finite,
+                     shard=shard, expert_dtype=expert_dtype, dense_dtype=dense_dtype, recipe=recipe)
 
 
 def inspect(path: PathLike, *, expert_dtype: str | None = None, dense_dtype: str | None = None,

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Union
 
-from ...device import Buffer, Device, check_device_arg, opened_meanwhile
+from ...device import Buffer, Device, check_device_arg
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan
-from ...safetensors import Checkpoint, open_checkpoint
+from ...safetensors import Checkpoint
 from ...shard import Shard
 from ..base import RECIPE, ModelFamily, Option
 from .config import DTYPE_POLICIES, GenericConfig
@@ -135,12 +135,9 @@ def load(path: PathLike, device: Device | str | None = None, *, dtype: str | Non
     only that rank's slices (docs/SHARDING.md); ``recipe`` (``"q4_k_m"``, ...):
     llama-quantize's type for each tensor of a llama-like checkpoint, decided
     by its GGUF name (replaces ``dtype``; docs/KQUANTS.md)."""
-    from .. import read_config
+    from .. import family, load_with, read_config
 
     check_device_arg(device)
-    path = Path(path)
-    _, config = read_config(path)
-    # None or a kind: the device opened while the checkpoint is opened and planned
-    with opened_meanwhile(device) as dev, open_checkpoint(path) as ckpt:
-        return load_checkpoint(ckpt, dev, config=config, progress=progress, dtype=dtype, check_finite=check_finite,
-                               shard=shard, recipe=recipe)
+    _, config = read_config(Path(path))
+    return load_with(path, config, family("generic"), device, progress=progress, check_finite=check_finite,
+                     shard=shard, dtype=dtype, recipe=recipe)

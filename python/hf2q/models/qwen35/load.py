@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, Union
 
 
-from ...device import Buffer, Device, check_device_arg, opened_meanwhile
+from ...device import Buffer, Device, check_device_arg
 from ...model import LoadedModel, check_layout
 from ...plan import LoadPlan, destinations_by_source
 from ...safetensors import Checkpoint, open_checkpoint
@@ -115,13 +114,12 @@ def load(path: PathLike, device: Device | str | None = None, expert_dtype: str |
     file type gives it (replaces the dtype options; docs/KQUANTS.md)."""
     from ...hub import resolve
 
+    from .. import family, load_with
+
     check_device_arg(device)
     path = resolve(path, revision, download=download)
-    # None or a kind: the device opened while the checkpoint is opened and planned
-    with opened_meanwhile(device) as dev, open_checkpoint(Path(path)) as ckpt:
-        return load_checkpoint(ckpt, dev, config=None, progress=progress, expert_dtype=expert_dtype,
-                               dense_dtype=dense_dtype, mtp=mtp, check_finite=check_finite, shard=shard,
-                               recipe=recipe)
+    return load_with(path, None, family("qwen35moe"), device, progress=progress, check_finite=check_finite,
+                     shard=shard, expert_dtype=expert_dtype, dense_dtype=dense_dtype, mtp=mtp, recipe=recipe)
 
 
 def inspect(path: PathLike, dense_dtype: str | None = None, expert_dtype: str | None = None, *,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from ...errors import ExtraTensorError, _listing, in_file
+from ...errors import ExtraTensorError, _lead, _listing, in_file
 from ...plan import CONVERT_DTYPES
 from .._names import GLOBAL_NAMES, LAYER_NAMES, multimodal_filter, with_additions
 from .config import Qwen35Config
@@ -65,8 +65,8 @@ class UnknownTensorError(ExtraTensorError):
         self.names = list(self.reasons)
         files = files or {}
         lines = [f"{n}{in_file(files.get(n))}: {r}" for n, r in self.reasons.items()]
-        lead = f"{where}: " if where else ""
-        super().__init__(f"{lead}{len(lines)} checkpoint tensor(s) map to no qwen35moe tensor:{_listing(lines)}")
+        super().__init__(f"{_lead(where)}{len(lines)} checkpoint tensor(s) map to no qwen35moe tensor:"
+                         f"{_listing(lines)}")
 
 
 # --------------------------------------------------------------------------- name table

@@ -41,6 +41,7 @@ from ...errors import (
     ManifestError,
     MissingTensorError,
     ShapeMismatchError,
+    _lead,
     _listing,
     in_file,
     tensor_file,
@@ -118,10 +119,6 @@ class MixedExpertFormsError(ManifestError):
 
 # Each led by the checkpoint's directory where it is known (``where``); a
 # line about a tensor present names the file that holds it.
-def _lead(where: Any) -> str:
-    return f"{where}: " if where else ""
-
-
 def _missing_error(names: list[str], where: Any = None) -> MissingTensorError:
     err = MissingTensorError(f"{_lead(where)}{len(names)} tensor(s) the config requires are missing:{_listing(names)}")
     err.names = names  # type: ignore[attr-defined]
