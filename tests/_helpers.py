@@ -122,3 +122,81 @@ def wait_child(pid: int, end: float) -> int | str:
             os.waitpid(pid, 0)
             return "hang"
         time.sleep(0.005)
+
+
+class QueueSpy:
+    """A stand-in for a load's batch queue (``Device._batch_queue``: patch
+    it with :meth:`install`) around the real one: records each submission's
+    thread, and holds back each submission made while ``hold`` is true (the
+    loader's ``_start_batch`` patched to set it for one batch) by
+    ``seconds`` (a GPU's copy engine still busy) on a thread of its own, the
+    submissions staying in order, while the loading thread goes on as it
+    would."""
+
+    def __init__(self, real, seconds: float = 0.3) -> None:
+        import queue
+        import threading
+
+        self.real, self.seconds = real, seconds
+        self.hold = False
+        self.threads: list[str] = []
+        self.tickets: dict[int, object] = {}  # our ticket -> the real one, once submitted (or the error)
+        self.lock = threading.Condition()
+        self.todo: "queue.Queue[tuple[int, object, int, bool] | None]" = queue.Queue()
+        self.next = 1
+        self.worker = threading.Thread(target=self._submit_in_order, name="queue-spy", daemon=True)
+        self.worker.start()
+
+    @classmethod
+    def install(cls, monkeypatch, seconds: float = 0.3) -> list["QueueSpy"]:
+        """Every queue a load makes from now on is a spy; returns them as made."""
+        from hf2q.device import Device
+
+        made: list[QueueSpy] = []
+        real = Device._batch_queue
+
+        def batch_queue(self):
+            made.append(cls(real(self), seconds))
+            return made[-1]
+
+        monkeypatch.setattr(Device, "_batch_queue", batch_queue)
+        return made
+
+    def _submit_in_order(self) -> None:
+        import time
+
+        while (item := self.todo.get()) is not None:
+            ticket, batch, after, hold = item
+            if hold:
+                time.sleep(self.seconds)
+            with self.lock:
+                real_after = self.tickets.get(after, 0) if after else 0
+            try:
+                got: object = self.real.submit(batch, real_after if isinstance(real_after, int) else 0)
+            except BaseException as e:  # raised by wait
+                got = e
+            with self.lock:
+                self.tickets[ticket] = got
+                self.lock.notify_all()
+
+    def submit(self, batch, after: int = 0) -> int:
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        ticket, self.next = self.next, self.next + 1
+        self.todo.put((ticket, batch, after, self.hold))
+        return ticket
+
+    def wait(self, ticket: int, timeout: float):
+        with self.lock:
+            if not self.lock.wait_for(lambda: ticket in self.tickets, timeout):
+                return None
+            got = self.tickets[ticket]
+        if isinstance(got, BaseException):
+            raise got
+        return self.real.wait(got, timeout)
+
+    def close(self) -> None:
+        self.todo.put(None)
+        self.worker.join()
+        self.real.close()

@@ -37,11 +37,11 @@ def install_read_counter() -> list[int]:
     _COUNTER.append(0)
     total = _COUNTER
     Device, File = device_mod.Device, st.SafetensorsFile
-    batch, segments = Device._run_file_batch, Device.write_from_file_segments
+    batch, segments = Device._finish_file_batch, Device.write_from_file_segments
     read_slice, read_array = File.read_slice_into, File.read_array
 
     def counted_batch(self, prepared):  # type: ignore[no-untyped-def]
-        # every batch of file jobs runs here (write_from_file_batch, or a loader's prepared batch)
+        # every batch of file jobs ends here (write_from_file_batch, or a loader's prepared batch, queued or not)
         total[0] += sum(n for job in prepared.planned for _, _, n in job[2])
         return batch(self, prepared)
 
@@ -58,9 +58,9 @@ def install_read_counter() -> list[int]:
         total[0] += self[name].nbytes
         return read_array(self, name)
 
-    _ORIGINALS.update({(Device, "_run_file_batch"): batch, (Device, "write_from_file_segments"): segments,
+    _ORIGINALS.update({(Device, "_finish_file_batch"): batch, (Device, "write_from_file_segments"): segments,
                        (File, "read_slice_into"): read_slice, (File, "read_array"): read_array})
-    Device._run_file_batch = counted_batch  # type: ignore[method-assign]
+    Device._finish_file_batch = counted_batch  # type: ignore[method-assign]
     Device.write_from_file_segments = counted_segments  # type: ignore[method-assign]
     File.read_slice_into = counted_slice  # type: ignore[method-assign]
     File.read_array = counted_array  # type: ignore[method-assign]

@@ -477,7 +477,7 @@ def test_failure_in_write_from_file_leaves_nothing(
     # What the loader streams through: one tensor at a time, or a run of
     # them in one batch (a failure there comes before any of its tensors).
     real = Device.write_from_file_segments
-    real_batch = Device._run_file_batch  # every batch of file jobs is read here (a loader prepares them first)
+    real_batch = Device._finish_file_batch  # every batch of file jobs is read (or waited for) here
     calls = {"n": 0}
 
     def flaky(self: Device, *a: Any, **kw: Any) -> None:
@@ -496,7 +496,7 @@ def test_failure_in_write_from_file_leaves_nothing(
 
     keep = dev.alloc((10,), "f32")
     monkeypatch.setattr(Device, "write_from_file_segments", flaky)
-    monkeypatch.setattr(Device, "_run_file_batch", flaky_batch)
+    monkeypatch.setattr(Device, "_finish_file_batch", flaky_batch)
     with pytest.raises(exc) as ei:
         dflash.load(sharded, dev, progress=False)
     assert calls["n"] == after
@@ -532,7 +532,7 @@ def test_failed_load_closes_files(tmp_path: Path, single: Path, dev: Device, mon
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Device, "write_from_file_segments", boom)
-    monkeypatch.setattr(Device, "_run_file_batch", boom)
+    monkeypatch.setattr(Device, "_finish_file_batch", boom)
     with pytest.raises(KeyboardInterrupt):
         dflash.load(single, dev, progress=False)
     assert len(os.listdir(fd_dir)) == before

@@ -373,18 +373,19 @@ def overlapped(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def _slow_batch_with(monkeypatch: pytest.MonkeyPatch, name: str, seconds: float = 0.3) -> None:
     """The batch holding ``name`` starts writing only after ``seconds`` (a
     GPU's copy engine still busy): its buffers are zeros meanwhile."""
-    import time
-
     from hf2q import loader
 
-    real_run = loader._run_batch
+    from _helpers import QueueSpy
 
-    def run(device, ckpt, batch, check_finite=False):
-        if any(e.name == name for e in batch.entries):
-            time.sleep(seconds)
-        return real_run(device, ckpt, batch, check_finite)
+    QueueSpy.install(monkeypatch, seconds)
+    real_start = loader._start_batch
 
-    monkeypatch.setattr(loader, "_run_batch", run)
+    def start(device, batch, queue=None):
+        if queue is not None:
+            queue.hold = any(e.name == name for e in batch.entries)
+        return real_start(device, batch, queue)
+
+    monkeypatch.setattr(loader, "_start_batch", start)
 
 
 @pytest.mark.parametrize("name", ["qwen3_moe_per_expert", "qwen35moe_conditional_generation_fused"])
@@ -418,19 +419,19 @@ def test_landed_seconds_leave_out_the_assembly(overlapped: list[str], monkeypatc
     from hf2q import loader
 
     marks: dict[str, float] = {}
-    real_execute, real_run = loader.execute, loader._run_batch
+    real_execute, real_join = loader.execute, loader._InFlight.join
 
     def execute(*a, **k):
         marks["start"] = time.perf_counter()
         return real_execute(*a, **k)
 
-    def run(*a, **k):
-        out = real_run(*a, **k)
-        marks["batch written"] = time.perf_counter()  # the last one's stays
+    def join(self):
+        out = real_join(self)
+        marks["batch written"] = self.finished  # when its reads ended; the last one's stays
         return out
 
     monkeypatch.setattr(loader, "execute", execute)
-    monkeypatch.setattr(loader, "_run_batch", run)
+    monkeypatch.setattr(loader._InFlight, "join", join)
     s = htf.from_pretrained(CHECKPOINTS["qwen3_moe_per_expert"], Device._isolated("host")).hf2q_model.summary
     assert overlapped[-3:] == ["assemble", "landed", "synchronized"]
     assert s.landed_seconds is not None and s.landed_seconds + 0.25 < s.seconds
@@ -506,27 +507,24 @@ def test_failure_after_early_assembly_leaves_nothing(overlapped: list[str], monk
     gc.collect()
     before = dev.residency.stats()["count"]
     if fail == "last batch":
-        import time
-
-        real_run, real_execute = loader._run_batch, loader.execute
+        real_finish, real_execute = loader._finish_batch, loader.execute
         last: list[str] = []
 
         def execute(plan, *a, **k):
             last.append([e.name for e in plan if e.streamed][-1])
             return real_execute(plan, *a, **k)
 
-        def run(device, ckpt, batch, check_finite=False):
+        def finish(device, ckpt, batch, check_finite=False):
             is_last = bool(batch.entries) and batch.entries[-1].name == last[-1]
-            out = real_run(device, ckpt, batch, check_finite)  # (drops the batch's lists)
-            if is_last:  # fails once the model was assembled from its buffers
-                for _ in range(1000):
-                    if "assemble" in overlapped:
-                        raise hf2q.DeviceError("injected: the last batch fails")
-                    time.sleep(0.005)
+            out = real_finish(device, ckpt, batch, check_finite)  # (drops the batch's lists)
+            if is_last:  # joined once the model was assembled from its buffers
+                assert "assemble" in overlapped
+                del out
+                raise hf2q.DeviceError("injected: the last batch fails")
             return out
 
         monkeypatch.setattr(loader, "execute", execute)
-        monkeypatch.setattr(loader, "_run_batch", run)
+        monkeypatch.setattr(loader, "_finish_batch", finish)
     else:
         def broken(*a, **k):
             raise htf.HandoffError("injected: assembly fails", missing=["x"])

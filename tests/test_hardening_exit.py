@@ -59,6 +59,18 @@ def body():
     while True:
         m = hf2q.dflash.load(path, dev, progress=False); del m
 """,
+    "loads through a batch queue": """
+import hf2q, sys
+from hf2q import loader, qwen35
+from hf2q.testing import make_qwen35_moe_checkpoint
+loader._OVERLAP = True  # the GPU's path: batches read by a queue's native thread
+loader.GPU_BATCH_BYTES = loader.BATCH_BYTES = loader.GPU_FIRST_BATCH_BYTES = 64 << 10
+path = make_qwen35_moe_checkpoint(sys.argv[1], "tiny", seed=1)
+dev = hf2q.Device("host")
+def body():
+    while True:
+        m = qwen35.load(path, device=dev, progress=False); del m
+""",
 }
 
 

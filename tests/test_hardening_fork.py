@@ -141,3 +141,54 @@ hf2q.Device("host").alloc((16,), "f32")
 print(f"children ok {int(ok)}/1; parent ok")
 ''', timeout=60)
     _check(r, 1)
+
+
+def test_fork_while_another_thread_loads_through_a_batch_queue(tmp_path) -> None:
+    """A GPU load's batches go through a queue with a native thread of its
+    own (forced on the host here). A child forked while another thread loads
+    that way loads through a queue of its own; a queue the parent made is
+    refused in the child (its thread exists only in the parent), and letting
+    it go there neither waits nor aborts."""
+    r = run_python(FORK_HELPERS + r'''
+import threading, numpy as np, hf2q
+from hf2q import loader, qwen35
+from hf2q.testing import make_qwen35_moe_checkpoint
+loader._OVERLAP = True
+loader.GPU_BATCH_BYTES = loader.BATCH_BYTES = loader.GPU_FIRST_BATCH_BYTES = 64 << 10
+path = make_qwen35_moe_checkpoint(sys.argv[1], "tiny", seed=3)
+dev = hf2q.Device("host")
+def load():
+    m = qwen35.load(path, device=dev, progress=False, dense_dtype="q8_0")
+    return {n: b.to_host().tobytes() for n, b in m.named_buffers()}
+want = load()
+parents_queue = dev._batch_queue()
+stop = False
+def churn():
+    while not stop:
+        load()
+t = threading.Thread(target=churn, daemon=True); t.start()
+time.sleep(0.05)
+def child():
+    try:
+        parents_queue.submit(None)
+    except TypeError:
+        pass  # (None is no batch: the argument is checked first)
+    try:
+        parents_queue.wait(1, 0.01)
+        return False
+    except RuntimeError as e:
+        if "forked" not in str(e):
+            return False
+    return load() == want
+ok = 0
+for i in range(@N@):
+    time.sleep(0.01 * (i % 3))
+    s = fork_and_wait(child, deadline=60)
+    ok += s == 0
+    if s != 0: print("child", i, "->", s)
+stop = True; t.join(30)
+parents_queue.close()
+assert load() == want
+print(f"children ok {ok}/@N@; parent ok")
+'''.replace('@N@', str(4)), args=[str(tmp_path / "ck")], env={"HF2Q_NUM_THREADS": "4"}, timeout=240)
+    _check(r, 4)

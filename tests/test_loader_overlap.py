@@ -1,9 +1,10 @@
 """The loader's batch overlap (hf2q.loader.execute on a GPU: a batch's reads
-and copies run on a helper thread while the loading thread prepares the
-next). CI has no GPU, so these tests force it on the host backend
-(``loader._OVERLAP``) with small batches: the same bytes as without it, and
-every failure (an allocation, a file changed mid-load, a KeyboardInterrupt
-in either thread) leaves the device as it was, with no thread left behind."""
+and copies run in the load's batch queue, a native thread, while the loading
+thread prepares the next). CI has no GPU, so these tests force it on the
+host backend (``loader._OVERLAP``) with small batches: the same bytes as
+without it, and every failure (an allocation, a file changed mid-load, a
+KeyboardInterrupt on the loading thread, a queue that cannot start) leaves
+the device as it was, with no thread left behind."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ import pytest
 
 import hf2q
 from hf2q import loader, qwen35
-from hf2q.device import Device
+from hf2q.device import Device, join_thread
 from hf2q.errors import SafetensorsError
 from hf2q.testing import make_qwen35_moe_checkpoint
+
+from _helpers import QueueSpy
 
 
 @pytest.fixture(scope="module")
@@ -62,18 +65,14 @@ def test_overlap_loads_the_same_bytes(kind: str, ckpts: dict[str, Path], small_b
     if kind == "fp8":  # the GPU's path: scale grids into transients, weights decoded as they are read
         monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
     monkeypatch.setattr(loader, "_OVERLAP", False)
+    made = QueueSpy.install(monkeypatch)
     want = _bytes(_load(ckpts[kind], dev))
-    runs: list[str] = []
-    real = loader._InFlight._run
-
-    def run(self: Any, *a: Any) -> None:
-        runs.append(threading.current_thread().name)
-        real(self, *a)
-
-    monkeypatch.setattr(loader._InFlight, "_run", run)
+    assert not made  # no queue without the overlap
     monkeypatch.setattr(loader, "_OVERLAP", True)
+    before = threading.active_count()
     assert _bytes(_load(ckpts[kind], dev)) == want
-    assert len(runs) > 3 and set(runs) == {"hf2q-load-batch"}  # many batches, each on the helper thread
+    assert len(made) == 1 and len(made[0].threads) > 3  # many batches, all through the load's one queue
+    assert threading.active_count() == before  # (the spy's own thread joined)
 
 
 def _planner(path: Path) -> Any:
@@ -125,15 +124,15 @@ def test_a_model_made_early_gets_a_last_batch_of_a_batch_s_bytes(early: bool, ck
 
 
 def _count_batches(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
-    """The entries of each batch run on the helper thread, as they start."""
+    """The entries of each batch, as it starts (in the queue or not)."""
     seen: list[list[Any]] = []
-    real = loader._run_batch
+    real = loader._start_batch
 
-    def run(device: Any, ckpt: Any, batch: Any, check_finite: bool = False) -> Any:
+    def start(device: Any, batch: Any, queue: Any = None) -> Any:
         seen.append(list(batch.entries))
-        return real(device, ckpt, batch, check_finite)
+        return real(device, batch, queue)
 
-    monkeypatch.setattr(loader, "_run_batch", run)
+    monkeypatch.setattr(loader, "_start_batch", start)
     return seen
 
 
@@ -222,11 +221,13 @@ def _interrupt() -> None:
     raise KeyboardInterrupt("injected")
 
 
-@pytest.mark.parametrize("where", ["_run_batch", "_write_jobs", "_prepare_batch", "_transpose_batch"])
-def test_interrupt_in_either_thread_leaves_nothing(where: str, ckpts: dict[str, Path], small_batches: None,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """_run_batch / _write_jobs / _transpose_batch run on the helper thread,
-    _prepare_batch on the loading thread while a batch is in flight."""
+@pytest.mark.parametrize("where", ["_start_batch", "_finish_batch", "_write_jobs", "_prepare_batch",
+                                   "_transpose_batch"])
+def test_interrupt_at_each_step_leaves_nothing(where: str, ckpts: dict[str, Path], small_batches: None,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C while a batch is submitted, prepared (the one before it in
+    the queue) or joined and judged: the batches in the queue are waited for
+    before their buffers go."""
     dev = Device._isolated("host")
     monkeypatch.setattr(loader, "_OVERLAP", True)
     _load(ckpts["experts"], dev)  # one-time costs paid
@@ -283,29 +284,79 @@ def test_file_truncated_while_a_batch_runs(ckpts: dict[str, Path], small_batches
     assert _state(dev) == before
 
 
-def test_no_thread_to_run_a_batch_leaves_nothing(ckpts: dict[str, Path], small_batches: None,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """A helper thread that cannot start (RuntimeError: can't start new
-    thread) fails the load with that error, its prepared batch freed."""
+@pytest.mark.parametrize("where", ["queue", "submit"])
+def test_a_queue_that_cannot_start_or_take_a_batch_leaves_nothing(where: str, ckpts: dict[str, Path],
+                                                                  small_batches: None,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """No thread for the load's queue (RuntimeError: can't start new thread)
+    fails the load before anything is allocated; a submission refused
+    mid-load fails it with the batches before it waited for and every
+    buffer freed."""
     dev = Device._isolated("host")
     monkeypatch.setattr(loader, "_OVERLAP", True)
     _load(ckpts["experts"], dev)
     before = _state(dev)
-    starts = [0]
-    real = threading.Thread.start
+    if where == "queue":
+        def refuse(self: Any) -> Any:
+            raise RuntimeError("can't start new thread")
 
-    def start(self: threading.Thread) -> None:
-        if self.name == "hf2q-load-batch":
-            starts[0] += 1
-            if starts[0] == 2:
+        monkeypatch.setattr(Device, "_batch_queue", refuse)
+    else:
+        real = Device._start_file_batch
+        calls = [0]
+
+        def start(self: Any, batch: Any, queue: Any = None, after: Any = None) -> Any:
+            calls[0] += queue is not None
+            if calls[0] == 3:
                 raise RuntimeError("can't start new thread")
-        real(self)
+            return real(self, batch, queue, after)
 
-    monkeypatch.setattr(threading.Thread, "start", start)
+        monkeypatch.setattr(Device, "_start_file_batch", start)
     with pytest.raises(RuntimeError, match="can't start new thread"):
         _load(ckpts["experts"], dev)
-    monkeypatch.setattr(threading.Thread, "start", real)
+    monkeypatch.undo()
     assert _state(dev) == before
+
+
+def test_queue_reads_in_order_and_refuses_misuse(tmp_path: Path) -> None:
+    """The native queue on its own: tickets read in order, each waited for
+    once; a batch after a failed one is not read; a closed queue takes no
+    batch; an unknown ticket is refused rather than waited for forever."""
+    from hf2q import _core
+
+    dev = Device._isolated("host")
+    data = np.arange(4096, dtype=np.float32)
+    f = tmp_path / "d.bin"
+    f.write_bytes(data.tobytes())
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        bufs = [dev.alloc((1024,), "f32") for _ in range(3)]
+
+        def batch(i: int, nbytes: int = 4096) -> Any:
+            return _core.NativeFileBatch([(bufs[i]._native, [(0, fd, 4096 * i, nbytes)], "f32", False, None)])
+
+        q = dev._batch_queue()
+        t1, t2 = q.submit(batch(0)), q.submit(batch(1))
+        assert q.wait(t2, 5)[0] == [(-1, 0)] and q.wait(t1, 5)[0] == [(-1, 0)]
+        with pytest.raises(ValueError, match="not a pending ticket"):
+            q.wait(t1, 5)  # spent
+        assert (bufs[0].to_host() == data[:1024]).all() and (bufs[1].to_host() == data[1024:2048]).all()
+        os.ftruncate(os.open(f, os.O_WRONLY), 4096)  # batch 1's range now past the end of the file
+        bad = q.submit(batch(1))
+        skipped = q.submit(batch(2), bad)
+        with pytest.raises(hf2q.FileReadError):
+            q.wait(bad, 5)
+        with pytest.raises(RuntimeError, match="not read: the batch it follows failed"):
+            q.wait(skipped, 5)
+        assert not bufs[2].to_host().any()
+        with pytest.raises(ValueError, match="overruns the buffer"):  # refused as it is submitted
+            q.submit(_core.NativeFileBatch([(bufs[0]._native, [(0, fd, 0, 8192)], "f32", False, None)]))
+        q.close()
+        q.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            q.submit(batch(0))
+    finally:
+        os.close(fd)
 
 
 def test_join_thread_waits_out_an_interrupt_then_raises_it() -> None:
@@ -332,7 +383,7 @@ def test_join_thread_waits_out_an_interrupt_then_raises_it() -> None:
     t = Interrupted(target=work)
     t.start()
     with pytest.raises(KeyboardInterrupt):
-        loader.join_thread(t)
+        join_thread(t)
     assert finished.is_set() and not t.is_alive() and Interrupted.joins >= 2
 
 
@@ -373,6 +424,8 @@ def test_gpu_batches_end_at_their_own_entry_bound(tmp_path: Path, monkeypatch: p
 
     gpu = Device._isolated("host")
     gpu._native = NotCpuVisible(gpu._native)
+    monkeypatch.setattr(Device, "_batch_queue",  # the queue takes the native device itself
+                        lambda self: hf2q._core.FileBatchQueue(getattr(self._native, "_native", self._native)))
     assert batches(gpu) == [1000]  # within GPU_BATCH_ENTRIES (and the first batch's byte bound)
     monkeypatch.setattr(loader, "GPU_BATCH_ENTRIES", 300)
     assert batches(gpu) == [300, 300, 300, 100]

@@ -411,13 +411,13 @@ def test_progress_bar_moves_during_a_batch(tmp_path: Path, monkeypatch: pytest.M
         def close(self) -> None:
             events.append("close")
 
-    real_batch = Device._run_file_batch  # where every batch of file jobs is read
+    real_batch = Device._finish_file_batch  # where every batch of file jobs is read (or waited for)
 
     def batch(self, prepared):  # type: ignore[no-untyped-def]
         events.append(f"batch{len(prepared.planned)}")
         return real_batch(self, prepared)
 
-    monkeypatch.setattr(Device, "_run_file_batch", batch)
+    monkeypatch.setattr(Device, "_finish_file_batch", batch)
     monkeypatch.setattr(loader, "progress_bar", lambda *a, **k: Bar())
     drafter = make_dflash_checkpoint(tmp_path / "d", "tiny")
     dev = hf2q.Device("host")

@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "device/batch_queue.h"
 #include "device/device.h"
 #include "release_gil.h"
 #include "device/reader.h"
@@ -202,6 +203,33 @@ void bind_device(nb::module_& m) {
         new (self) PreparedFileBatch{to_batch_jobs(jobs)};
       }, "jobs"_a)
       .def_prop_ro("jobs", [](const PreparedFileBatch& b) { return b.jobs.size(); });
+
+  // Prepared batches read in order on the queue's own thread (docs/CUDA.md).
+  nb::class_<hf2q::device::FileBatchQueue>(m, "FileBatchQueue")
+      .def(nb::init<Device&>(), "device"_a, nb::keep_alive<1, 2>())
+      .def(
+          "submit",
+          [](hf2q::device::FileBatchQueue& q, const PreparedFileBatch& batch, std::uint64_t after) {
+            hf2q::bindings::ReleaseGil nogil;
+            return q.submit(batch.jobs, after);
+          },
+          "batch"_a, "after"_a = 0)
+      .def(
+          "wait",
+          [](hf2q::device::FileBatchQueue& q, std::uint64_t ticket, double timeout) -> nb::object {
+            std::optional<std::pair<std::vector<hf2q::device::UploadResult>, double>> r;
+            {
+              hf2q::bindings::ReleaseGil nogil;
+              r = q.wait(ticket, timeout);
+            }
+            if (!r) return nb::none();
+            std::vector<std::pair<long long, unsigned long long>> out;
+            out.reserve(r->first.size());
+            for (const auto& x : r->first) out.push_back(result_pair(x));
+            return nb::make_tuple(nb::cast(out), r->second);
+          },
+          "ticket"_a, "timeout"_a)
+      .def("close", &hf2q::device::FileBatchQueue::close, nb::call_guard<hf2q::bindings::ReleaseGil>());
 
   nb::class_<Device>(m, "NativeDevice")
       .def_static("open", &Device::open, "kind"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())  // CUDA: driver init + NVRTC compile

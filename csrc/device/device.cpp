@@ -836,6 +836,14 @@ UploadResult Device::read_file_segments(BufferImpl& buf, const std::vector<Segme
 }
 
 std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& jobs) {
+  return read_planned_file_batch(plan_file_batch(jobs));
+}
+
+std::vector<UploadResult> Device::read_planned_file_batch(const std::vector<FileBatchItem>& items) {
+  return backend_->read_file_batch(items);
+}
+
+std::vector<FileBatchItem> Device::plan_file_batch(const std::vector<BatchJob>& jobs) {
   std::vector<FileBatchItem> items;
   items.reserve(jobs.size());
   // A scale buffer is read while the call writes: no job of it may write one.
@@ -872,7 +880,7 @@ std::vector<UploadResult> Device::read_file_batch(const std::vector<BatchJob>& j
                                   plan_segments(*j.buf, j.segments, j.src_dtype, j.check_finite), {}});
   }
   refuse_overlaps(items);
-  return backend_->read_file_batch(items);
+  return items;
 }
 
 namespace {

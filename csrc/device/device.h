@@ -232,6 +232,11 @@ class Device : public std::enable_shared_from_this<Device> {
     std::size_t rows = 0, cols = 0, block_rows = 0, block_cols = 0, base = 0;
   };
   std::vector<UploadResult> read_file_batch(const std::vector<BatchJob>& jobs);
+  // read_file_batch in two halves (FileBatchQueue): every job planned and
+  // checked, no byte read; then the planned items read. The items hold the
+  // buffers' addresses: the buffers must outlive the read.
+  std::vector<FileBatchItem> plan_file_batch(const std::vector<BatchJob>& jobs);
+  std::vector<UploadResult> read_planned_file_batch(const std::vector<FileBatchItem>& items);
 
   std::vector<std::uint32_t> device_checksums(BufferImpl& buf);
 

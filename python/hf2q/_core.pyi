@@ -64,6 +64,21 @@ class NativeFileBatch:
     @property
     def jobs(self) -> int: ...
 
+class FileBatchQueue:
+    """Prepared file batches read in order on the queue's own thread
+    (docs/CUDA.md, "The batch queue"); keeps ``device`` alive."""
+    def __init__(self, device: NativeDevice) -> None: ...
+    def submit(self, batch: NativeFileBatch, after: int = 0) -> int:
+        """Plans and checks ``batch`` (a bad job raises here), queues it,
+        returns its ticket; ``after``: a ticket that must succeed first (else
+        this one fails unread)."""
+    def wait(self, ticket: int, timeout: float) -> tuple[list[tuple[int, int]], float] | None:
+        """(results, seconds since it ended) once the ticket ran, or its
+        error raised (the ticket is spent); None if still running after
+        ``timeout`` seconds."""
+    def close(self) -> None:
+        """Queued batches read, the thread joined; idempotent."""
+
 class NativeDevice:
     @staticmethod
     def open(kind: str) -> NativeDevice: ...

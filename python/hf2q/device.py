@@ -891,16 +891,52 @@ class Device:
         """Reads a batch that :meth:`_prepare_file_batch` made ready (the
         second half of :meth:`write_from_file_batch`, its errors and
         results); its files are closed after."""
+        return self._finish_file_batch(self._start_file_batch(batch))
+
+    def _batch_queue(self) -> Any:
+        """A queue that reads prepared batches in order on a native thread of
+        its own (:meth:`_start_file_batch`; ``close()`` it when done)."""
+        return _core.FileBatchQueue(self._native)
+
+    def _start_file_batch(self, batch: _FileBatch, queue: Any = None, after: _FileBatch | None = None
+                          ) -> _FileBatch:
+        """:meth:`_run_file_batch` begun: the files' identities taken and,
+        with ``queue`` (:meth:`_batch_queue`), the batch planned and queued
+        there (read after those queued before it, while this thread goes
+        on; ``after``: a batch of the same queue whose failure means this one
+        is not read). Then :meth:`_finish_file_batch` once, or ``close()`` to
+        let it go (a queued batch is waited for first)."""
         if batch.native is None:
+            if batch.planned:
+                raise ValueError("a prepared file batch runs once")
+            return batch
+        batch.before = {fd: _fd_identity(fd, fd) for fd in set(batch.fd_of)}
+        if queue is not None:
+            native, batch.native = batch.native, None
+            batch.ticket = queue.submit(native, after.ticket if after is not None and after.ticket else 0)
+            batch.queue = queue
+        return batch
+
+    def _wait_file_batch(self, batch: _FileBatch) -> list[tuple[int, int]]:
+        """A started batch's raw results: read here, or waited for in its queue."""
+        if batch.queue is None:
+            native, batch.native = batch.native, None
+            return self._native.read_prepared_file_batch(native)
+        return batch.wait_queued()
+
+    def _finish_file_batch(self, batch: _FileBatch) -> list[tuple[int, int]]:
+        """The rest of :meth:`_run_file_batch` for a batch
+        :meth:`_start_file_batch` began: read (or waited for), its errors
+        and results checked, its files closed."""
+        if batch.native is None and batch.queue is None:
             if batch.planned:
                 raise ValueError("a prepared file batch runs once")
             return []
         planned, fd_of, check_finite = batch.planned, batch.fd_of, batch.check_finite
-        native, batch.native = batch.native, None
         with batch.files:
-            before = {fd: _fd_identity(fd, fd) for fd in set(fd_of)}
+            before = batch.before
             try:
-                results = self._native.read_prepared_file_batch(native)
+                results = self._wait_file_batch(batch)
             except FileReadError as e:
                 bad = getattr(e, "job", -1)  # set natively where the backend knows (host: always)
                 if not isinstance(bad, int) or not 0 <= bad < len(planned):
@@ -1084,7 +1120,7 @@ class _FileBatch:
     the native jobs, which hold the buffers by address (the jobs here keep
     them alive)."""
 
-    __slots__ = ("planned", "check_finite", "files", "fd_of", "native")
+    __slots__ = ("planned", "check_finite", "files", "fd_of", "native", "before", "queue", "ticket", "ended")
 
     def __init__(self, planned: list[tuple[Any, ...]], check_finite: bool) -> None:
         from contextlib import ExitStack
@@ -1094,11 +1130,46 @@ class _FileBatch:
         self.files = ExitStack()
         self.fd_of: list[int] = []
         self.native: Any = None
+        self.before: dict[int, Any] = {}  # each file's identity as the batch began (Device._start_file_batch)
+        self.queue: Any = None  # the queue it was submitted to, until waited for
+        self.ticket = 0
+        self.ended: float | None = None  # when a queued batch's reads ended (perf_counter)
+
+    def wait_queued(self) -> list[tuple[int, int]]:
+        """The results of a batch submitted to a queue (its error raised),
+        once it ended, whatever arrives meanwhile: its reads may be using
+        memory the caller is about to free, so a KeyboardInterrupt is raised
+        once it ended. The ticket is spent either way."""
+        queue, ticket, self.queue = self.queue, self.ticket, None
+        interrupted: BaseException | None = None
+        try:
+            while True:
+                try:
+                    got = queue.wait(ticket, 0.05)
+                except KeyboardInterrupt as e:
+                    interrupted = e
+                    continue
+                if got is not None:
+                    results, ago = got
+                    self.ended = time.perf_counter() - ago
+                    return results
+        finally:
+            if interrupted is not None:
+                raise interrupted
 
     def close(self) -> None:
-        """Let the batch go unread: its files closed, nothing kept."""
+        """Let the batch go unread (one in a queue: waited for first, its
+        error dropped, since the caller is failing already): its files
+        closed, nothing kept."""
         self.native = None
-        self.files.close()
+        try:
+            if self.queue is not None:
+                try:
+                    self.wait_queued()
+                except Exception:
+                    pass
+        finally:
+            self.files.close()
 
 
 def _checked_segments(segments: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ else:  # numpy on first use (hf2q._lazy)
 from . import formats
 from ._gc import pausing
 from ._progress import progress_bar, progress_enabled
-from .device import Buffer, Device, join_thread
+from .device import Buffer, Device
 from .device import _detached as detached
 from .errors import FileReadError, NonFiniteError, SafetensorsError
 from .plan import LoadPlan, Piece, Scale, TensorPlan
@@ -241,45 +240,39 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         # whole full-size drafter: the bar was updated only when the read ended).
         batch_bytes = min(batch_bytes, BAR_BATCH_BYTES)
 
-    # On a GPU a batch's reads and copies run on a helper thread while this
-    # one prepares the next (allocations and file jobs: Python work that
-    # grows with the tensor count), one batch in flight at a time; the
-    # scaled FP8 scale grids of the two together stay within
-    # SCALED_BATCH_BYTES. Not where the CPU addresses the memory: there the
+    # On a GPU a batch's reads and copies run in the load's batch queue (a
+    # native thread) while this one prepares the next (allocations and file
+    # jobs: Python work that grows with the tensor count) and queues it
+    # behind the one in flight before joining that one; the scaled FP8
+    # scale grids of the two together stay within SCALED_BATCH_BYTES. Not where the CPU addresses the memory: there the
     # next batch's allocation populates its pages on the thread pool that
     # the running batch's reads are using.
     overlap = not device._native.cpu_visible if _OVERLAP is None else _OVERLAP
     scaled_batch_bytes = SCALED_BATCH_BYTES // 2 if overlap else SCALED_BATCH_BYTES
-    inflight: _InFlight | None = None
+    inflight: list[_InFlight] = []  # batches submitted to the queue and not joined, oldest first (two at most)
     bound = min(batch_bytes, GPU_FIRST_BATCH_BYTES) if overlap else batch_bytes  # this batch's byte bound
 
     def land() -> None:
-        """The batch in flight written: its buffers kept, the bar moved, the layer committed."""
-        nonlocal inflight
-        if inflight is not None:
-            done, inflight = inflight, None
+        """The oldest batch in flight written: its buffers kept, the bar moved, the layer committed."""
+        if inflight:
+            done = inflight.pop(0)
             bufs.update(done.join())
             for n in done.sizes:
                 bar.update(n)
             device.residency.commit()
 
     def flush() -> None:
-        nonlocal pending_bytes, transient_bytes, inflight, bound
+        nonlocal pending_bytes, transient_bytes, bound
         if pending:
             bound = min(batch_bytes, 2 * bound)
         if pending and overlap:
             batch = _prepare_batch(device, ckpt, pending, alloc, pending_runs, check_finite)
-            try:
+            # Queued behind the batch in flight before that one is joined:
+            # the queue starts it as soon as the other's reads end.
+            inflight.append(_InFlight(device, ckpt, batch, check_finite, list(pending_sizes), queue))
+            batch = None  # type: ignore[assignment]  (the queue holds it)
+            while len(inflight) > 1:
                 land()
-            except BaseException:
-                batch.drop()
-                raise
-            try:
-                inflight = _InFlight(device, ckpt, batch, check_finite, list(pending_sizes))
-            except BaseException:  # no thread to run it (RuntimeError: can't start new thread)
-                batch.drop()
-                raise
-            batch = None  # type: ignore[assignment]  (the thread holds it)
         else:
             land()
             if pending:
@@ -294,6 +287,9 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
 
     early = make_early and overlap
     rest = plan.source_nbytes if early else 0  # source bytes of the entries not yet seen
+    # On a GPU the batches are read by a queue of the load's own (a native
+    # thread), one after another with no Python between them.
+    queue = device._batch_queue() if overlap else None
     try:
         for entry in plan:
             if (entry.unit_transpose is not None and not entry.unit_transpose.fits(entry.dtype)
@@ -326,12 +322,12 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 # pending around it keeps collecting.
                 bufs[entry.name] = _fill(device, ckpt, entry, check_finite, alloc)
                 bar.update(size)
-        if pending or inflight is None:
+        if pending or not inflight:
             flush()  # else the batch in flight is the last: land() below
-        if make_early and inflight is not None:
+        if make_early and inflight:
             inline_done = time.perf_counter()  # entries filled on this thread after the last batch left
-            every = {**bufs, **(inflight.buffers or {})}
-            last = inflight
+            last = inflight[-1]
+            every = {**bufs, **(last.buffers or {})}
             model = make_model({e.name: every[e.name] for e in plan})  # plan order
             del every
             land()
@@ -344,18 +340,19 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     except BaseException as e:
         # A model made early holds buffers, and the raise below puts this frame back in the traceback.
         model = every = None  # type: ignore[assignment]
-        if inflight is not None:  # its buffers are the device's until it is done
+        while inflight:  # their buffers are the device's until their reads end
             try:
-                inflight.wait()
+                inflight.pop(0).wait()
             except KeyboardInterrupt:
                 pass  # the error being raised says enough
-            inflight.error = inflight.result = inflight.buffers = None
-            inflight = None
         bufs.clear()
         bar.close()
         if isinstance(e, NonFiniteError):
             _name_file(e, plan, ckpt)
         raise detached(e)
+    finally:
+        if queue is not None:
+            queue.close()  # nothing is queued by now: the thread joins at once
     bar.close()
     seconds = time.perf_counter() - t0
     usage1 = process_usage()
@@ -438,12 +435,20 @@ class _Batch:
                  "scaled_owner", "scale_jobs", "scale_owner", "scale_call", "write_call")
 
     def drop(self) -> None:
+        # The calls first: one still in a queue is waited for before its
+        # buffers go (a KeyboardInterrupt meanwhile is raised once both ended).
+        interrupted: BaseException | None = None
         for k in ("scale_call", "write_call"):
             call = getattr(self, k, None)
             if call is not None:
-                call.close()
+                try:
+                    call.close()
+                except KeyboardInterrupt as e:
+                    interrupted = e
         for k in self.__slots__:
             setattr(self, k, None if k.endswith("_call") else {} if k == "files" else [])
+        if interrupted is not None:
+            raise interrupted
 
 
 def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
@@ -509,10 +514,31 @@ def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bo
     copies, the FP8 decodes, the unit transposes, the checks. The batch's
     buffers are handed over: on failure they are freed before the error
     leaves; else returned by name (the transients freed)."""
+    _start_batch(device, batch)
+    return _finish_batch(device, ckpt, batch, check_finite)
+
+
+def _start_batch(device: Device, batch: _Batch, queue: Any = None) -> None:
+    """The batch's device calls begun (:meth:`Device._start_file_batch`):
+    with ``queue``, submitted there, the scale grids' call first (they land
+    before the weights that need them are read) and the weights' call not
+    read if it failed. On failure the batch is dropped."""
+    try:
+        if batch.scale_call is not None:
+            device._start_file_batch(batch.scale_call, queue)
+        device._start_file_batch(batch.write_call, queue, after=batch.scale_call)
+    except BaseException as e:
+        batch.drop()  # a call already queued is waited for first
+        raise detached(e)
+
+
+def _finish_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool = False) -> dict[str, Buffer]:
+    """:func:`_run_batch` after :func:`_start_batch`: the calls read (or
+    waited for in their queue) and judged, the transposes, the checks."""
     b: Buffer | None = None
     try:
         pieces = batch.pieces
-        if batch.scale_jobs:  # the scale grids land before the weights that need them are read
+        if batch.scale_jobs:
             _write_jobs(device, ckpt, batch.scale_jobs, batch.scale_owner, pieces, False, batch.scale_call)
         # FP8 bytes are checked as products by the decode (always), not as they are read.
         results = _write_jobs(device, ckpt, batch.jobs + batch.scaled_jobs, batch.owner + batch.scaled_owner,
@@ -528,48 +554,47 @@ def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bo
         out = {e.name: m for e, m in zip(batch.entries, batch.made)}
     except BaseException as e:
         b = None
-        batch.drop()  # nothing may keep a buffer alive in the traceback
+        batch.drop()  # nothing may keep a buffer alive in the traceback (a queued call is waited for first)
         raise detached(e)
     batch.drop()
     return out
 
 
 class _InFlight:
-    """One batch run on a helper thread (:func:`execute` on a GPU) while the
-    caller prepares the next: its result or error, taken by :meth:`join`."""
+    """One batch whose reads and copies run in the load's batch queue (a
+    native thread: :meth:`Device._batch_queue`) while the caller prepares
+    the next: :meth:`join` waits for it and judges it on the calling thread.
+    The queue reads batches back to back, so the next one, submitted before
+    this one is joined, starts as soon as this one's reads end."""
 
-    def __init__(self, device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool, sizes: list[int]) -> None:
+    def __init__(self, device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool, sizes: list[int],
+                 queue: Any) -> None:
         self.sizes = sizes
         # the batch's buffers by name before their bytes land (execute's make_early)
         self.buffers: dict[str, Buffer] | None = {e.name: m for e, m in zip(batch.entries, batch.made)}
-        self.result: dict[str, Buffer] | None = None
-        self.error: BaseException | None = None
         self.finished: float | None = None  # when its bytes were written (perf_counter)
-        self.thread = threading.Thread(target=self._run, args=(device, ckpt, batch, check_finite),
-                                       name="hf2q-load-batch", daemon=True)
-        self.thread.start()
-
-    def _run(self, device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bool) -> None:
-        try:
-            self.result = _run_batch(device, ckpt, batch, check_finite)
-        except BaseException as e:  # handed to the loading thread
-            self.error = e
-        self.finished = time.perf_counter()
+        self._args: tuple[Device, Checkpoint, _Batch, bool] | None = (device, ckpt, batch, check_finite)
+        _start_batch(device, batch, queue)
 
     def wait(self) -> None:
-        """Until the thread is done (:func:`join_thread`): its buffers may be
-        in use by the device until then."""
-        join_thread(self.thread)
+        """Until its reads ended, errors dropped, whatever arrives meanwhile
+        (its buffers are the device's until then); the batch let go."""
+        args, self._args = self._args, None
+        self.buffers = None
+        if args is not None:
+            args[2].drop()
 
     def join(self) -> dict[str, Buffer]:
-        self.wait()
+        args, self._args = self._args, None
         self.buffers = None
-        if self.error is not None:
-            e, self.error = self.error, None
-            raise e
-        out, self.result = self.result, None
-        assert out is not None
-        return out
+        if args is None:
+            raise RuntimeError("a batch in flight is joined once")
+        device, ckpt, batch, check_finite = args
+        call = batch.write_call  # (dropped with the batch; its end time stays)
+        try:
+            return _finish_batch(device, ckpt, batch, check_finite)
+        finally:
+            self.finished = call.ended
 
 
 def _file_groups(ckpt: Checkpoint, pieces: tuple[Piece, ...] | list[Piece], files: dict[Any, str] | None = None
@@ -1266,14 +1291,14 @@ def _write_jobs(device: Device, ckpt: Checkpoint, jobs: list[Job], owners: list[
                 pieces: Sequence[Named], check_finite: bool, prepared: Any = None) -> list[tuple[int, int]]:
     """One :meth:`Device.write_from_file_batch` call (``prepared``: those
     ``jobs`` made ready by :meth:`Device._prepare_file_batch`, with
-    ``check_finite``), its errors named after
+    ``check_finite``, and begun by :meth:`Device._start_file_batch`), its errors named after
     the checkpoint: a file changed since validation first, a failed read by
     the job's tensor; non-finite input found in the bytes as read is the
     ``"file"`` step. Returns the jobs' results (scaled jobs' are the caller's
     to judge)."""
     try:
-        if prepared is not None:
-            return device._run_file_batch(prepared)
+        if prepared is not None:  # begun by _start_batch
+            return device._finish_file_batch(prepared)
         return device.write_from_file_batch(jobs, check_finite=check_finite)
     except NonFiniteError as e:
         _check_unchanged(ckpt, pieces)  # a file changed since validation explains it better

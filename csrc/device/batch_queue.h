@@ -1,0 +1,83 @@
+// Prepared file batches read one after another on a thread of the queue's
+// own (docs/CUDA.md, "The batch queue"). A GPU load prepares batch N+1
+// while batch N is read; submitted here, N+1 starts the moment N's pipeline
+// ends, with no Python between them (a Python thread per batch waited for
+// the GIL on the way in and out of each native call while the loading
+// thread held it, a few milliseconds a batch). The worker never touches
+// Python: it may run while the interpreter finalizes, and a child forked
+// meanwhile has no worker (every call there is refused, nothing joined).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "device.h"
+
+namespace hf2q::device {
+
+class FileBatchQueue {
+ public:
+  // The worker starts here (std::system_error where no thread can start).
+  // `device` must outlive the queue (the binding keeps it alive).
+  explicit FileBatchQueue(Device& device);
+  ~FileBatchQueue();
+  FileBatchQueue(const FileBatchQueue&) = delete;
+  FileBatchQueue& operator=(const FileBatchQueue&) = delete;
+
+  // Plans `jobs` (every check of Device::read_file_batch, on the calling
+  // thread: a bad job is refused here) and queues them; returns a ticket.
+  // `after`: a ticket of this queue whose batch must have succeeded for
+  // this one to run (0: none); else this one fails unread. The buffers and
+  // files the jobs name must stay alive until the ticket is waited for.
+  std::uint64_t submit(const std::vector<Device::BatchJob>& jobs, std::uint64_t after);
+
+  // The ticket's outcome once it ran: its results and the seconds since it
+  // ended, or its error rethrown; the ticket is spent either way. nullopt if
+  // it has not ended within `timeout_s` (the caller waits again).
+  std::optional<std::pair<std::vector<UploadResult>, double>> wait(std::uint64_t ticket, double timeout_s);
+
+  // Batches still queued are read, then the worker is joined. Idempotent;
+  // no-op in a forked child.
+  void close() noexcept;
+
+ private:
+  struct Item {
+    std::uint64_t ticket;
+    std::uint64_t after;
+    std::vector<FileBatchItem> items;
+  };
+  struct Outcome {
+    std::vector<UploadResult> results;
+    std::exception_ptr error;
+    std::chrono::steady_clock::time_point ended;
+  };
+
+  void run() noexcept;
+  void check_owner() const;
+
+  Device& device_;
+  pid_t owner_pid_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<Item> pending_;
+  std::map<std::uint64_t, Outcome> done_;
+  std::set<std::uint64_t> failed_;  // tickets that failed or were not run (what `after` looks at)
+  std::uint64_t next_ticket_ = 1;
+  std::uint64_t running_ = 0;  // the ticket being read (0: none)
+  bool closing_ = false;
+  std::thread worker_;
+};
+
+}  // namespace hf2q::device
