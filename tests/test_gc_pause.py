@@ -169,3 +169,58 @@ def test_open_plan_and_load_run_with_the_collector_off(tmp_path: Path, monkeypat
     assert gc.isenabled() and len(model) > 0
     with open_checkpoint(path):
         assert gc.isenabled()  # only the opening is paused, not the caller's use of the checkpoint
+
+
+def test_a_whole_load_is_one_pause(tmp_path) -> None:
+    """Opening, planning and executing a load are one paused step: with a
+    pause per step, each step's end started a young collection over the
+    objects it had made (25-35 ms of an FP8 Qwen3.6's open and plan, nothing
+    freed). With a threshold of one allocation, any window between the steps
+    would collect; none does, and the collector is back on after."""
+    import gc
+
+    import hf2q
+    from hf2q.testing import make_qwen35_moe_checkpoint
+
+    path = make_qwen35_moe_checkpoint(tmp_path / "ck", "tiny", seed=2)
+    dev = hf2q.Device._isolated("host")
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    from hf2q import safetensors
+    from hf2q.models import base
+
+    real_open, real_execute = safetensors.open_checkpoint, base.execute
+    opened_at: list[int] = []
+    ended_at: list[int] = []
+
+    def open_checkpoint(*a, **k):  # the load's first step
+        opened_at.append(len(collections))
+        return real_open(*a, **k)
+
+    def execute(*a, **k):  # the load's last step
+        out = real_execute(*a, **k)
+        ended_at.append(len(collections))
+        return out
+
+    old = gc.get_threshold()
+    was = gc.isenabled()
+    gc.enable()
+    gc.set_threshold(1, 1, 1)
+    gc.callbacks.append(seen)
+    safetensors.open_checkpoint, base.execute = open_checkpoint, execute
+    try:
+        model = hf2q.load(path, dev, progress=False)
+        junk = [[] for _ in range(10)]  # the next allocations collect again
+    finally:
+        safetensors.open_checkpoint, base.execute = real_open, real_execute
+        gc.callbacks.remove(seen)
+        gc.set_threshold(*old)
+        if not was:
+            gc.disable()
+    assert len(model) > 10 and len(opened_at) == len(ended_at) == 1
+    assert ended_at[0] == opened_at[0]  # no collection from the open to the end of the execution
+    assert len(collections) > ended_at[0] and junk  # the collector back on after it
