@@ -150,7 +150,7 @@ def test_fork_while_another_thread_loads_through_a_batch_queue(tmp_path) -> None
     refused in the child (its thread exists only in the parent), and letting
     it go there neither waits nor aborts."""
     r = run_python(FORK_HELPERS + r'''
-import threading, numpy as np, hf2q
+import threading, gc, os, numpy as np, hf2q
 from hf2q import loader, qwen35
 from hf2q.testing import make_qwen35_moe_checkpoint
 loader._OVERLAP = True
@@ -169,16 +169,19 @@ def churn():
 t = threading.Thread(target=churn, daemon=True); t.start()
 time.sleep(0.05)
 def child():
-    try:
-        parents_queue.submit(None)
-    except TypeError:
-        pass  # (None is no batch: the argument is checked first)
-    try:
-        parents_queue.wait(1, 0.01)
-        return False
-    except RuntimeError as e:
-        if "forked" not in str(e):
+    global parents_queue
+    b = dev.alloc((4,), "f32")
+    fd = os.open(sys.argv[1] + "/config.json", os.O_RDONLY)
+    for call in (lambda: parents_queue.submit(hf2q._core.NativeFileBatch([(b._native, [(0, fd, 0, 16)], "u8", False, None)])),
+                 lambda: parents_queue.wait(1, 0.01), parents_queue.cancel):
+        try:
+            call()
             return False
+        except RuntimeError as e:
+            if "forked" not in str(e):
+                return False
+    del parents_queue  # let go in the child: neither waits for the parent's threads nor aborts
+    gc.collect()
     return load() == want
 ok = 0
 for i in range(@N@):

@@ -318,6 +318,101 @@ def test_a_queue_that_cannot_start_or_take_a_batch_leaves_nothing(where: str, ck
     assert _state(dev) == before
 
 
+def test_the_next_batch_is_queued_before_the_last_is_joined(ckpts: dict[str, Path], small_batches: None,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch N+1 is submitted before batch N is joined (the queue starts it
+    as soon as N's reads end), and never more than two are outstanding."""
+    dev = Device._isolated("host")
+    monkeypatch.setattr(loader, "_OVERLAP", True)
+    made = QueueSpy.install(monkeypatch)
+    events: list[str] = []
+    real_start, real_join = loader._start_batch, loader._InFlight.join
+
+    def start(device: Any, batch: Any, queue: Any = None) -> Any:
+        events.append("submit")
+        return real_start(device, batch, queue)
+
+    def join(self: Any) -> Any:
+        events.append("join")
+        return real_join(self)
+
+    monkeypatch.setattr(loader, "_start_batch", start)
+    monkeypatch.setattr(loader._InFlight, "join", join)
+    _load(ckpts["experts"], dev)
+    assert len(made) == 1 and events.count("submit") > 3
+    outstanding = 0
+    for i, e in enumerate(events):
+        outstanding += 1 if e == "submit" else -1
+        assert 0 <= outstanding <= 2, events
+        if e == "join" and i + 1 < len(events):  # every join but the last comes after the next batch's submission
+            assert outstanding == 1, events
+    assert events[0] == "submit" and events[-1] == "join" and outstanding == 0
+
+
+def test_a_queued_batch_owns_its_buffers_until_its_read_ended(tmp_path: Path) -> None:
+    """The buffers of a queued batch may be let go by the caller while the
+    batch waits behind a long read (a failure path that lost its ticket):
+    the queue holds them until the read ended, then frees them (a use after
+    free here is what the sanitizer job would report)."""
+    import gc
+
+    from hf2q import _core
+
+    dev = Device._isolated("host")
+    big = np.arange(16 << 20, dtype=np.float32)
+    f = tmp_path / "d.bin"
+    f.write_bytes(big.tobytes() + np.arange(1024, dtype=np.float32).tobytes())
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        gc.collect()
+        before = dev.residency.stats()["count"]
+        q = dev._batch_queue()
+        slow = dev.alloc((16 << 20,), "f32")
+        small = dev.alloc((1024,), "f32")
+        t1 = q.submit(_core.NativeFileBatch([(slow._native, [(0, fd, 0, big.nbytes)], "f32", False, None)]))
+        t2 = q.submit(_core.NativeFileBatch([(small._native, [(0, fd, big.nbytes, 4096)], "f32", False, None)]))
+        del slow, small
+        gc.collect()
+        assert q.wait(t2, 30)[0] == [(-1, 0)] and q.wait(t1, 30)[0] == [(-1, 0)]
+        q.close()
+        gc.collect()
+        assert dev.residency.stats()["count"] == before  # freed by the queue once read
+    finally:
+        os.close(fd)
+
+
+def test_cancel_leaves_the_batches_not_started_unread(tmp_path: Path) -> None:
+    """cancel(): every ticket then ends either read (it had started) or
+    refused as cancelled, with its buffer untouched."""
+    from hf2q import _core
+
+    dev = Device._isolated("host")
+    data = np.arange(1024, dtype=np.float32) + 1
+    f = tmp_path / "d.bin"
+    f.write_bytes(data.tobytes())
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        q = dev._batch_queue()
+        bufs = [dev.alloc((1024,), "f32") for _ in range(64)]
+        tickets = [q.submit(_core.NativeFileBatch([(b._native, [(0, fd, 0, 4096)], "f32", False, None)]))
+                   for b in bufs]
+        q.cancel()
+        read = 0
+        for t, b in zip(tickets, bufs):
+            try:
+                q.wait(t, 30)
+                read += 1
+                assert (b.to_host() == data).all()
+            except RuntimeError as e:
+                assert "cancelled" in str(e)
+                assert not b.to_host().any()
+        t = q.submit(_core.NativeFileBatch([(bufs[0]._native, [(0, fd, 0, 4096)], "f32", False, None)]))
+        assert q.wait(t, 30)[0] == [(-1, 0)]  # a batch submitted after the cancel is read
+        q.close()
+    finally:
+        os.close(fd)
+
+
 def test_queue_reads_in_order_and_refuses_misuse(tmp_path: Path) -> None:
     """The native queue on its own: tickets read in order, each waited for
     once; a batch after a failed one is not read; a closed queue takes no

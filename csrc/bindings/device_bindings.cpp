@@ -55,7 +55,20 @@ std::vector<Device::BatchJob> to_batch_jobs(const std::vector<FileJobTuple>& job
 // holds raw buffer pointers: its Python owner keeps the buffers alive.
 struct PreparedFileBatch {
   std::vector<Device::BatchJob> jobs;
+  // The buffers the jobs write and read, owned by C++ (a queued batch keeps
+  // them until its read ended: FileBatchQueue).
+  std::vector<std::shared_ptr<BufferImpl>> keep;
 };
+
+PreparedFileBatch prepared_file_batch(const std::vector<FileJobTuple>& jobs) {
+  PreparedFileBatch b{to_batch_jobs(jobs), {}};
+  b.keep.reserve(b.jobs.size());
+  for (const Device::BatchJob& j : b.jobs) {
+    b.keep.push_back(j.buf->shared_from_this());  // (every buffer is made by a shared_ptr: Device::alloc*)
+    if (j.scale != nullptr) b.keep.push_back(j.scale->shared_from_this());
+  }
+  return b;
+}
 
 
 using RoBytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -200,7 +213,7 @@ void bind_device(nb::module_& m) {
 
   nb::class_<PreparedFileBatch>(m, "NativeFileBatch")
       .def("__init__", [](PreparedFileBatch* self, const std::vector<FileJobTuple>& jobs) {
-        new (self) PreparedFileBatch{to_batch_jobs(jobs)};
+        new (self) PreparedFileBatch(prepared_file_batch(jobs));
       }, "jobs"_a)
       .def_prop_ro("jobs", [](const PreparedFileBatch& b) { return b.jobs.size(); });
 
@@ -210,10 +223,12 @@ void bind_device(nb::module_& m) {
       .def(
           "submit",
           [](hf2q::device::FileBatchQueue& q, const PreparedFileBatch& batch, std::uint64_t after) {
+            std::vector<std::shared_ptr<BufferImpl>> keep = batch.keep;
             hf2q::bindings::ReleaseGil nogil;
-            return q.submit(batch.jobs, after);
+            return q.submit(batch.jobs, std::move(keep), after);
           },
           "batch"_a, "after"_a = 0)
+      .def("cancel", &hf2q::device::FileBatchQueue::cancel)
       .def(
           "wait",
           [](hf2q::device::FileBatchQueue& q, std::uint64_t ticket, double timeout) -> nb::object {

@@ -7,11 +7,20 @@
 
 namespace hf2q::device {
 
-FileBatchQueue::FileBatchQueue(Device& device) : device_(device), owner_pid_(::getpid()) {
-  worker_ = std::thread([this] { run(); });
+FileBatchQueue::FileBatchQueue(Device& device) : device_(device), owner_pid_(::getpid()), st_(new State) {
+  try {
+    st_->worker = std::thread([this] { run(); });
+  } catch (...) {
+    delete st_;
+    throw;
+  }
 }
 
-FileBatchQueue::~FileBatchQueue() { close(); }
+FileBatchQueue::~FileBatchQueue() {
+  if (::getpid() != owner_pid_) return;  // a forked child: the state is leaked (class comment)
+  close();
+  delete st_;
+}
 
 void FileBatchQueue::check_owner() const {
   if (::getpid() != owner_pid_) {
@@ -20,33 +29,35 @@ void FileBatchQueue::check_owner() const {
   }
 }
 
-std::uint64_t FileBatchQueue::submit(const std::vector<Device::BatchJob>& jobs, std::uint64_t after) {
+std::uint64_t FileBatchQueue::submit(const std::vector<Device::BatchJob>& jobs,
+                                     std::vector<std::shared_ptr<BufferImpl>> keep, std::uint64_t after) {
   check_owner();
   std::vector<FileBatchItem> items = device_.plan_file_batch(jobs);  // refused here, before it is queued
-  std::lock_guard<std::mutex> lk(mu_);
-  if (closing_) throw std::runtime_error("the file batch queue is closed");
-  if (after >= next_ticket_) throw std::invalid_argument("submit: 'after' is not a ticket of this queue");
-  const std::uint64_t ticket = next_ticket_++;
-  pending_.push_back(Item{ticket, after, std::move(items)});
-  work_cv_.notify_one();
+  std::lock_guard<std::mutex> lk(st_->mu);
+  if (st_->closing) throw std::runtime_error("the file batch queue is closed");
+  if (after >= st_->next_ticket) throw std::invalid_argument("submit: 'after' is not a ticket of this queue");
+  const std::uint64_t ticket = st_->next_ticket++;
+  st_->pending.push_back(Item{ticket, after, std::move(items), std::move(keep)});
+  st_->work_cv.notify_one();
   return ticket;
 }
 
 std::optional<std::pair<std::vector<UploadResult>, double>> FileBatchQueue::wait(std::uint64_t ticket,
                                                                                  double timeout_s) {
   check_owner();
-  std::unique_lock<std::mutex> lk(mu_);
+  State& s = *st_;
+  std::unique_lock<std::mutex> lk(s.mu);
   auto known = [&] {
-    if (done_.count(ticket) != 0 || running_ == ticket) return true;
-    for (const Item& it : pending_) {
+    if (s.done.count(ticket) != 0 || s.running == ticket) return true;
+    for (const Item& it : s.pending) {
       if (it.ticket == ticket) return true;
     }
     return false;
   };
   if (!known()) throw std::invalid_argument("wait: " + std::to_string(ticket) + " is not a pending ticket of this queue");
   const auto limit = std::chrono::duration<double>(timeout_s > 0 ? timeout_s : 0.0);
-  if (!done_cv_.wait_for(lk, limit, [&] { return done_.count(ticket) != 0; })) return std::nullopt;
-  auto node = done_.extract(ticket);
+  if (!s.done_cv.wait_for(lk, limit, [&] { return s.done.count(ticket) != 0; })) return std::nullopt;
+  auto node = s.done.extract(ticket);
   lk.unlock();
   Outcome& out = node.mapped();
   if (out.error) std::rethrow_exception(out.error);
@@ -54,15 +65,32 @@ std::optional<std::pair<std::vector<UploadResult>, double>> FileBatchQueue::wait
   return std::make_pair(std::move(out.results), ago);
 }
 
+void FileBatchQueue::cancel() {
+  check_owner();
+  std::deque<Item> dropped;
+  {
+    std::lock_guard<std::mutex> lk(st_->mu);
+    dropped.swap(st_->pending);
+    const auto now = std::chrono::steady_clock::now();
+    for (const Item& it : dropped) {
+      st_->failed.insert(it.ticket);
+      st_->done.emplace(it.ticket, Outcome{{}, std::make_exception_ptr(std::runtime_error("not read: cancelled")), now});
+    }
+    st_->done_cv.notify_all();
+  }
+  // (their buffers let go here, outside the lock)
+}
+
 void FileBatchQueue::run() noexcept {
-  std::unique_lock<std::mutex> lk(mu_);
+  State& s = *st_;
+  std::unique_lock<std::mutex> lk(s.mu);
   for (;;) {
-    work_cv_.wait(lk, [&] { return !pending_.empty() || closing_; });
-    if (pending_.empty()) return;  // closing, nothing left
-    Item item = std::move(pending_.front());
-    pending_.pop_front();
-    const bool skip = item.after != 0 && failed_.count(item.after) != 0;
-    running_ = item.ticket;
+    s.work_cv.wait(lk, [&] { return !s.pending.empty() || s.closing; });
+    if (s.pending.empty()) return;  // closing, nothing left
+    Item item = std::move(s.pending.front());
+    s.pending.pop_front();
+    const bool skip = item.after != 0 && s.failed.count(item.after) != 0;
+    s.running = item.ticket;
     lk.unlock();
     Outcome out;
     if (skip) {
@@ -76,27 +104,31 @@ void FileBatchQueue::run() noexcept {
     }
     out.ended = std::chrono::steady_clock::now();
     item.items.clear();
+    item.keep.clear();  // the buffers' last owner may be this thread: freed here, outside the lock
     lk.lock();
-    running_ = 0;
-    if (out.error) failed_.insert(item.ticket);
-    done_.emplace(item.ticket, std::move(out));
-    done_cv_.notify_all();
+    s.running = 0;
+    if (out.error) s.failed.insert(item.ticket);
+    s.done.emplace(item.ticket, std::move(out));
+    s.done_cv.notify_all();
   }
 }
 
 void FileBatchQueue::close() noexcept {
-  if (::getpid() != owner_pid_) {
-    // The worker exists only in the parent: joining it here would wait
-    // forever (or fail), so its handle is left as it is, never destroyed.
-    new (&worker_) std::thread();  // the copied handle forgotten, not joined
-    return;
-  }
+  if (::getpid() != owner_pid_) return;  // the worker exists only in the parent
+  std::thread worker;
   {
-    std::lock_guard<std::mutex> lk(mu_);
-    closing_ = true;
+    std::lock_guard<std::mutex> lk(st_->mu);
+    st_->closing = true;
+    worker = std::move(st_->worker);  // one caller joins it
   }
-  work_cv_.notify_all();
-  if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+  st_->work_cv.notify_all();
+  if (worker.joinable()) {
+    if (worker.get_id() == std::this_thread::get_id()) {
+      worker.detach();  // (not reachable: the worker calls nothing that closes)
+    } else {
+      worker.join();
+    }
+  }
 }
 
 }  // namespace hf2q::device

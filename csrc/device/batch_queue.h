@@ -4,8 +4,11 @@
 // ends, with no Python between them (a Python thread per batch waited for
 // the GIL on the way in and out of each native call while the loading
 // thread held it, a few milliseconds a batch). The worker never touches
-// Python: it may run while the interpreter finalizes, and a child forked
-// meanwhile has no worker (every call there is refused, nothing joined).
+// Python: it may run while the interpreter finalizes. Each queued batch owns
+// the buffers it writes until its read ended, so no caller's failure path
+// can free memory under a read. A child forked meanwhile has no worker:
+// every call there is refused, and letting the queue go there leaks its
+// state rather than waiting for threads that exist only in the parent.
 #pragma once
 
 #include <chrono>
@@ -14,6 +17,7 @@
 #include <deque>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -38,15 +42,22 @@ class FileBatchQueue {
 
   // Plans `jobs` (every check of Device::read_file_batch, on the calling
   // thread: a bad job is refused here) and queues them; returns a ticket.
-  // `after`: a ticket of this queue whose batch must have succeeded for
-  // this one to run (0: none); else this one fails unread. The buffers and
-  // files the jobs name must stay alive until the ticket is waited for.
-  std::uint64_t submit(const std::vector<Device::BatchJob>& jobs, std::uint64_t after);
+  // `keep`: the buffers the jobs write and read (their scales), held until
+  // the read ended. `after`: a ticket of this queue whose batch must have
+  // succeeded for this one to run (0: none); else this one fails unread.
+  // The files the jobs name must stay open until the ticket ended (close()
+  // waits for every ticket).
+  std::uint64_t submit(const std::vector<Device::BatchJob>& jobs, std::vector<std::shared_ptr<BufferImpl>> keep,
+                       std::uint64_t after);
 
   // The ticket's outcome once it ran: its results and the seconds since it
   // ended, or its error rethrown; the ticket is spent either way. nullopt if
   // it has not ended within `timeout_s` (the caller waits again).
   std::optional<std::pair<std::vector<UploadResult>, double>> wait(std::uint64_t ticket, double timeout_s);
+
+  // The batches not started yet end unread (their tickets fail); the one
+  // being read goes on. For a caller that is failing: less to wait for.
+  void cancel();
 
   // Batches still queued are read, then the worker is joined. Idempotent;
   // no-op in a forked child.
@@ -57,11 +68,25 @@ class FileBatchQueue {
     std::uint64_t ticket;
     std::uint64_t after;
     std::vector<FileBatchItem> items;
+    std::vector<std::shared_ptr<BufferImpl>> keep;
   };
   struct Outcome {
     std::vector<UploadResult> results;
     std::exception_ptr error;
     std::chrono::steady_clock::time_point ended;
+  };
+  // Everything a forked child must never destroy (a condition variable the
+  // parent's threads waited on, the worker's handle): on the heap, leaked there.
+  struct State {
+    std::mutex mu;
+    std::condition_variable work_cv, done_cv;
+    std::deque<Item> pending;
+    std::map<std::uint64_t, Outcome> done;
+    std::set<std::uint64_t> failed;  // tickets that failed or were not run (what `after` looks at)
+    std::uint64_t next_ticket = 1;
+    std::uint64_t running = 0;  // the ticket being read (0: none)
+    bool closing = false;
+    std::thread worker;
   };
 
   void run() noexcept;
@@ -69,15 +94,7 @@ class FileBatchQueue {
 
   Device& device_;
   pid_t owner_pid_;
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<Item> pending_;
-  std::map<std::uint64_t, Outcome> done_;
-  std::set<std::uint64_t> failed_;  // tickets that failed or were not run (what `after` looks at)
-  std::uint64_t next_ticket_ = 1;
-  std::uint64_t running_ = 0;  // the ticket being read (0: none)
-  bool closing_ = false;
-  std::thread worker_;
+  State* st_;
 };
 
 }  // namespace hf2q::device

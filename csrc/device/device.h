@@ -37,7 +37,7 @@ class MemoryBlock {
 // One allocation holding a tensor (or a part of a shared MemoryBlock). Owned through shared_ptr: Python Buffer
 // objects and every numpy/DLPack view hold a reference, so the memory lives
 // until the last of them is gone. Removed from its residency set before free.
-class BufferImpl {
+class BufferImpl : public std::enable_shared_from_this<BufferImpl> {
  public:
   BufferImpl(std::shared_ptr<Device> dev, DType dtype, std::vector<std::int64_t> shape,
              std::size_t byte_len, std::size_t alloc_len, void* ptr, void* handle,

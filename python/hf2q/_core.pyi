@@ -66,7 +66,8 @@ class NativeFileBatch:
 
 class FileBatchQueue:
     """Prepared file batches read in order on the queue's own thread
-    (docs/CUDA.md, "The batch queue"); keeps ``device`` alive."""
+    (docs/CUDA.md, "The batch queue"); keeps ``device`` alive, and each
+    queued batch its buffers until its read ended."""
     def __init__(self, device: NativeDevice) -> None: ...
     def submit(self, batch: NativeFileBatch, after: int = 0) -> int:
         """Plans and checks ``batch`` (a bad job raises here), queues it,
@@ -76,6 +77,8 @@ class FileBatchQueue:
         """(results, seconds since it ended) once the ticket ran, or its
         error raised (the ticket is spent); None if still running after
         ``timeout`` seconds."""
+    def cancel(self) -> None:
+        """The batches not started yet end unread (their tickets raise)."""
     def close(self) -> None:
         """Queued batches read, the thread joined; idempotent."""
 

@@ -855,9 +855,10 @@ class Device:
         """The checks and conversions of :meth:`write_from_file_batch`, no
         byte read: every job checked, its files opened, its segments
         converted for the native core. A loader prepares a batch while the
-        one before it is read, so the thread that runs it (with
-        :meth:`_run_file_batch`, once; ``close()`` if it never runs) holds
-        the GIL for no per-segment work."""
+        one before it is read, so the call that reads it
+        (:meth:`_run_file_batch`, or :meth:`_start_file_batch` into a queue
+        then :meth:`_finish_file_batch`; ``close()`` if it never runs) does
+        no per-segment work in Python."""
         planned = []
         for job in jobs:
             buf, file, segments, src_dtype, name = job[:5]

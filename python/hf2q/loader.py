@@ -340,6 +340,11 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     except BaseException as e:
         # A model made early holds buffers, and the raise below puts this frame back in the traceback.
         model = every = None  # type: ignore[assignment]
+        if queue is not None and inflight:
+            try:
+                queue.cancel()  # the batches not started are not read
+            except Exception:
+                pass  # (the error being raised says enough)
         while inflight:  # their buffers are the device's until their reads end
             try:
                 inflight.pop(0).wait()
@@ -436,19 +441,23 @@ class _Batch:
 
     def drop(self) -> None:
         # The calls first: one still in a queue is waited for before its
-        # buffers go (a KeyboardInterrupt meanwhile is raised once both ended).
-        interrupted: BaseException | None = None
+        # buffers go (the queue itself holds them until then: this keeps
+        # the device's state as the caller sees it). Whatever one call's
+        # close raises, the other is closed too; a KeyboardInterrupt (or
+        # else the first error) is raised once both are.
+        raised: BaseException | None = None
         for k in ("scale_call", "write_call"):
             call = getattr(self, k, None)
             if call is not None:
                 try:
                     call.close()
-                except KeyboardInterrupt as e:
-                    interrupted = e
+                except BaseException as e:
+                    if raised is None or isinstance(e, KeyboardInterrupt):
+                        raised = e
         for k in self.__slots__:
             setattr(self, k, None if k.endswith("_call") else {} if k == "files" else [])
-        if interrupted is not None:
-            raise interrupted
+        if raised is not None:
+            raise raised
 
 
 def _prepare_batch(device: Device, ckpt: Checkpoint, entries: list[TensorPlan],
@@ -545,7 +554,10 @@ def _finish_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite:
                               pieces, check_finite, batch.write_call)
         batch.transients = []
         _judge_scaled(batch.scaled, batch.scaled_jobs, results[len(batch.jobs):], check_finite)
+        t = time.perf_counter()
         _transpose_batch(device, batch.entries, batch.made)
+        if batch.write_call.ended is not None:  # the batch's bytes landed once its transposes rewrote them
+            batch.write_call.ended += time.perf_counter() - t
         _check_files(batch.files)
         if check_finite:
             for entry, b in zip(batch.entries, batch.made):

@@ -1112,11 +1112,13 @@ class CudaBackend final : public Backend {
       const double ran = double(std::max<std::size_t>(1, trace_threads.size()));
       std::fprintf(stderr,
                    "hf2q cuda pipeline: %zu jobs, %zu pieces (%.2f sources each), %.1f MB, chunk %zu KiB, "
-                   "%zu threads: issued in %.4f s (%.1f GB/s); average per thread: slot wait %.4f s, read %.4f s, "
-                   "queue %.4f s\n",
+                   "%zu threads: issued in %.4f s (%.1f GB/s) from %.4f (monotonic s); average per thread: slot "
+                   "wait %.4f s, read %.4f s, queue %.4f s\n",
                    njobs, pieces.size(), pieces.empty() ? 0.0 : double(gathered) / double(pieces.size()),
                    double(total) / 1e6, chunk >> 10, trace_threads.size(), double(issued_ns) / 1e9,
-                   double(total) / double(issued_ns), double(t_lease.load()) / 1e9 / ran,
+                   double(total) / double(issued_ns),
+                   std::chrono::duration<double>(t_begin.time_since_epoch()).count(),  // steady_clock: CLOCK_MONOTONIC
+                   double(t_lease.load()) / 1e9 / ran,
                    double(t_read.load()) / 1e9 / ran, double(t_queue.load()) / 1e9 / ran);
     }
     // Nothing is asked of the device (raw copies, widening): the copies stay
