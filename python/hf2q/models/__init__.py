@@ -149,18 +149,11 @@ def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, dev
               progress: bool = True, check_finite: bool = False, shard: Any = None, **options: Any) -> Any:
     """:func:`load` with ``config.json`` already read (``config``) and the
     family chosen: the checkpoint is opened once and handed to the family."""
-    from .._gc import paused
     from ..device import opened_meanwhile
     from ..safetensors import open_checkpoint
 
-    # One pause of the cyclic collector for the whole load (hf2q._gc): with
-    # a pause per step, each step's end started a young collection over the
-    # objects it had made (the headers' 62,000 TensorInfo after opening, the
-    # plan's pieces after planning), 25-35 ms of an FP8 Qwen3.6's load that
-    # found nothing to free. The headers' objects are gone by the end of the
-    # load; the plan's, which the model keeps, are walked once after it.
     # None or a kind: the device opened while the checkpoint is opened and planned
-    with paused(), opened_meanwhile(device) as dev, open_checkpoint(Path(os.fspath(path))) as ckpt:
+    with opened_meanwhile(device) as dev, open_checkpoint(Path(os.fspath(path))) as ckpt:
         return fam.impl().load_checkpoint(ckpt, dev, config=config, progress=progress, check_finite=check_finite,
                                           shard=shard, **options)
 
