@@ -142,7 +142,7 @@ class QueueSpy:
         self.threads: list[str] = []
         self.tickets: dict[int, object] = {}  # our ticket -> the real one, once submitted (or the error)
         self.lock = threading.Condition()
-        self.todo: "queue.Queue[tuple[int, object, int, bool] | None]" = queue.Queue()
+        self.todo: "queue.Queue[tuple[int, object, int, list, bool] | None]" = queue.Queue()
         self.next = 1
         self.worker = threading.Thread(target=self._submit_in_order, name="queue-spy", daemon=True)
         self.worker.start()
@@ -166,25 +166,25 @@ class QueueSpy:
         import time
 
         while (item := self.todo.get()) is not None:
-            ticket, batch, after, hold = item
+            ticket, batch, after, transposes, hold = item
             if hold:
                 time.sleep(self.seconds)
             with self.lock:
                 real_after = self.tickets.get(after, 0) if after else 0
             try:
-                got: object = self.real.submit(batch, real_after if isinstance(real_after, int) else 0)
+                got: object = self.real.submit(batch, real_after if isinstance(real_after, int) else 0, transposes)
             except BaseException as e:  # raised by wait
                 got = e
             with self.lock:
                 self.tickets[ticket] = got
                 self.lock.notify_all()
 
-    def submit(self, batch, after: int = 0) -> int:
+    def submit(self, batch, after: int = 0, transposes=()) -> int:
         import threading
 
         self.threads.append(threading.current_thread().name)
         ticket, self.next = self.next, self.next + 1
-        self.todo.put((ticket, batch, after, self.hold))
+        self.todo.put((ticket, batch, after, list(transposes), self.hold))
         return ticket
 
     def wait(self, ticket: int, timeout: float):

@@ -49,6 +49,19 @@ std::vector<Device::BatchJob> to_batch_jobs(const std::vector<FileJobTuple>& job
   return v;
 }
 
+// transpose_units_many's items as Python passes them: (buf, outer, period, start, a, b, unit).
+using TransposeTuple =
+    std::tuple<BufferImpl*, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t>;
+
+std::vector<Device::UnitTransposeSpec> to_transpose_specs(const std::vector<TransposeTuple>& items) {
+  std::vector<Device::UnitTransposeSpec> v;
+  v.reserve(items.size());
+  for (const auto& [buf, outer, period, start, a, b, unit] : items) {
+    v.push_back(Device::UnitTransposeSpec{buf, outer, period, start, a, b, unit});
+  }
+  return v;
+}
+
 // A read_file_batch call's jobs converted ahead of the call: a loader
 // converts the next batch's thousands of segments while the batch before it
 // is read, so the call itself holds the GIL for no per-segment work. It
@@ -222,12 +235,14 @@ void bind_device(nb::module_& m) {
       .def(nb::init<Device&>(), "device"_a, nb::keep_alive<1, 2>())
       .def(
           "submit",
-          [](hf2q::device::FileBatchQueue& q, const PreparedFileBatch& batch, std::uint64_t after) {
+          [](hf2q::device::FileBatchQueue& q, const PreparedFileBatch& batch, std::uint64_t after,
+             const std::vector<TransposeTuple>& transposes) {
             std::vector<std::shared_ptr<BufferImpl>> keep = batch.keep;
+            std::vector<Device::UnitTransposeSpec> t = to_transpose_specs(transposes);
             hf2q::bindings::ReleaseGil nogil;
-            return q.submit(batch.jobs, std::move(keep), after);
+            return q.submit(batch.jobs, std::move(keep), after, std::move(t));
           },
-          "batch"_a, "after"_a = 0)
+          "batch"_a, "after"_a = 0, "transposes"_a = std::vector<TransposeTuple>{})
       .def("cancel", &hf2q::device::FileBatchQueue::cancel)
       .def(
           "wait",
@@ -390,13 +405,8 @@ void bind_device(nb::module_& m) {
           "`start` rewritten as its transpose [b, a], in place (whole blocks of the buffer's format).")
       .def(
           "transpose_units_many",
-          [](Device& d, const std::vector<std::tuple<BufferImpl*, std::size_t, std::size_t, std::size_t, std::size_t,
-                                                     std::size_t, std::size_t>>& items) {
-            std::vector<Device::UnitTransposeSpec> v;
-            v.reserve(items.size());
-            for (const auto& [buf, outer, period, start, a, b, unit] : items) {
-              v.push_back(Device::UnitTransposeSpec{buf, outer, period, start, a, b, unit});
-            }
+          [](Device& d, const std::vector<TransposeTuple>& items) {
+            std::vector<Device::UnitTransposeSpec> v = to_transpose_specs(items);
             hf2q::bindings::ReleaseGil nogil;
             d.transpose_units_many(v);
           },

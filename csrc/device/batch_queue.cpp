@@ -30,14 +30,19 @@ void FileBatchQueue::check_owner() const {
 }
 
 std::uint64_t FileBatchQueue::submit(const std::vector<Device::BatchJob>& jobs,
-                                     std::vector<std::shared_ptr<BufferImpl>> keep, std::uint64_t after) {
+                                     std::vector<std::shared_ptr<BufferImpl>> keep, std::uint64_t after,
+                                     std::vector<Device::UnitTransposeSpec> transposes) {
   check_owner();
   std::vector<FileBatchItem> items = device_.plan_file_batch(jobs);  // refused here, before it is queued
+  for (const Device::UnitTransposeSpec& t : transposes) {
+    if (t.buf == nullptr) throw std::invalid_argument("submit: a unit transpose has no buffer");
+    keep.push_back(t.buf->shared_from_this());
+  }
   std::lock_guard<std::mutex> lk(st_->mu);
   if (st_->closing) throw std::runtime_error("the file batch queue is closed");
   if (after >= st_->next_ticket) throw std::invalid_argument("submit: 'after' is not a ticket of this queue");
   const std::uint64_t ticket = st_->next_ticket++;
-  st_->pending.push_back(Item{ticket, after, std::move(items), std::move(keep)});
+  st_->pending.push_back(Item{ticket, after, std::move(items), std::move(keep), std::move(transposes)});
   st_->work_cv.notify_one();
   return ticket;
 }
@@ -98,12 +103,14 @@ void FileBatchQueue::run() noexcept {
     } else {
       try {
         out.results = device_.read_planned_file_batch(item.items);
+        if (!item.transposes.empty()) device_.transpose_units_many(item.transposes);
       } catch (...) {
         out.error = std::current_exception();
       }
     }
     out.ended = std::chrono::steady_clock::now();
     item.items.clear();
+    item.transposes.clear();
     item.keep.clear();  // the buffers' last owner may be this thread: freed here, outside the lock
     lk.lock();
     s.running = 0;

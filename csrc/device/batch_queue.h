@@ -47,8 +47,12 @@ class FileBatchQueue {
   // succeeded for this one to run (0: none); else this one fails unread.
   // The files the jobs name must stay open until the ticket ended (close()
   // waits for every ticket).
+  // `transposes`: unit transposes of the jobs' buffers run once the read
+  // succeeded (their failure is the ticket's), as the batch thread ran them
+  // before: not on the caller's thread, where they would wait for the next
+  // batch's copies in flight.
   std::uint64_t submit(const std::vector<Device::BatchJob>& jobs, std::vector<std::shared_ptr<BufferImpl>> keep,
-                       std::uint64_t after);
+                       std::uint64_t after, std::vector<Device::UnitTransposeSpec> transposes = {});
 
   // The ticket's outcome once it ran: its results and the seconds since it
   // ended, or its error rethrown; the ticket is spent either way. nullopt if
@@ -69,6 +73,7 @@ class FileBatchQueue {
     std::uint64_t after;
     std::vector<FileBatchItem> items;
     std::vector<std::shared_ptr<BufferImpl>> keep;
+    std::vector<Device::UnitTransposeSpec> transposes;
   };
   struct Outcome {
     std::vector<UploadResult> results;

@@ -69,10 +69,12 @@ class FileBatchQueue:
     (docs/CUDA.md, "The batch queue"); keeps ``device`` alive, and each
     queued batch its buffers until its read ended."""
     def __init__(self, device: NativeDevice) -> None: ...
-    def submit(self, batch: NativeFileBatch, after: int = 0) -> int:
+    def submit(self, batch: NativeFileBatch, after: int = 0,
+               transposes: list[tuple[NativeBuffer, int, int, int, int, int, int]] = ...) -> int:
         """Plans and checks ``batch`` (a bad job raises here), queues it,
         returns its ticket; ``after``: a ticket that must succeed first (else
-        this one fails unread)."""
+        this one fails unread); ``transposes``: transpose_units_many items
+        run once the read succeeded."""
     def wait(self, ticket: int, timeout: float) -> tuple[list[tuple[int, int]], float] | None:
         """(results, seconds since it ended) once the ticket ran, or its
         error raised (the ticket is spent); None if still running after

@@ -899,14 +899,18 @@ class Device:
         its own (:meth:`_start_file_batch`; ``close()`` it when done)."""
         return _core.FileBatchQueue(self._native)
 
-    def _start_file_batch(self, batch: _FileBatch, queue: Any = None, after: _FileBatch | None = None
-                          ) -> _FileBatch:
+    def _start_file_batch(self, batch: _FileBatch, queue: Any = None, after: _FileBatch | None = None,
+                          transposes: Sequence[tuple[Any, ...]] = ()) -> _FileBatch:
         """:meth:`_run_file_batch` begun: the files' identities taken and,
         with ``queue`` (:meth:`_batch_queue`), the batch planned and queued
         there (read after those queued before it, while this thread goes
         on; ``after``: a batch of the same queue whose failure means this one
-        is not read). Then :meth:`_finish_file_batch` once, or ``close()`` to
-        let it go (a queued batch is waited for first)."""
+        is not read; ``transposes``: ``transpose_units_many`` items run by
+        the queue once the read succeeded). Then :meth:`_finish_file_batch`
+        once, or ``close()`` to let it go (a queued batch is waited for
+        first)."""
+        if transposes and queue is None:
+            raise ValueError("unit transposes ride with a queued batch only")
         if batch.native is None:
             if batch.planned:
                 raise ValueError("a prepared file batch runs once")
@@ -914,7 +918,8 @@ class Device:
         batch.before = {fd: _fd_identity(fd, fd) for fd in set(batch.fd_of)}
         if queue is not None:
             native, batch.native = batch.native, None
-            batch.ticket = queue.submit(native, after.ticket if after is not None and after.ticket else 0)
+            batch.ticket = queue.submit(native, after.ticket if after is not None and after.ticket else 0,
+                                        [(b._native, *spec) for b, *spec in transposes])
             batch.queue = queue
         return batch
 

@@ -290,7 +290,27 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     # On a GPU the batches are read by a queue of the load's own (a native
     # thread), one after another with no Python between them.
     queue = device._batch_queue() if overlap else None
+    # There too, the entries filled on this thread (transforms, staged
+    # conversions: 131 small ones in an FP8 Qwen3.6) get their buffers in one
+    # allocation first: one at a time each cost this thread about 0.8 ms (an
+    # allocation, its zero fill and a wait), time the next batch's
+    # preparation needs while the queue reads (docs/CUDA.md).
+    made_ahead: dict[str, Buffer] = {}
+
+    def take_ahead(entries: list[TensorPlan]) -> list[Buffer]:
+        """The buffer made ahead for the one entry _fill asks for (of its shape and format), else a new one."""
+        (entry,) = entries
+        b = made_ahead.pop(entry.name, None)
+        if b is None or tuple(b.shape) != tuple(entry.shape) or b.dtype != formats.get(entry.dtype).name:
+            return [device.alloc(entry.shape, entry.dtype)]
+        return [b]
+
     try:
+        if overlap and alloc is None:
+            ahead = [e for e in plan
+                     if not e.streamed and (e.transform is not None or all(p.scale is None for p in e.sources))]
+            if ahead:
+                made_ahead.update(zip([e.name for e in ahead], device.alloc_many([(e.shape, e.dtype) for e in ahead])))
         for entry in plan:
             if (entry.unit_transpose is not None and not entry.unit_transpose.fits(entry.dtype)
                     and _transpose_source(entry) is None):
@@ -320,7 +340,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
             else:
                 # Read, transformed or staged now (small tensors); the batch
                 # pending around it keeps collecting.
-                bufs[entry.name] = _fill(device, ckpt, entry, check_finite, alloc)
+                bufs[entry.name] = _fill(device, ckpt, entry, check_finite,
+                                         take_ahead if entry.name in made_ahead else alloc)
                 bar.update(size)
         if pending or not inflight:
             flush()  # else the batch in flight is the last: land() below
@@ -340,6 +361,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     except BaseException as e:
         # A model made early holds buffers, and the raise below puts this frame back in the traceback.
         model = every = None  # type: ignore[assignment]
+        made_ahead.clear()
         if queue is not None and inflight:
             try:
                 queue.cancel()  # the batches not started are not read
@@ -437,7 +459,7 @@ class _Batch:
     jobs built) for :func:`_run_batch`; ``drop()`` lets its buffers go."""
 
     __slots__ = ("entries", "pieces", "files", "made", "transients", "scaled", "jobs", "owner", "scaled_jobs",
-                 "scaled_owner", "scale_jobs", "scale_owner", "scale_call", "write_call")
+                 "scaled_owner", "scale_jobs", "scale_owner", "scale_call", "write_call", "transposed")
 
     def drop(self) -> None:
         # The calls first: one still in a queue is waited for before its
@@ -455,7 +477,8 @@ class _Batch:
                     if raised is None or isinstance(e, KeyboardInterrupt):
                         raised = e
         for k in self.__slots__:
-            setattr(self, k, None if k.endswith("_call") else {} if k == "files" else [])
+            setattr(self, k, None if k.endswith("_call") else {} if k == "files" else False if k == "transposed"
+                    else [])
         if raised is not None:
             raise raised
 
@@ -535,7 +558,19 @@ def _start_batch(device: Device, batch: _Batch, queue: Any = None) -> None:
     try:
         if batch.scale_call is not None:
             device._start_file_batch(batch.scale_call, queue)
-        device._start_file_batch(batch.write_call, queue, after=batch.scale_call)
+        if queue is not None:
+            # The unit transposes ride with the weights' call (run by the
+            # queue once it is read), and the scale grids' transients are let
+            # go here: the queue holds them until the read ended and frees
+            # them then. On this thread both would wait for the next batch's
+            # copies in flight (a free and the transposes wait for every
+            # upload), the time the next batch's preparation needs.
+            transposes = _transpose_items(batch.entries, batch.made)
+            device._start_file_batch(batch.write_call, queue, after=batch.scale_call, transposes=transposes)
+            batch.transposed = True
+            batch.transients = []
+        else:
+            device._start_file_batch(batch.write_call, queue, after=batch.scale_call)
     except BaseException as e:
         batch.drop()  # a call already queued is waited for first
         raise detached(e)
@@ -554,10 +589,8 @@ def _finish_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite:
                               pieces, check_finite, batch.write_call)
         batch.transients = []
         _judge_scaled(batch.scaled, batch.scaled_jobs, results[len(batch.jobs):], check_finite)
-        t = time.perf_counter()
-        _transpose_batch(device, batch.entries, batch.made)
-        if batch.write_call.ended is not None:  # the batch's bytes landed once its transposes rewrote them
-            batch.write_call.ended += time.perf_counter() - t
+        if not batch.transposed:  # (else done by the queue with the read)
+            _transpose_batch(device, batch.entries, batch.made)
         _check_files(batch.files)
         if check_finite:
             for entry, b in zip(batch.entries, batch.made):
@@ -815,10 +848,15 @@ def _transpose_batch(device: Device, entries: list[TensorPlan], bufs: list[Buffe
     GPU one wait for the batch's uploads and one scratch for all of them,
     instead of a wait, an allocation and a free each (those took 47 ms of an
     FP8 Qwen3.6 load's 0.9 s on an H100)."""
-    items = [(b._native, t.outer, t.period, t.start, t.a, t.b, t.unit)
-             for e, b in zip(entries, bufs) if (t := e.unit_transpose) is not None]
+    items = [(b._native, *spec) for b, *spec in _transpose_items(entries, bufs)]
     if items:
         device._native.transpose_units_many(items)
+
+
+def _transpose_items(entries: list[TensorPlan], bufs: list[Buffer]) -> list[tuple[Any, ...]]:
+    """``(buffer, outer, period, start, a, b, unit)`` of each entry's unit transpose."""
+    return [(b, t.outer, t.period, t.start, t.a, t.b, t.unit)
+            for e, b in zip(entries, bufs) if (t := e.unit_transpose) is not None]
 
 
 def _transpose_source(entry: TensorPlan) -> str | None:
