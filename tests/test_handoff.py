@@ -380,10 +380,10 @@ def _slow_batch_with(monkeypatch: pytest.MonkeyPatch, name: str, seconds: float 
     QueueSpy.install(monkeypatch, seconds)
     real_start = loader._start_batch
 
-    def start(device, batch, queue=None):
+    def start(device, batch, queue=None, check_finite=False):
         if queue is not None:
             queue.hold = any(e.name == name for e in batch.entries)
-        return real_start(device, batch, queue)
+        return real_start(device, batch, queue, check_finite)
 
     monkeypatch.setattr(loader, "_start_batch", start)
 

@@ -128,9 +128,9 @@ def _count_batches(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     seen: list[list[Any]] = []
     real = loader._start_batch
 
-    def start(device: Any, batch: Any, queue: Any = None) -> Any:
+    def start(device: Any, batch: Any, queue: Any = None, check_finite: bool = False) -> Any:
         seen.append(list(batch.entries))
-        return real(device, batch, queue)
+        return real(device, batch, queue, check_finite)
 
     monkeypatch.setattr(loader, "_start_batch", start)
     return seen
@@ -328,9 +328,9 @@ def test_the_next_batch_is_queued_before_the_last_is_joined(ckpts: dict[str, Pat
     events: list[str] = []
     real_start, real_join = loader._start_batch, loader._InFlight.join
 
-    def start(device: Any, batch: Any, queue: Any = None) -> Any:
+    def start(device: Any, batch: Any, queue: Any = None, check_finite: bool = False) -> Any:
         events.append("submit")
-        return real_start(device, batch, queue)
+        return real_start(device, batch, queue, check_finite)
 
     def join(self: Any) -> Any:
         events.append("join")
@@ -376,6 +376,38 @@ def test_entries_filled_on_the_loading_thread_get_their_buffers_in_one_allocatio
     monkeypatch.setattr(Device, "alloc_many", alloc_many)
     assert _bytes(_load(ckpts[kind], dev)) == want
     assert calls["alloc"] == 0 and calls["alloc_many"][0] > 10, calls
+
+
+def test_check_finite_names_the_same_element_with_the_overlap(ckpts: dict[str, Path], tmp_path: Path,
+                                                            small_batches: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Q8_0 block scale that overflows in a unit-transposed tensor is named
+    at the element the file holds it, overlap or not: with check_finite the
+    transposes stay on the loading thread, after the judging (the queue runs
+    them with the read otherwise)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    d = tmp_path / "ck"
+    shutil.copytree(ckpts["experts"], d)
+    name = next(n for f in sorted(d.glob("*.safetensors")) for n in load_file(str(f))
+                if n.endswith("layers.0.linear_attn.out_proj.weight"))
+    for f in sorted(d.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        if name in tensors:
+            t = tensors[name].copy()
+            t.view(np.uint16)[0, 67] = 0x7149  # bf16 ~1e30: its Q8_0 block's float16 scale overflows
+            tensors[name] = t
+            save_file(tensors, str(f), metadata={"format": "pt"})
+    dev = Device._isolated("host")
+    messages = []
+    for overlap in (False, True):
+        monkeypatch.setattr(loader, "_OVERLAP", overlap)
+        with pytest.raises(hf2q.NonFiniteError) as ei:
+            _load(d, dev, check_finite=True)
+        messages.append(str(ei.value))
+    assert messages[0] == messages[1], messages
 
 
 def test_a_queued_batch_owns_its_buffers_until_its_read_ended(tmp_path: Path) -> None:

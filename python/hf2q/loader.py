@@ -550,7 +550,7 @@ def _run_batch(device: Device, ckpt: Checkpoint, batch: _Batch, check_finite: bo
     return _finish_batch(device, ckpt, batch, check_finite)
 
 
-def _start_batch(device: Device, batch: _Batch, queue: Any = None) -> None:
+def _start_batch(device: Device, batch: _Batch, queue: Any = None, check_finite: bool = False) -> None:
     """The batch's device calls begun (:meth:`Device._start_file_batch`):
     with ``queue``, submitted there, the scale grids' call first (they land
     before the weights that need them are read) and the weights' call not
@@ -558,17 +558,15 @@ def _start_batch(device: Device, batch: _Batch, queue: Any = None) -> None:
     try:
         if batch.scale_call is not None:
             device._start_file_batch(batch.scale_call, queue)
-        if queue is not None:
+        if queue is not None and not check_finite:
             # The unit transposes ride with the weights' call (run by the
-            # queue once it is read), and the scale grids' transients are let
-            # go here: the queue holds them until the read ended and frees
-            # them then. On this thread both would wait for the next batch's
-            # copies in flight (a free and the transposes wait for every
-            # upload), the time the next batch's preparation needs.
+            # queue once it is read): on this thread they would wait for the
+            # next batch's copies in flight (they wait for every upload), the
+            # time the next batch's preparation needs. Not with check_finite:
+            # its errors name buffer elements as read, before a transpose.
             transposes = _transpose_items(batch.entries, batch.made)
             device._start_file_batch(batch.write_call, queue, after=batch.scale_call, transposes=transposes)
             batch.transposed = True
-            batch.transients = []
         else:
             device._start_file_batch(batch.write_call, queue, after=batch.scale_call)
     except BaseException as e:
@@ -619,7 +617,7 @@ class _InFlight:
         self.buffers: dict[str, Buffer] | None = {e.name: m for e, m in zip(batch.entries, batch.made)}
         self.finished: float | None = None  # when its bytes were written (perf_counter)
         self._args: tuple[Device, Checkpoint, _Batch, bool] | None = (device, ckpt, batch, check_finite)
-        _start_batch(device, batch, queue)
+        _start_batch(device, batch, queue, check_finite)
 
     def wait(self) -> None:
         """Until its reads ended, errors dropped, whatever arrives meanwhile
