@@ -244,9 +244,10 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     # native thread) while this one prepares the next (allocations and file
     # jobs: Python work that grows with the tensor count) and queues it
     # behind the one in flight before joining that one; the scaled FP8
-    # scale grids of the two together stay within SCALED_BATCH_BYTES. Not where the CPU addresses the memory: there the
-    # next batch's allocation populates its pages on the thread pool that
-    # the running batch's reads are using.
+    # scale grids of the two together stay within SCALED_BATCH_BYTES. Not
+    # where the CPU addresses the memory: there the next batch's allocation
+    # populates its pages on the thread pool that the running batch's reads
+    # are using.
     overlap = not device._native.cpu_visible if _OVERLAP is None else _OVERLAP
     scaled_batch_bytes = SCALED_BATCH_BYTES // 2 if overlap else SCALED_BATCH_BYTES
     inflight: list[_InFlight] = []  # batches submitted to the queue and not joined, oldest first (two at most)
