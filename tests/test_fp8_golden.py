@@ -57,9 +57,24 @@ def _same(name: str, ours: bytes, theirs: bytes, outtype: str) -> None:
         assert ours == theirs, f"{name} ({outtype}): bytes differ from the converter's"
 
 
+@pytest.fixture(params=["host", "gpu path"])
+def load_path(request, monkeypatch) -> str:
+    """The host's load, or a GPU's forced on the host (CI has no GPU): small
+    batches read by the load's batch queue, scaled FP8 stacks decoded as the
+    batches read them, unit transposes run by the queue."""
+    if request.param == "gpu path":
+        from hf2q import loader
+
+        monkeypatch.setattr(loader, "_OVERLAP", True)
+        monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
+        for k in ("BATCH_BYTES", "GPU_BATCH_BYTES", "GPU_FIRST_BATCH_BYTES", "SCALED_BATCH_BYTES"):
+            monkeypatch.setattr(loader, k, 64 << 10)
+    return request.param
+
+
 @pytest.mark.parametrize("outtype", OUTTYPES)
 @pytest.mark.parametrize("variant", QWEN)
-def test_qwen_fp8_equals_converter(dev, variant, outtype) -> None:
+def test_qwen_fp8_equals_converter(dev, variant, outtype, load_path) -> None:
     meta, blobs = golden(variant)
     cfg = json.loads((DATA / variant / "hf" / "config.json").read_text())
     assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
