@@ -444,29 +444,36 @@ def test_a_queued_batch_owns_its_buffers_until_its_read_ended(tmp_path: Path) ->
 
 def test_cancel_leaves_the_batches_not_started_unread(tmp_path: Path) -> None:
     """cancel(): every ticket then ends either read (it had started) or
-    refused as cancelled, with its buffer untouched."""
+    refused as cancelled, with its buffer untouched; behind a 64 MiB read the
+    small batches submitted just before the cancel have not started."""
     from hf2q import _core
 
     dev = Device._isolated("host")
     data = np.arange(1024, dtype=np.float32) + 1
+    big = np.zeros(16 << 20, np.float32)
     f = tmp_path / "d.bin"
-    f.write_bytes(data.tobytes())
+    f.write_bytes(data.tobytes() + big.tobytes())
     fd = os.open(f, os.O_RDONLY)
     try:
         q = dev._batch_queue()
-        bufs = [dev.alloc((1024,), "f32") for _ in range(64)]
+        slow = dev.alloc(big.shape, "f32")
+        q.submit(_core.NativeFileBatch([(slow._native, [(0, fd, 4096, big.nbytes)], "f32", False, None)]))
+        bufs = [dev.alloc((1024,), "f32") for _ in range(8)]
         tickets = [q.submit(_core.NativeFileBatch([(b._native, [(0, fd, 0, 4096)], "f32", False, None)]))
                    for b in bufs]
         q.cancel()
-        read = 0
+        cancelled = 0
         for t, b in zip(tickets, bufs):
             try:
                 q.wait(t, 30)
-                read += 1
                 assert (b.to_host() == data).all()
             except RuntimeError as e:
                 assert "cancelled" in str(e)
                 assert not b.to_host().any()
+                cancelled += 1
+        assert cancelled > 0
+        with pytest.raises(ValueError, match="not a ticket"):
+            q.submit(_core.NativeFileBatch([(bufs[0]._native, [(0, fd, 0, 4096)], "f32", False, None)]), 10**6)
         t = q.submit(_core.NativeFileBatch([(bufs[0]._native, [(0, fd, 0, 4096)], "f32", False, None)]))
         assert q.wait(t, 30)[0] == [(-1, 0)]  # a batch submitted after the cancel is read
         q.close()

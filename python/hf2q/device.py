@@ -19,7 +19,7 @@ import threading
 import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar, Union
 
 from . import _core, formats
 from .errors import DeviceError, Hf2qError, NonFiniteError, ResidencyWarning, ScaleOverflowWarning
@@ -382,19 +382,39 @@ def _shared_native(spec: str) -> Any:
         return dev
 
 
+T = TypeVar("T")
+
+
 def join_thread(thread: threading.Thread) -> None:
     """Until ``thread`` is done, whatever arrives meanwhile (its work may
     still be using memory the caller is about to free, or opening a device).
     A KeyboardInterrupt that arrives while waiting is raised once the thread
     is done."""
+    def joined() -> bool | None:
+        thread.join(0.05)
+        return None if thread.is_alive() else True
+
+    until_done(joined)
+
+
+def until_done(poll: Callable[[], T | None]) -> T:
+    """``poll()`` (a wait of its own with a short timeout) until it returns
+    something, whatever arrives meanwhile: the work waited for may use
+    memory the caller is about to free. A KeyboardInterrupt that arrives
+    meanwhile is raised once it is done."""
     interrupted: BaseException | None = None
-    while thread.is_alive():
-        try:
-            thread.join(0.05)
-        except KeyboardInterrupt as e:
-            interrupted = e
-    if interrupted is not None:
-        raise interrupted
+    try:
+        while True:
+            try:
+                got = poll()
+            except KeyboardInterrupt as e:
+                interrupted = e
+                continue
+            if got is not None:
+                return got
+    finally:
+        if interrupted is not None:
+            raise interrupted
 
 
 class DeviceOpening:
@@ -1147,21 +1167,9 @@ class _FileBatch:
         memory the caller is about to free, so a KeyboardInterrupt is raised
         once it ended. The ticket is spent either way."""
         queue, ticket, self.queue = self.queue, self.ticket, None
-        interrupted: BaseException | None = None
-        try:
-            while True:
-                try:
-                    got = queue.wait(ticket, 0.05)
-                except KeyboardInterrupt as e:
-                    interrupted = e
-                    continue
-                if got is not None:
-                    results, ago = got
-                    self.ended = time.perf_counter() - ago
-                    return results
-        finally:
-            if interrupted is not None:
-                raise interrupted
+        results, ago = until_done(lambda: queue.wait(ticket, 0.05))
+        self.ended = time.perf_counter() - ago
+        return results
 
     def close(self) -> None:
         """Let the batch go unread (one in a queue: waited for first, its

@@ -299,12 +299,10 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     made_ahead: dict[str, Buffer] = {}
 
     def take_ahead(entries: list[TensorPlan]) -> list[Buffer]:
-        """The buffer made ahead for the one entry _fill asks for (of its shape and format), else a new one."""
+        """The buffer made ahead for the one entry _fill asks for (the
+        loop's transposed_in_numpy keeps its name, shape and format)."""
         (entry,) = entries
-        b = made_ahead.pop(entry.name, None)
-        if b is None or tuple(b.shape) != tuple(entry.shape) or b.dtype != formats.get(entry.dtype).name:
-            return [device.alloc(entry.shape, entry.dtype)]
-        return [b]
+        return [made_ahead.pop(entry.name)]
 
     try:
         if overlap and alloc is None:
@@ -559,17 +557,15 @@ def _start_batch(device: Device, batch: _Batch, queue: Any = None, check_finite:
     try:
         if batch.scale_call is not None:
             device._start_file_batch(batch.scale_call, queue)
-        if queue is not None and not check_finite:
-            # The unit transposes ride with the weights' call (run by the
-            # queue once it is read): on this thread they would wait for the
-            # next batch's copies in flight (they wait for every upload), the
-            # time the next batch's preparation needs. Not with check_finite:
-            # its errors name buffer elements as read, before a transpose.
-            transposes = _transpose_items(batch.entries, batch.made)
-            device._start_file_batch(batch.write_call, queue, after=batch.scale_call, transposes=transposes)
-            batch.transposed = True
-        else:
-            device._start_file_batch(batch.write_call, queue, after=batch.scale_call)
+        # The unit transposes ride with the weights' call (run by the queue
+        # once it is read): on this thread they would wait for the next
+        # batch's copies in flight (they wait for every upload), the time the
+        # next batch's preparation needs. Not with check_finite: its errors
+        # name buffer elements as read, before a transpose.
+        ride = queue is not None and not check_finite
+        transposes = _transpose_items(batch.entries, batch.made) if ride else []
+        device._start_file_batch(batch.write_call, queue, after=batch.scale_call, transposes=transposes)
+        batch.transposed = ride
     except BaseException as e:
         batch.drop()  # a call already queued is waited for first
         raise detached(e)
