@@ -1052,6 +1052,32 @@ __device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const 
 HF2Q_SCALED_FP8(f8_e4m3, 0)
 HF2Q_SCALED_FP8(f8_e5m2, 1)
 
+// ------------------------------------------------------------- gathered scale grids
+// Scale tensors that lie anywhere in a device copy of a shard (at any byte
+// alignment: read a byte at a time) widened to float32 into their grids
+// (the widenings above, exact): `table` holds n entries of (source byte
+// offset, values, destination address); one warp per entry. kind 0: f32,
+// 1: bf16, 2: f16.
+extern "C" __global__ void hf2q_widen_gather(const u8* src, const u64* table, u64 n, u32 kind) {
+  const u32 lane = threadIdx.x & 31u;
+  const u64 warps = grid_threads() >> 5;
+  for (u64 e = global_thread() >> 5; e < n; e += warps) {
+    const u8* p = src + table[3 * e];
+    const u64 count = table[3 * e + 1];
+    float* dst = (float*)table[3 * e + 2];
+    for (u64 j = lane; j < count; j += 32u) {
+      if (kind == 0u) {
+        const u8* q = p + 4u * j;
+        dst[j] = __uint_as_float((u32)q[0] | ((u32)q[1] << 8) | ((u32)q[2] << 16) | ((u32)q[3] << 24));
+      } else {
+        const u8* q = p + 2u * j;
+        const u16 h = (u16)((u32)q[0] | ((u32)q[1] << 8));
+        dst[j] = kind == 1u ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------- unit transpose
 // csrc/kernels/unit_grid.h: in each of `outer` periods, the [a, b] grid of
 // units that starts at `start` rewritten as its transpose [b, a] (the unit

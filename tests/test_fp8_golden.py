@@ -57,18 +57,33 @@ def _same(name: str, ours: bytes, theirs: bytes, outtype: str) -> None:
         assert ours == theirs, f"{name} ({outtype}): bytes differ from the converter's"
 
 
-@pytest.fixture(params=["host", "gpu path"])
+GATHERED: list[int] = []  # entries decoded from a prefetched shard's copy ("prefetched" load path)
+
+
+@pytest.fixture(params=["host", "gpu path", "prefetched"])
 def load_path(request, monkeypatch) -> str:
     """The host's load, or a GPU's forced on the host (CI has no GPU): small
     batches read by the load's batch queue, scaled FP8 stacks decoded as the
-    batches read them, unit transposes run by the queue."""
-    if request.param == "gpu path":
-        from hf2q import loader
+    batches read them, unit transposes run by the queue; "prefetched": the
+    checkpoint's file read ahead onto the device while it is opened and
+    planned, its scaled runs decoded from that copy (hf2q.prefetch)."""
+    if request.param != "host":
+        from hf2q import loader, prefetch
 
         monkeypatch.setattr(loader, "_OVERLAP", True)
         monkeypatch.setattr(loader, "_SCALED_ON_DEVICE", True)
         for k in ("BATCH_BYTES", "GPU_BATCH_BYTES", "GPU_FIRST_BATCH_BYTES", "SCALED_BATCH_BYTES"):
             monkeypatch.setattr(loader, k, 64 << 10)
+        if request.param == "prefetched":
+            monkeypatch.setattr(prefetch, "_FORCE", True)
+            decode = loader._decode_prefetched
+            GATHERED.clear()
+
+            def spy(device, ckpt, pf, group, check_finite):  # type: ignore[no-untyped-def]
+                GATHERED.append(len(group))
+                return decode(device, ckpt, pf, group, check_finite)
+
+            monkeypatch.setattr(loader, "_decode_prefetched", spy)
     return request.param
 
 
@@ -87,6 +102,8 @@ def test_qwen_fp8_equals_converter(dev, variant, outtype, load_path) -> None:
         assert list(buf.shape) == t["shape"], name
         _same(name, buf.numpy().view(np.uint8).tobytes(), blobs[t["blob"]], outtype)
     assert "fp8 block 128x128" in model.summary.extra["quantization"]
+    if load_path == "prefetched":
+        assert sum(GATHERED) > 0
 
 
 @pytest.mark.parametrize("outtype", OUTTYPES)

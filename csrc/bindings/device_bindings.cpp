@@ -316,6 +316,13 @@ void bind_device(nb::module_& m) {
       .def("is_locked", &Device::is_locked, "buf"_a, nb::call_guard<hf2q::bindings::ReleaseGil>())
       .def("commit", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.commit(); })
       .def("synchronize", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.synchronize(); })
+      .def("memory",
+           [](Device& d) -> std::optional<std::pair<std::size_t, std::size_t>> {
+             std::size_t free_b = 0, total_b = 0;
+             if (!d.memory(&free_b, &total_b)) return std::nullopt;
+             return std::make_pair(free_b, total_b);
+           },
+           "(free, total) bytes of device memory where the backend says (a GPU), else None.")
       .def("request_residency", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.request_residency(); })
       .def("end_residency", [](Device& d) { hf2q::bindings::ReleaseGil nogil; d.end_residency(); })
       .def("stats", &stats_dict)
@@ -393,6 +400,39 @@ void bind_device(nb::module_& m) {
           "dst"_a, "elem_offset"_a, "w"_a, "scale"_a, "shape"_a, "block"_a,
           "A scaled FP8 tensor on this device (w: f8 buffer, scale: f32 grid buffer) decoded into dst from "
           "elem_offset on; returns (first non-finite index or -1, Q8_0 blocks with an Inf scale).")
+      .def(
+          "scaled_fp8_gather",
+          [](Device& d, BufferImpl& src, const std::string& weight,
+             const std::vector<std::tuple<BufferImpl*, std::size_t, BufferImpl*, std::tuple<std::size_t, std::size_t>,
+                                          std::tuple<std::size_t, std::size_t>,
+                                          std::vector<std::pair<std::size_t, std::size_t>>, std::string,
+                                          std::vector<std::pair<std::size_t, std::size_t>>>>& stacks) {
+            const DType w = hf2q::device::dtype_from_name(weight);
+            std::vector<Device::GatherStack> v;
+            v.reserve(stacks.size());
+            for (const auto& [dst, off, scale, shape, block, pieces, sdtype, spieces] : stacks) {
+              v.push_back(Device::GatherStack{dst, off, scale, std::get<0>(shape), std::get<1>(shape),
+                                              std::get<0>(block), std::get<1>(block), pieces,
+                                              sdtype.empty() ? DType::F32 : hf2q::device::dtype_from_name(sdtype),
+                                              spieces});
+            }
+            std::vector<hf2q::device::UploadResult> r;
+            {
+              hf2q::bindings::ReleaseGil nogil;
+              r = d.scaled_fp8_gather(src, w, v);
+            }
+            std::vector<std::pair<long long, unsigned long long>> out;
+            out.reserve(r.size());
+            for (const auto& x : r) out.push_back(result_pair(x));
+            return out;
+          },
+          "src"_a, "weight"_a, "stacks"_a,
+          "Scaled FP8 stacks whose matrices lie in src (raw bytes on this device), each (dst, elem_offset, scale, "
+          "(rows, cols), (block_rows, block_cols), pieces: [(byte offset, matrices)], laid end to end in dst from "
+          "elem_offset, their f32 grids end to end in scale, scale_dtype, scale_pieces: [(byte offset, values)]: "
+          "with a scale_dtype, the grids are those scale tensors of src, widened into scale first; '': scale is "
+          "filled already), decoded; per stack (first non-finite index from elem_offset or -1, Q8_0 blocks with "
+          "an Inf scale).")
       .def(
           "transpose_units",
           [](Device& d, BufferImpl& buf, std::size_t outer, std::size_t period, std::size_t start, std::size_t a,

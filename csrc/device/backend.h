@@ -258,6 +258,14 @@ class Backend {
   // first. Default: uploads complete before they return.
   virtual void synchronize() {}
 
+  // The device memory free and in all (bytes), where the backend can say
+  // (a GPU); false elsewhere. A loader sizes its transients by it.
+  virtual bool memory(std::size_t* free_bytes, std::size_t* total_bytes) {
+    (void)free_bytes;
+    (void)total_bytes;
+    return false;
+  }
+
   // Copy `len` bytes at byte `offset` of a buffer into CPU memory `out`
   // (bounds already checked). Default: memcpy from the CPU pointer.
   virtual void copy_out(void* handle, const void* ptr, std::size_t offset, void* out, std::size_t len);
@@ -275,6 +283,35 @@ class Backend {
   // (Device::scaled_fp8). Default: the CPU kernels through the pointers.
   virtual UploadResult scaled_fp8(const UploadTarget& dst, std::size_t dst_off, const void* w, const void* scale,
                                   const kernels::ScaledFp8& s, DType out);
+
+  // One matrix run of a scaled FP8 stack gathered from device memory
+  // (scaled_fp8_gather): its weights at byte `src_off` of the source, its
+  // first element the stack's element `first`, `lead` matrices.
+  struct GatherPiece {
+    std::size_t src_off, first, lead;
+  };
+  // One stack of `s.lead` matrices decoded into `out` at byte `dst_off` of
+  // `dst` (the stack's element 0), its grids end to end at `scale` (f32).
+  struct GatherStack {
+    UploadTarget dst;
+    std::size_t dst_off;
+    void* scale;
+    kernels::ScaledFp8 s;
+    DType out;
+    std::vector<GatherPiece> pieces;
+    // Where the grids come from: none (already in `scale`), or these scale
+    // tensors of `scale_src` format in the source (byte offset, values),
+    // widened end to end into `scale` first.
+    DType scale_src = DType::F32;
+    std::vector<std::pair<std::size_t, std::size_t>> scale_pieces;
+  };
+  // Stacks whose pieces lie anywhere in `src` (this device's memory: raw
+  // file bytes landed there, e.g. a prefetched shard), each piece decoded
+  // as scaled_fp8 decodes it, after its scale tensors (where given) were
+  // widened into its grids. One result per stack, its first_nonfinite a
+  // stack index. Checked by the caller (Device::scaled_fp8_gather), after
+  // the uploads so far. Default: the CPU kernels through the pointers.
+  virtual std::vector<UploadResult> scaled_fp8_gather(const void* src, const std::vector<GatherStack>& stacks);
 
   // The unit grids `g` (kernels/unit_grid.h, in bytes) of a buffer
   // transposed in place, after its uploads (Device::transpose_units checks

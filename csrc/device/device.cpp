@@ -1098,6 +1098,59 @@ UploadResult Device::convert(BufferImpl& dst, BufferImpl& src) {
   return backend_->convert(UploadTarget{dst.handle(), dst.data()}, p, src.handle(), src.data());
 }
 
+namespace {
+
+// scaled_fp8's and scaled_fp8_gather's checks of the geometry and the
+// destination: the stack's kernels::ScaledFp8 (f32 scales) and the byte
+// offset of its element `elem_offset` in dst, or an error naming the rule.
+kernels::ScaledFp8 scaled_geometry(const char* what, BufferImpl& dst, std::size_t elem_offset, DType weight,
+                                   std::size_t lead, std::size_t rows, std::size_t cols, std::size_t block_rows,
+                                   std::size_t block_cols, std::size_t* dst_off) {
+  kernels::ScaledFp8 s;
+  s.weight = weight;
+  s.scale = DType::F32;
+  s.lead = lead;
+  s.rows = rows;
+  s.cols = cols;
+  s.block_rows = block_rows;
+  s.block_cols = block_cols;
+  if (block_rows == 0 || block_cols == 0) {
+    throw std::invalid_argument(std::string(what) + ": a block has no zero dimension");
+  }
+  s.scale_rows = rows / block_rows + (rows % block_rows != 0);
+  s.scale_cols = cols / block_cols + (cols % block_cols != 0);
+  s.check();  // formats, grid, overflow
+  const std::size_t n = s.numel();
+  const DType out = dst.dtype();
+  if (out != DType::F32 && out != DType::BF16 && out != DType::F16 && out != DType::Q8_0) {
+    throw std::invalid_argument(std::string(what) + ": decodes into f32, bf16, f16 or q8_0");
+  }
+  std::size_t end = 0;
+  if (!ops::checked_add(elem_offset, n, &end) || end > dst.numel()) {
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(n) + " elements at " +
+                                std::to_string(elem_offset) + " overrun the destination's " +
+                                std::to_string(dst.numel()));
+  }
+  const FormatRow& d = format_of(out);
+  if (elem_offset % d.block_elems != 0 || cols % d.block_elems != 0) {
+    throw std::invalid_argument(std::string(what) + ": " + d.name + " rows are whole blocks of " +
+                                std::to_string(d.block_elems));
+  }
+  *dst_off = elem_offset / d.block_elems * d.block_bytes;
+  return s;
+}
+
+// Values in the scale grids of `lead` matrices of geometry `s`.
+std::size_t grid_values(const kernels::ScaledFp8& s, std::size_t lead, const char* what) {
+  std::size_t grid = 0;
+  if (!ops::checked_mul(lead, s.scale_rows, &grid) || !ops::checked_mul(grid, s.scale_cols, &grid)) {
+    throw std::invalid_argument(std::string(what) + ": scale size overflows");
+  }
+  return grid;
+}
+
+}  // namespace
+
 UploadResult Device::scaled_fp8(BufferImpl& dst, std::size_t elem_offset, BufferImpl& w, BufferImpl& scale,
                                 std::size_t lead, std::size_t rows, std::size_t cols, std::size_t block_rows,
                                 std::size_t block_cols) {
@@ -1105,46 +1158,99 @@ UploadResult Device::scaled_fp8(BufferImpl& dst, std::size_t elem_offset, Buffer
     if (b->device().get() != this) throw DeviceError("scaled_fp8: every buffer must belong to this " + info().kind + " device");
   }
   if (&dst == &w || &dst == &scale) throw std::invalid_argument("scaled_fp8: the destination is a source");
-  kernels::ScaledFp8 s;
-  s.weight = w.dtype();
-  s.scale = scale.dtype();
-  s.lead = lead;
-  s.rows = rows;
-  s.cols = cols;
-  s.block_rows = block_rows;
-  s.block_cols = block_cols;
-  if (block_rows == 0 || block_cols == 0) throw std::invalid_argument("scaled_fp8: a block has no zero dimension");
-  s.scale_rows = rows / block_rows + (rows % block_rows != 0);
-  s.scale_cols = cols / block_cols + (cols % block_cols != 0);
-  if (s.scale != DType::F32) throw std::invalid_argument("scaled_fp8: the scale buffer must be f32");
-  s.check();  // formats, grid, overflow
+  if (scale.dtype() != DType::F32) throw std::invalid_argument("scaled_fp8: the scale buffer must be f32");
+  std::size_t dst_off = 0;
+  const kernels::ScaledFp8 s =
+      scaled_geometry("scaled_fp8", dst, elem_offset, w.dtype(), lead, rows, cols, block_rows, block_cols, &dst_off);
   const std::size_t n = s.numel();
-  std::size_t grid = 0;
-  if (!ops::checked_mul(lead, s.scale_rows, &grid) || !ops::checked_mul(grid, s.scale_cols, &grid)) {
-    throw std::invalid_argument("scaled_fp8: scale size overflows");
-  }
+  const std::size_t grid = grid_values(s, lead, "scaled_fp8");
   if (w.numel() != n) throw std::invalid_argument("scaled_fp8: the weight buffer holds " + std::to_string(w.numel()) +
                                                   " elements, the geometry " + std::to_string(n));
   if (scale.numel() != grid) throw std::invalid_argument("scaled_fp8: the scale buffer holds " +
                                                          std::to_string(scale.numel()) + " values, the grid " +
                                                          std::to_string(grid));
-  const DType out = dst.dtype();
-  if (out != DType::F32 && out != DType::BF16 && out != DType::F16 && out != DType::Q8_0) {
-    throw std::invalid_argument("scaled_fp8: decodes into f32, bf16, f16 or q8_0");
-  }
-  std::size_t end = 0;
-  if (!ops::checked_add(elem_offset, n, &end) || end > dst.numel()) {
-    throw std::invalid_argument("scaled_fp8: " + std::to_string(n) + " elements at " + std::to_string(elem_offset) +
-                                " overrun the destination's " + std::to_string(dst.numel()));
-  }
-  const FormatRow& d = format_of(out);
-  if (elem_offset % d.block_elems != 0 || cols % d.block_elems != 0) {
-    throw std::invalid_argument(std::string("scaled_fp8: ") + d.name + " rows are whole blocks of " +
-                                std::to_string(d.block_elems));
-  }
-  const std::size_t dst_off = elem_offset / d.block_elems * d.block_bytes;
   backend_->synchronize();  // the weight and scale uploads are complete
-  return backend_->scaled_fp8(UploadTarget{dst.handle(), dst.data()}, dst_off, w.data(), scale.data(), s, out);
+  return backend_->scaled_fp8(UploadTarget{dst.handle(), dst.data()}, dst_off, w.data(), scale.data(), s,
+                              dst.dtype());
+}
+
+std::vector<UploadResult> Device::scaled_fp8_gather(BufferImpl& src, DType weight,
+                                                    const std::vector<GatherStack>& stacks) {
+  const char* what = "scaled_fp8_gather";
+  if (src.device().get() != this) {
+    throw DeviceError(std::string(what) + ": every buffer must belong to this " + info().kind + " device");
+  }
+  std::vector<Backend::GatherStack> runs;
+  runs.reserve(stacks.size());
+  for (const GatherStack& st : stacks) {
+    if (st.dst == nullptr || st.scale == nullptr) throw std::invalid_argument(std::string(what) + ": no buffer");
+    BufferImpl& dst = *st.dst;
+    BufferImpl& scale = *st.scale;
+    for (BufferImpl* b : {&dst, &scale}) {
+      if (b->device().get() != this) {
+        throw DeviceError(std::string(what) + ": every buffer must belong to this " + info().kind + " device");
+      }
+    }
+    if (&dst == &src || &dst == &scale) {
+      throw std::invalid_argument(std::string(what) + ": the destination is a source");
+    }
+    if (scale.dtype() != DType::F32) throw std::invalid_argument(std::string(what) + ": the scale buffer must be f32");
+    std::size_t per = 0;  // elements (and bytes: one per FP8 weight) of one matrix
+    if (!ops::checked_mul(st.rows, st.cols, &per)) {
+      throw std::invalid_argument(std::string(what) + ": matrix size overflows");
+    }
+    Backend::GatherStack run;
+    std::size_t lead = 0;
+    for (const auto& [off, count] : st.pieces) {
+      std::size_t first = 0, bytes = 0, end = 0;
+      if (!ops::checked_mul(lead, per, &first) || !ops::checked_mul(count, per, &bytes) ||
+          !ops::checked_add(off, bytes, &end) || end > src.byte_len()) {
+        throw std::invalid_argument(std::string(what) + ": a piece of " + std::to_string(count) +
+                                    " matrices at byte " + std::to_string(off) + " overruns the source's " +
+                                    std::to_string(src.byte_len()) + " bytes");
+      }
+      if (count == 0) continue;
+      run.pieces.push_back(Backend::GatherPiece{off, first, count});
+      if (!ops::checked_add(lead, count, &lead)) throw std::invalid_argument(std::string(what) + ": too many matrices");
+    }
+    run.s = scaled_geometry(what, dst, st.elem_offset, weight, lead, st.rows, st.cols, st.block_rows, st.block_cols,
+                            &run.dst_off);
+    const std::size_t grid = grid_values(run.s, lead, what);
+    if (scale.numel() < grid) {
+      throw std::invalid_argument(std::string(what) + ": the scale buffer holds " + std::to_string(scale.numel()) +
+                                  " values, the grids " + std::to_string(grid));
+    }
+    if (!st.scale_pieces.empty()) {
+      if (st.scale_src != DType::F32 && st.scale_src != DType::BF16 && st.scale_src != DType::F16) {
+        throw std::invalid_argument(std::string(what) + ": scale tensors are f32, bf16 or f16");
+      }
+      const std::size_t esize = format_of(st.scale_src).block_bytes;
+      std::size_t values = 0;
+      for (const auto& [off, count] : st.scale_pieces) {
+        std::size_t bytes = 0, end = 0;
+        if (!ops::checked_mul(count, esize, &bytes) || !ops::checked_add(off, bytes, &end) || end > src.byte_len()) {
+          throw std::invalid_argument(std::string(what) + ": a scale tensor of " + std::to_string(count) +
+                                      " values at byte " + std::to_string(off) + " overruns the source's " +
+                                      std::to_string(src.byte_len()) + " bytes");
+        }
+        if (!ops::checked_add(values, count, &values)) {
+          throw std::invalid_argument(std::string(what) + ": too many scale values");
+        }
+      }
+      if (values != grid) {
+        throw std::invalid_argument(std::string(what) + ": the scale tensors hold " + std::to_string(values) +
+                                    " values, the grids " + std::to_string(grid));
+      }
+      run.scale_src = st.scale_src;
+      run.scale_pieces = st.scale_pieces;
+    }
+    run.dst = UploadTarget{dst.handle(), dst.data()};
+    run.scale = scale.data();
+    run.out = dst.dtype();
+    runs.push_back(std::move(run));
+  }
+  backend_->synchronize();  // the source and scale uploads are complete
+  return backend_->scaled_fp8_gather(src.data(), runs);
 }
 
 UploadResult Backend::scaled_fp8(const UploadTarget& dst, std::size_t dst_off, const void* w, const void* scale,
@@ -1160,6 +1266,50 @@ UploadResult Backend::scaled_fp8(const UploadTarget& dst, std::size_t dst_off, c
   res.first_nonfinite = r.first_nonfinite;
   res.inf_scales = r.inf_scales;
   return res;
+}
+
+std::vector<UploadResult> Backend::scaled_fp8_gather(const void* src, const std::vector<GatherStack>& stacks) {
+  if (!info().cpu_visible) {
+    throw DeviceError("the " + info().kind + " backend has no scaled FP8 decode for its memory, which the CPU "
+                      "cannot address");
+  }
+  std::vector<UploadResult> out(stacks.size());
+  for (std::size_t k = 0; k < stacks.size(); ++k) {
+    const GatherStack& st = stacks[k];
+    // The grids from the scale tensors first (widened exactly; the source
+    // may hold them at any alignment: copied to an aligned row first).
+    const std::size_t esize = format_of(st.scale_src).block_bytes;
+    std::vector<std::uint8_t> row;
+    float* grid_at = static_cast<float*>(st.scale);
+    for (const auto& [off, count] : st.scale_pieces) {
+      const std::uint8_t* from = static_cast<const std::uint8_t*>(src) + off;
+      if (st.scale_src == DType::F32) {
+        std::memcpy(grid_at, from, count * sizeof(float));
+      } else {
+        row.assign(from, from + count * esize);
+        ops::to_f32(st.scale_src, row.data(), row.size(), grid_at, count * sizeof(float));
+      }
+      grid_at += count;
+    }
+    // Each piece is a stack of its own: its grids and outputs start where
+    // the matrices before it end (sizes checked by Device::scaled_fp8_gather).
+    const FormatRow& d = format_of(st.out);
+    const std::size_t per = st.s.rows * st.s.cols, grid = st.s.scale_rows * st.s.scale_cols;
+    for (const GatherPiece& p : st.pieces) {
+      kernels::ScaledFp8 one = st.s;
+      one.lead = p.lead;
+      const kernels::EncodeResult r = kernels::scaled_fp8_decode(
+          one, static_cast<const std::uint8_t*>(src) + p.src_off,
+          static_cast<const std::uint8_t*>(st.scale) + p.first / per * grid * sizeof(float), st.out,
+          static_cast<std::uint8_t*>(st.dst.base) + st.dst_off + p.first / d.block_elems * d.block_bytes);
+      if (r.first_nonfinite != static_cast<std::size_t>(-1) &&
+          out[k].first_nonfinite == static_cast<std::size_t>(-1)) {
+        out[k].first_nonfinite = p.first + r.first_nonfinite;  // pieces in stack order: the first found is the smallest
+      }
+      out[k].inf_scales += r.inf_scales;
+    }
+  }
+  return out;
 }
 
 namespace {

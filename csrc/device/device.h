@@ -167,6 +167,7 @@ class Device : public std::enable_shared_from_this<Device> {
 
   // Every upload so far complete in device memory (see Backend::synchronize).
   void synchronize() { backend_->synchronize(); }
+  bool memory(std::size_t* free_bytes, std::size_t* total_bytes) { return backend_->memory(free_bytes, total_bytes); }
 
   // Convert all of `src` (a buffer of this device) into `dst` on the device
   // (GPU kernels on CUDA, the CPU kernels on host and Metal); the same
@@ -181,6 +182,31 @@ class Device : public std::enable_shared_from_this<Device> {
   UploadResult scaled_fp8(BufferImpl& dst, std::size_t elem_offset, BufferImpl& w, BufferImpl& scale,
                           std::size_t lead, std::size_t rows, std::size_t cols, std::size_t block_rows,
                           std::size_t block_cols);
+
+  // Stacks of scaled FP8 matrices that lie in `src` (raw bytes on this
+  // device, of any format: a prefetched shard's data) rather than in a
+  // buffer of their own, decoded as scaled_fp8 decodes them, one call for
+  // many (one wait for the uploads before). Each stack: its `pieces`,
+  // (byte offset in src, matrices), laid end to end in `dst` from
+  // `elem_offset` on, their grids end to end in `scale` (f32). `weight` is
+  // their format (f8_e4m3 / f8_e5m2). Every piece must lie in src; on a
+  // GPU a piece that is not 16-byte aligned goes through a scratch copy.
+  // One result per stack, its first non-finite index counted from
+  // `elem_offset`.
+  // `scale_pieces` (where not empty): the grids' values are scale tensors
+  // of `scale_src` format (f32, bf16, f16) in src too, (byte offset,
+  // values) end to end, exactly the stack's grids: widened into `scale`
+  // first (exact), on the device.
+  struct GatherStack {
+    BufferImpl* dst;
+    std::size_t elem_offset;
+    BufferImpl* scale;
+    std::size_t rows, cols, block_rows, block_cols;
+    std::vector<std::pair<std::size_t, std::size_t>> pieces;
+    DType scale_src = DType::F32;
+    std::vector<std::pair<std::size_t, std::size_t>> scale_pieces;
+  };
+  std::vector<UploadResult> scaled_fp8_gather(BufferImpl& src, DType weight, const std::vector<GatherStack>& stacks);
 
   // Reorder `buf` in place (kernels/unit_grid.h): in each of `outer` periods
   // of `period` elements, the [a, b] grid of units of `unit` elements that

@@ -22,6 +22,7 @@ from math import prod
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 if TYPE_CHECKING:
+    from .prefetch import Located, Prefetch
     import numpy as np
 else:  # numpy on first use (hf2q._lazy)
     from ._lazy import numpy as np
@@ -182,7 +183,8 @@ def residency_state(device: Device, buffers: Iterable[Buffer]) -> dict[str, Any]
 @pausing  # file jobs per piece, no cycles: no collection while they are made (hf2q._gc)
 def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callable[[dict[str, Buffer]], M], *,
             progress: bool = False, extra: dict[str, Any] | None = None, check_finite: bool = False,
-            alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None, make_early: bool = False) -> M:
+            alloc: Callable[[list[TensorPlan]], list[Buffer]] | None = None, make_early: bool = False,
+            prefetch: Prefetch | None = None) -> M:
     """Run ``plan`` against the open checkpoint ``ckpt`` on ``device``;
     ``make_model(buffers)`` builds the family's container (and runs its
     layout check) before the summary is attached as ``model.summary``.
@@ -217,8 +219,18 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     way that waits for the device. A tail of fewer bytes than a batch then
     joins the last batch (within the entry and FP8 transient bounds). The
     load returns once every byte is written, as always; a failure of the
-    last batch is raised and the model made early dropped."""
+    last batch is raised and the model made early dropped.
+
+    ``prefetch``: the first shards being read onto the device since before
+    the checkpoint was opened (:func:`hf2q.prefetch.start`; taken over and
+    closed here): block-scaled FP8 runs that lie in them are decoded from
+    that copy (:func:`_decode_prefetched`), the rest read as above. It is
+    let go first where the plan's buffers would not fit beside it, or with
+    ``alloc``."""
     t0 = time.perf_counter()
+    pf = prefetch
+    if pf is not None and (alloc is not None or not pf.fits(plan.nbytes + SCALED_BATCH_BYTES)):
+        pf.release()
     _check_representable(plan, ckpt)
     usage0 = process_usage()
     bufs: dict[str, Buffer] = {}
@@ -251,10 +263,30 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     overlap = not device._native.cpu_visible if _OVERLAP is None else _OVERLAP
     scaled_batch_bytes = SCALED_BATCH_BYTES // 2 if overlap else SCALED_BATCH_BYTES
     inflight: list[_InFlight] = []  # batches submitted to the queue and not joined, oldest first (two at most)
-    bound = min(batch_bytes, GPU_FIRST_BATCH_BYTES) if overlap else batch_bytes  # this batch's byte bound
+    # This batch's byte bound: a GPU's first batches are small, so that its
+    # copy engine starts early, unless shards were read ahead (the queue
+    # reads them first: full batches are ready by the time it is done).
+    bound = min(batch_bytes, GPU_FIRST_BATCH_BYTES) if overlap and not (pf and pf.nbytes) else batch_bytes
+
+    # Scaled runs whose weights lie in a prefetched shard, decoded from its
+    # copy once it landed: before a batch is joined (the queue reads the
+    # shards first: the decodes then run while that batch is read) and
+    # before the load ends.
+    deferred: list[tuple[TensorPlan, list[Piece], Located]] = []
+    deferred_sizes: list[int] = []
+
+    def decode_deferred() -> None:
+        if deferred:
+            bufs.update(_decode_prefetched(device, ckpt, pf, deferred, check_finite))  # type: ignore[arg-type]
+            for n in deferred_sizes:
+                bar.update(n)
+            deferred.clear()
+            deferred_sizes.clear()
+            device.residency.commit()
 
     def land() -> None:
         """The oldest batch in flight written: its buffers kept, the bar moved, the layer committed."""
+        decode_deferred()
         if inflight:
             done = inflight.pop(0)
             bufs.update(done.join())
@@ -290,7 +322,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     rest = plan.source_nbytes if early else 0  # source bytes of the entries not yet seen
     # On a GPU the batches are read by a queue of the load's own (a native
     # thread), one after another with no Python between them.
-    queue = device._batch_queue() if overlap else None
+    queue = (pf.queue if pf is not None else device._batch_queue()) if overlap else None
     # There too, the entries filled on this thread (transforms, staged
     # conversions: 131 small ones in an FP8 Qwen3.6) get their buffers in one
     # allocation first: one at a time each cost this thread about 0.8 ms (an
@@ -322,7 +354,11 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
             rest -= size
             run = _batched_run(device, entry)
             scaled = bool(run)
-            if entry.streamed or scaled:
+            where = pf.locate(ckpt, run) if scaled and pf is not None else None
+            if where is not None:
+                deferred.append((entry, run, where))
+                deferred_sizes.append(size)
+            elif entry.streamed or scaled:
                 pending.append(entry)
                 pending_runs.append(run)
                 pending_sizes.append(size)
@@ -344,6 +380,7 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
                 bar.update(size)
         if pending or not inflight:
             flush()  # else the batch in flight is the last: land() below
+        decode_deferred()
         if make_early and inflight:
             inline_done = time.perf_counter()  # entries filled on this thread after the last batch left
             last = inflight[-1]
@@ -361,7 +398,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
         # A model made early holds buffers, and the raise below puts this frame back in the traceback.
         model = every = None  # type: ignore[assignment]
         made_ahead.clear()
-        if queue is not None and inflight:
+        deferred.clear()
+        if queue is not None and (inflight or pf is not None):
             try:
                 queue.cancel()  # the batches not started are not read
             except Exception:
@@ -377,6 +415,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
             _name_file(e, plan, ckpt)
         raise detached(e)
     finally:
+        if pf is not None:
+            pf.close()  # the shards' copies let go (their reads waited for on a failure)
         if queue is not None:
             queue.close()  # nothing is queued by now: the thread joins at once
     bar.close()
@@ -1308,6 +1348,52 @@ def _scaled_jobs(ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: 
         scale_jobs.append((sbuf, fd, [seg for seg, _ in segs], name, entry.name))
         scale_owners.append(segs)
     return weights, (scale_jobs, scale_owners)
+
+
+def _decode_prefetched(device: Device, ckpt: Checkpoint, pf: Prefetch,
+                       group: list[tuple[TensorPlan, list[Piece], Located]], check_finite: bool) -> dict[str, Buffer]:
+    """Scaled runs that lie in one prefetched shard each, weights and scale
+    tensors (:meth:`~hf2q.prefetch.Prefetch.locate`) decoded from its copy:
+    their buffers and float32 grids allocated at once, then one gathered
+    call per shard and weight format (:meth:`Device.scaled_fp8_gather`:
+    the grids widened from the scale tensors there, the decodes), judged as
+    a batch's scaled entries are; the unit transposes and checks after.
+    All or none: on failure every buffer made here is freed before the
+    error leaves."""
+    entries = [e for e, _, _ in group]
+    made = device.alloc_many([(e.shape, e.dtype) for e in entries])
+    grids: list[Buffer] = []
+    try:
+        grids = device.alloc_many([_scale_grid_spec(run) for _, run, _ in group])
+        calls: dict[tuple[int, str], list[int]] = {}
+        for k, (_, run, at) in enumerate(group):
+            calls.setdefault((id(at.shard), run[0].dtype), []).append(k)
+        for ks in calls.values():
+            shard = group[ks[0]][2].shard
+            try:
+                src = pf.source(shard)
+            except FileReadError as e:
+                raise file_read_error(e, str(shard.path), group[ks[0]][1][0].tensor) from None
+            stacks = []
+            for k in ks:
+                _, run, at = group[k]
+                first = run[0]
+                stacks.append((made[k]._native, first.dest_offset, grids[k]._native, tuple(first.shape[-2:]),
+                               first.scale.block, at.weights, at.scale_dtype, at.scales))  # type: ignore[union-attr]
+            results = device._native.scaled_fp8_gather(src._native, formats.get(group[ks[0]][1][0].dtype).name,
+                                                       stacks)
+            for k, (bad, inf) in zip(ks, results):
+                entry, run, _ = group[k]
+                _scaled_outcome(entry, run, made[k], bad, inf, check_finite)
+        grids = []
+        _transpose_batch(device, entries, made)
+        if check_finite:
+            for entry, b in zip(entries, made):
+                _check_converted(b, entry)
+        return dict(zip([e.name for e in entries], made))
+    except BaseException as e:
+        made = grids = []  # nothing may keep a buffer alive in the traceback
+        raise detached(e)
 
 
 def _judge_scaled(scaled: list[tuple[TensorPlan, Buffer, list[Piece]]], jobs: list[Job],

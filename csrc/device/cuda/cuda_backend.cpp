@@ -167,6 +167,11 @@ class CudaBackend final : public Backend {
 
   // ------------------------------------------------------------ memory
 
+  bool memory(std::size_t* free_bytes, std::size_t* total_bytes) override {
+    Ctx c(*this);
+    return d_->cuMemGetInfo(free_bytes, total_bytes) == CUDA_SUCCESS;
+  }
+
   void* allocate(std::size_t len, void** handle) override {
     Ctx c(*this);
     CUdeviceptr p = 0;
@@ -486,7 +491,8 @@ class CudaBackend final : public Backend {
         if (!bind(std::string("hf2q_scaled_") + weights[wi] + "_" + outs[oi], &fn_scaled_fp8_[wi][oi])) return false;
       }
     }
-    return bind("hf2q_transpose_units_u32", &fn_transpose_u32_) && bind("hf2q_transpose_units_u8", &fn_transpose_u8_);
+    return bind("hf2q_transpose_units_u32", &fn_transpose_u32_) && bind("hf2q_transpose_units_u8", &fn_transpose_u8_) &&
+           bind("hf2q_widen_gather", &fn_widen_gather_);
   }
 
   // A buffer's unit grids transposed on this GPU: the region is copied to a
@@ -556,6 +562,127 @@ class CudaBackend final : public Backend {
       void* args[] = {&wp, &sp, &to, &items, &geo, &status, &first};
       launch(fn, grid_for(items, kBlock), misc_, args);
     });
+  }
+
+  // Stacks gathered from this GPU's memory (a prefetched shard's bytes):
+  // one launch of the scaled decoder per piece, each reading its own
+  // weights and writing at its stack position (the kernels' `first`), a
+  // stack's launches reporting into one status cell (a stack index, as
+  // the staged decodes give it); one wait for the uploads before, one at
+  // the end for up to a quarter of the status cells' stacks; the grids
+  // widened from the stacks' scale tensors before (one launch per scale
+  // format, ahead of the decodes on the same stream). The decoders
+  // read 16-byte words: a piece that does not start 16-byte aligned in the
+  // source (a shard whose tensors' sizes are not multiples of 16) is first
+  // copied to a scratch buffer of the call's, on the same stream, so each
+  // such copy waits for the launch before it.
+  std::vector<UploadResult> scaled_fp8_gather(const void* src, const std::vector<GatherStack>& stacks) override {
+    std::size_t scratch_bytes = 0;
+    for (const GatherStack& st : stacks) {
+      if (st.s.scale != DType::F32) throw DeviceError("GPU scaled FP8: the scales must be f32");
+      if (scaled_kernel(st.s.weight, st.out) == nullptr) throw DeviceError("GPU scaled FP8: no kernel for these formats");
+      for (const GatherPiece& p : st.pieces) {
+        // sizes checked by Device::scaled_fp8_gather (each piece lies in the source)
+        if ((dptr(src) + p.src_off) % 16 != 0) scratch_bytes = std::max(scratch_bytes, p.lead * st.s.rows * st.s.cols);
+      }
+    }
+    std::vector<UploadResult> out(stacks.size());
+    Ctx c(*this);
+    check(wait_uploads(), "cuStreamSynchronize (uploads in flight)");
+    CUdeviceptr scratch = 0;
+    if (scratch_bytes > 0) check(d_->cuMemAlloc(&scratch, scratch_bytes), "cuMemAlloc (gather scratch)");
+    struct FreeScratch {
+      CudaBackend* b;
+      CUdeviceptr p;
+      ~FreeScratch() {
+        if (p != 0) {
+          b->d_->cuStreamSynchronize(b->misc_);  // (after an error: the launches reading it are done)
+          b->d_->cuMemFree(p);
+        }
+      }
+    } free_scratch{this, scratch};
+    // The grids first: every stack's scale tensors widened by one launch per
+    // source format, from a table of (offset, values, grid address) entries.
+    CUdeviceptr table = 0;
+    struct FreeTable {
+      CudaBackend* b;
+      CUdeviceptr* p;
+      ~FreeTable() {
+        if (*p != 0) {
+          b->d_->cuStreamSynchronize(b->misc_);
+          b->d_->cuMemFree(*p);
+        }
+      }
+    } free_table{this, &table};
+    {
+      std::vector<std::uint64_t> entries[3];  // f32, bf16, f16
+      for (const GatherStack& st : stacks) {
+        const int kind = st.scale_src == DType::F32 ? 0 : st.scale_src == DType::BF16 ? 1 : 2;
+        CUdeviceptr at = dptr(st.scale);
+        for (const auto& [off, count] : st.scale_pieces) {
+          entries[kind].insert(entries[kind].end(), {off, count, at});
+          at += count * sizeof(float);
+        }
+      }
+      const std::size_t total = entries[0].size() + entries[1].size() + entries[2].size();
+      if (total > 0) {
+        check(d_->cuMemAlloc(&table, total * sizeof(std::uint64_t)), "cuMemAlloc (scale table)");
+        std::size_t at = 0;
+        for (unsigned kind = 0; kind < 3; ++kind) {
+          if (entries[kind].empty()) continue;
+          CUdeviceptr part = table + at * sizeof(std::uint64_t);
+          // (pageable: the call returns once the bytes are taken)
+          check(d_->cuMemcpyHtoDAsync(part, entries[kind].data(), entries[kind].size() * sizeof(std::uint64_t), misc_),
+                "cuMemcpyHtoDAsync (scale table)");
+          CUdeviceptr from = dptr(src);
+          unsigned long long n = entries[kind].size() / 3;
+          void* args[] = {&from, &part, &n, &kind};
+          launch(fn_widen_gather_, grid_for(n * 32u, kBlock), misc_, args);
+          at += entries[kind].size();
+        }
+      }
+    }
+    constexpr std::size_t kPerWait = kStatusCells / 4;  // leaves cells to a batch running beside it
+    for (std::size_t begin = 0; begin < stacks.size(); begin += kPerWait) {
+      const std::size_t end = std::min(stacks.size(), begin + kPerWait);
+      const std::vector<int> cells = take_status_cells(end - begin);
+      try {
+        for (std::size_t k = begin; k < end; ++k) {
+          const GatherStack& st = stacks[k];
+          CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cells[k - begin]) * 16;
+          check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
+          check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
+          const CUfunction fn = scaled_kernel(st.s.weight, st.out);
+          ScaledGeoArg geo = scaled_geo(st.s);
+          const std::size_t per = st.s.rows * st.s.cols;
+          CUdeviceptr sp = dptr(st.scale), to = dptr(st.dst.base) + st.dst_off;
+          for (const GatherPiece& p : st.pieces) {
+            const std::size_t n = p.lead * per;
+            CUdeviceptr wp = dptr(src) + p.src_off;
+            if (wp % 16 != 0) {
+              check(d_->cuMemcpyDtoDAsync(scratch, wp, n, misc_), "cuMemcpyDtoDAsync (gather scratch)");
+              wp = scratch;
+            }
+            unsigned long long items = st.out == DType::Q8_0 ? n / 32 : n, first = p.first;
+            void* args[] = {&wp, &sp, &to, &items, &geo, &status, &first};
+            launch(fn, grid_for(items, kBlock), misc_, args);
+          }
+          check(d_->cuMemcpyDtoHAsync(status_host_ + cells[k - begin] * 2, status, 16, misc_), "cuMemcpyDtoHAsync");
+        }
+        check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+        for (std::size_t k = begin; k < end; ++k) {
+          const std::uint64_t* h = status_host_ + cells[k - begin] * 2;
+          out[k].first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
+          out[k].inf_scales = static_cast<std::size_t>(h[1]);
+        }
+      } catch (...) {
+        d_->cuStreamSynchronize(misc_);  // the launches done before the cells go back
+        put_status_cells(cells);
+        throw;
+      }
+      put_status_cells(cells);
+    }
+    return out;
   }
 
   // ---------------------------------------------------------- staging ring
@@ -1185,6 +1312,7 @@ class CudaBackend final : public Backend {
   CUfunction fn_encode_[kNumDTypes][kNumDTypes] = {};  // by destination, source
   CUfunction fn_verify_[kNumDTypes] = {};             // by buffer dtype
   CUfunction fn_transpose_u32_ = nullptr, fn_transpose_u8_ = nullptr;  // unit transposes (kernels/unit_grid.h)
+  CUfunction fn_widen_gather_ = nullptr;  // scale tensors widened into grids (scaled_fp8_gather)
   CUfunction fn_scaled_fp8_[2][4] = {};               // [e4m3, e5m2][f32, bf16, f16, q8_0] (docs/FP8.md)
 
   // Uploads left in flight (raw, widening) and how many of them a

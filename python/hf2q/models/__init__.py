@@ -149,13 +149,25 @@ def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, dev
               progress: bool = True, check_finite: bool = False, shard: Any = None, **options: Any) -> Any:
     """:func:`load` with ``config.json`` already read (``config``) and the
     family chosen: the checkpoint is opened once and handed to the family."""
+    from .. import prefetch
     from ..device import opened_meanwhile
     from ..safetensors import open_checkpoint
 
-    # None or a kind: the device opened while the checkpoint is opened and planned
-    with opened_meanwhile(device) as dev, open_checkpoint(Path(os.fspath(path))) as ckpt:
-        return fam.impl().load_checkpoint(ckpt, dev, config=config, progress=progress, check_finite=check_finite,
-                                          shard=shard, **options)
+    # None or a kind: the device opened while the checkpoint is opened and
+    # planned. An open GPU starts reading the first shards while that runs
+    # (hf2q.prefetch; not for a shard's slices, which read parts of tensors).
+    p = Path(os.fspath(path))
+    with opened_meanwhile(device) as dev:
+        pf = prefetch.start(dev, p) if shard is None else None
+        try:
+            with open_checkpoint(p) as ckpt:
+                if pf is not None:
+                    pf.match(ckpt)
+                return fam.impl().load_checkpoint(ckpt, dev, config=config, progress=progress,
+                                                  check_finite=check_finite, shard=shard, prefetch=pf, **options)
+        finally:
+            if pf is not None:
+                pf.close()
 
 
 def inspect(ckpt: Any, config: Mapping[str, Any] | None, *, family: str | None = None,

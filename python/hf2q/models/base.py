@@ -24,6 +24,7 @@ from ..device import Buffer, Device, DeviceOpening, resolve_device
 from ..loader import execute
 from ..model import LoadedModel
 from ..plan import CONVERT_DTYPES, LoadPlan
+from ..prefetch import Prefetch
 from ..recipes import RECIPES, replaced_by_recipe
 from ..safetensors import Checkpoint
 from ..shard import Decision, Shard, name_rule, shard_plan
@@ -152,20 +153,23 @@ class ModelFamily:
         return plan
 
     def load_planned(self, plan: LoadPlan, ckpt: Checkpoint, device: Device | DeviceOpening | str | None, *,
-                     progress: bool, check_finite: bool = False) -> Any:
+                     progress: bool, check_finite: bool = False, prefetch: Prefetch | None = None) -> Any:
         """Run a plan that :meth:`plan_checkpoint` made for ``ckpt`` (a pair
-        checks the plan's heads first, then loads it: planned once)."""
+        checks the plan's heads first, then loads it: planned once);
+        ``prefetch``: shards read ahead onto the device (:mod:`hf2q.prefetch`)."""
         dev = resolve_device(device)
         return execute(plan, ckpt, dev, lambda bufs: self.model(dev, plan, bufs), progress=progress,
-                       extra=plan.extra, check_finite=check_finite)
+                       extra=plan.extra, check_finite=check_finite, prefetch=prefetch)
 
     def load_checkpoint(self, ckpt: Checkpoint, device: Device | DeviceOpening | str | None, *,
                         config: Mapping[str, Any] | None,
                         progress: bool, check_finite: bool = False, shard: Shard | None = None,
-                        **options: Any) -> Any:
-        """Plan and load an open checkpoint (``shard``: only that rank's slices)."""
+                        prefetch: Prefetch | None = None, **options: Any) -> Any:
+        """Plan and load an open checkpoint (``shard``: only that rank's
+        slices; ``prefetch``: shards read ahead onto the device)."""
         plan = self.plan_checkpoint(ckpt, config=config, shard=shard, **options)
-        return self.load_planned(plan, ckpt, device, progress=progress, check_finite=check_finite)
+        return self.load_planned(plan, ckpt, device, progress=progress, check_finite=check_finite,
+                                 prefetch=prefetch)
 
     def inspect_checkpoint(self, ckpt: Checkpoint, *, config: Mapping[str, Any] | None,
                            **options: Any) -> dict[str, Any]:
