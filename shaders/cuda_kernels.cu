@@ -1052,6 +1052,38 @@ __device__ __forceinline__ void scaled_fp8_q8_0(const u8* __restrict__ w, const 
 HF2Q_SCALED_FP8(f8_e4m3, 0)
 HF2Q_SCALED_FP8(f8_e5m2, 1)
 
+// The same decoders over a stack's pieces gathered from a shard's copy on
+// the GPU (scaled_fp8_gather): one launch per stack, grid row y decoding
+// piece y of `table` (its weights at byte w_off of `src`, 16-byte aligned;
+// `first` its stack index; `items` its weights, or its Q8_0 blocks).
+struct GatherItem {
+  u64 w_off, first, items;
+};
+
+#define HF2Q_SCALED_GATHER(fmt_name, kFmt)                                                                      \
+  extern "C" __global__ void hf2q_gather_##fmt_name##_f32(const u8* src, const GatherItem* table, const float* s, \
+                                                          void* dst, ScaledGeo g, u64* status) {                \
+    const GatherItem it = table[blockIdx.y];                                                                    \
+    scaled_fp8_elems<kFmt, 0>(src + it.w_off, s, dst, it.items, g, status, it.first);                           \
+  }                                                                                                             \
+  extern "C" __global__ void hf2q_gather_##fmt_name##_bf16(const u8* src, const GatherItem* table,              \
+                                                           const float* s, void* dst, ScaledGeo g, u64* status) { \
+    const GatherItem it = table[blockIdx.y];                                                                    \
+    scaled_fp8_elems<kFmt, 1>(src + it.w_off, s, dst, it.items, g, status, it.first);                           \
+  }                                                                                                             \
+  extern "C" __global__ void hf2q_gather_##fmt_name##_f16(const u8* src, const GatherItem* table, const float* s, \
+                                                          void* dst, ScaledGeo g, u64* status) {                \
+    const GatherItem it = table[blockIdx.y];                                                                    \
+    scaled_fp8_elems<kFmt, 2>(src + it.w_off, s, dst, it.items, g, status, it.first);                           \
+  }                                                                                                             \
+  extern "C" __global__ void hf2q_gather_##fmt_name##_q8_0(const u8* src, const GatherItem* table,              \
+                                                           const float* s, void* dst, ScaledGeo g, u64* status) { \
+    const GatherItem it = table[blockIdx.y];                                                                    \
+    scaled_fp8_q8_0<kFmt>(src + it.w_off, s, (u8*)dst, it.items, g, status, it.first);                          \
+  }
+HF2Q_SCALED_GATHER(f8_e4m3, 0)
+HF2Q_SCALED_GATHER(f8_e5m2, 1)
+
 // ------------------------------------------------------------- gathered scale grids
 // Scale tensors that lie anywhere in a device copy of a shard (at any byte
 // alignment: read a byte at a time) widened to float32 into their grids

@@ -137,6 +137,10 @@ class CudaBackend final : public Backend {
         d_->cuStreamSynchronize(misc_);
         d_->cuStreamDestroy(misc_);
       }
+      if (gather_) {
+        d_->cuStreamSynchronize(gather_);
+        d_->cuStreamDestroy(gather_);
+      }
       if (module_) d_->cuModuleUnload(module_);
       CUcontext prev = nullptr;
       d_->cuCtxPopCurrent(&prev);
@@ -151,6 +155,7 @@ class CudaBackend final : public Backend {
     try {
       Ctx c(*this);
       check(d_->cuStreamCreate(&misc_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+      check(d_->cuStreamCreate(&gather_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
       if (!load_kernels(why)) return false;
       void* host = nullptr;
       check(d_->cuMemHostAlloc(&host, sizeof(std::uint64_t) * 2 * kStatusCells, CU_MEMHOSTALLOC_PORTABLE),
@@ -489,6 +494,7 @@ class CudaBackend final : public Backend {
     for (int wi = 0; wi < 2; ++wi) {
       for (int oi = 0; oi < 4; ++oi) {
         if (!bind(std::string("hf2q_scaled_") + weights[wi] + "_" + outs[oi], &fn_scaled_fp8_[wi][oi])) return false;
+        if (!bind(std::string("hf2q_gather_") + weights[wi] + "_" + outs[oi], &fn_gather_fp8_[wi][oi])) return false;
       }
     }
     return bind("hf2q_transpose_units_u32", &fn_transpose_u32_) && bind("hf2q_transpose_units_u8", &fn_transpose_u8_) &&
@@ -564,83 +570,85 @@ class CudaBackend final : public Backend {
     });
   }
 
-  // Stacks gathered from this GPU's memory (a prefetched shard's bytes):
-  // one launch of the scaled decoder per piece, each reading its own
-  // weights and writing at its stack position (the kernels' `first`), a
-  // stack's launches reporting into one status cell (a stack index, as
-  // the staged decodes give it); one wait for the uploads before, one at
-  // the end for up to a quarter of the status cells' stacks; the grids
-  // widened from the stacks' scale tensors before (one launch per scale
-  // format, ahead of the decodes on the same stream). The decoders
-  // read 16-byte words: a piece that does not start 16-byte aligned in the
-  // source (a shard whose tensors' sizes are not multiples of 16) is first
-  // copied to a scratch buffer of the call's, on the same stream, so each
-  // such copy waits for the launch before it.
+  // Stacks gathered from this GPU's memory (a prefetched shard's bytes), on
+  // a stream of their own: first every stack's scale tensors widened into
+  // its float32 grid (one launch per scale format, from a table of (offset,
+  // values, grid address) entries), then one launch per stack of the
+  // gathered scaled decoder, grid row y decoding piece y of the stack's
+  // table (its weights at their offset in the copy, its `first` the stack
+  // index), all of a stack's pieces reporting into one status cell (a stack
+  // index, as the staged decodes give it); one wait per 64 stacks. The
+  // decoders read 16-byte words: a piece that does not start 16-byte
+  // aligned in the copy (a shard whose tensor sizes are not multiples of
+  // 16) is copied to a scratch buffer of the call's and decoded there by
+  // the one-piece decoder, each such copy after the launch before it.
   std::vector<UploadResult> scaled_fp8_gather(const void* src, const std::vector<GatherStack>& stacks) override {
+    constexpr unsigned kRowsPerLaunch = 65535;  // a grid's y extent
     std::size_t scratch_bytes = 0;
-    for (const GatherStack& st : stacks) {
+    std::vector<std::uint64_t> blob;  // the tables: scale entries by format, then each stack's aligned pieces
+    std::size_t scale_at[3] = {0, 0, 0}, scale_n[3] = {0, 0, 0};
+    std::vector<std::size_t> items_at(stacks.size()), items_n(stacks.size());
+    for (unsigned kind = 0; kind < 3; ++kind) {
+      scale_at[kind] = blob.size();
+      for (const GatherStack& st : stacks) {
+        const unsigned k = st.scale_src == DType::F32 ? 0 : st.scale_src == DType::BF16 ? 1 : 2;
+        if (k != kind) continue;
+        std::uint64_t at = dptr(st.scale);
+        for (const auto& [off, count] : st.scale_pieces) {
+          blob.insert(blob.end(), {static_cast<std::uint64_t>(off), static_cast<std::uint64_t>(count), at});
+          at += count * sizeof(float);
+          ++scale_n[kind];
+        }
+      }
+    }
+    for (std::size_t k = 0; k < stacks.size(); ++k) {
+      const GatherStack& st = stacks[k];
       if (st.s.scale != DType::F32) throw DeviceError("GPU scaled FP8: the scales must be f32");
-      if (scaled_kernel(st.s.weight, st.out) == nullptr) throw DeviceError("GPU scaled FP8: no kernel for these formats");
+      if (scaled_kernel(st.s.weight, st.out) == nullptr || gather_kernel(st.s.weight, st.out) == nullptr) {
+        throw DeviceError("GPU scaled FP8: no kernel for these formats");
+      }
+      items_at[k] = blob.size();
+      const std::size_t per = st.s.rows * st.s.cols;  // sizes checked by Device::scaled_fp8_gather
       for (const GatherPiece& p : st.pieces) {
-        // sizes checked by Device::scaled_fp8_gather (each piece lies in the source)
-        if ((dptr(src) + p.src_off) % 16 != 0) scratch_bytes = std::max(scratch_bytes, p.lead * st.s.rows * st.s.cols);
+        const std::size_t n = p.lead * per;
+        if ((dptr(src) + p.src_off) % 16 != 0) {
+          scratch_bytes = std::max(scratch_bytes, n);
+          continue;
+        }
+        blob.insert(blob.end(), {static_cast<std::uint64_t>(p.src_off), static_cast<std::uint64_t>(p.first),
+                                 static_cast<std::uint64_t>(st.out == DType::Q8_0 ? n / 32 : n)});
+        ++items_n[k];
       }
     }
     std::vector<UploadResult> out(stacks.size());
     Ctx c(*this);
     check(wait_uploads(), "cuStreamSynchronize (uploads in flight)");
-    CUdeviceptr scratch = 0;
+    CUdeviceptr scratch = 0, table = 0;
+    struct FreeAfter {  // (after an error too: the launches reading them are done first)
+      CudaBackend* b;
+      CUdeviceptr* p[2];
+      ~FreeAfter() {
+        b->d_->cuStreamSynchronize(b->gather_);
+        for (CUdeviceptr* q : p) {
+          if (*q != 0) b->d_->cuMemFree(*q);
+        }
+      }
+    } free_after{this, {&scratch, &table}};
     if (scratch_bytes > 0) check(d_->cuMemAlloc(&scratch, scratch_bytes), "cuMemAlloc (gather scratch)");
-    struct FreeScratch {
-      CudaBackend* b;
-      CUdeviceptr p;
-      ~FreeScratch() {
-        if (p != 0) {
-          b->d_->cuStreamSynchronize(b->misc_);  // (after an error: the launches reading it are done)
-          b->d_->cuMemFree(p);
-        }
-      }
-    } free_scratch{this, scratch};
-    // The grids first: every stack's scale tensors widened by one launch per
-    // source format, from a table of (offset, values, grid address) entries.
-    CUdeviceptr table = 0;
-    struct FreeTable {
-      CudaBackend* b;
-      CUdeviceptr* p;
-      ~FreeTable() {
-        if (*p != 0) {
-          b->d_->cuStreamSynchronize(b->misc_);
-          b->d_->cuMemFree(*p);
-        }
-      }
-    } free_table{this, &table};
-    {
-      std::vector<std::uint64_t> entries[3];  // f32, bf16, f16
-      for (const GatherStack& st : stacks) {
-        const int kind = st.scale_src == DType::F32 ? 0 : st.scale_src == DType::BF16 ? 1 : 2;
-        CUdeviceptr at = dptr(st.scale);
-        for (const auto& [off, count] : st.scale_pieces) {
-          entries[kind].insert(entries[kind].end(), {off, count, at});
-          at += count * sizeof(float);
-        }
-      }
-      const std::size_t total = entries[0].size() + entries[1].size() + entries[2].size();
-      if (total > 0) {
-        check(d_->cuMemAlloc(&table, total * sizeof(std::uint64_t)), "cuMemAlloc (scale table)");
-        std::size_t at = 0;
-        for (unsigned kind = 0; kind < 3; ++kind) {
-          if (entries[kind].empty()) continue;
-          CUdeviceptr part = table + at * sizeof(std::uint64_t);
-          // (pageable: the call returns once the bytes are taken)
-          check(d_->cuMemcpyHtoDAsync(part, entries[kind].data(), entries[kind].size() * sizeof(std::uint64_t), misc_),
-                "cuMemcpyHtoDAsync (scale table)");
-          CUdeviceptr from = dptr(src);
-          unsigned long long n = entries[kind].size() / 3;
-          void* args[] = {&from, &part, &n, &kind};
-          launch(fn_widen_gather_, grid_for(n * 32u, kBlock), misc_, args);
-          at += entries[kind].size();
-        }
-      }
+    if (!blob.empty()) {
+      check(d_->cuMemAlloc(&table, blob.size() * sizeof(std::uint64_t)), "cuMemAlloc (gather tables)");
+      // (pageable: the call returns once the bytes are taken)
+      check(d_->cuMemcpyHtoDAsync(table, blob.data(), blob.size() * sizeof(std::uint64_t), gather_),
+            "cuMemcpyHtoDAsync (gather tables)");
+    }
+    CUdeviceptr from = dptr(src);
+    for (unsigned kind = 0; kind < 3; ++kind) {
+      if (scale_n[kind] == 0) continue;
+      CUdeviceptr part = table + scale_at[kind] * sizeof(std::uint64_t);
+      unsigned long long n = scale_n[kind];
+      unsigned k = kind;
+      void* args[] = {&from, &part, &n, &k};
+      launch(fn_widen_gather_, grid_for(n * 32u, kBlock), gather_, args);
     }
     constexpr std::size_t kPerWait = kStatusCells / 4;  // leaves cells to a batch running beside it
     for (std::size_t begin = 0; begin < stacks.size(); begin += kPerWait) {
@@ -650,39 +658,58 @@ class CudaBackend final : public Backend {
         for (std::size_t k = begin; k < end; ++k) {
           const GatherStack& st = stacks[k];
           CUdeviceptr status = status_dev_ + static_cast<std::size_t>(cells[k - begin]) * 16;
-          check(d_->cuMemsetD8Async(status, 0xFF, 8, misc_), "cuMemsetD8Async");
-          check(d_->cuMemsetD8Async(status + 8, 0, 8, misc_), "cuMemsetD8Async");
-          const CUfunction fn = scaled_kernel(st.s.weight, st.out);
+          check(d_->cuMemsetD8Async(status, 0xFF, 8, gather_), "cuMemsetD8Async");
+          check(d_->cuMemsetD8Async(status + 8, 0, 8, gather_), "cuMemsetD8Async");
           ScaledGeoArg geo = scaled_geo(st.s);
           const std::size_t per = st.s.rows * st.s.cols;
           CUdeviceptr sp = dptr(st.scale), to = dptr(st.dst.base) + st.dst_off;
+          // The aligned pieces: one launch (per 65535 of them); the grid's x
+          // extent sized for the largest piece.
+          std::size_t most = 0;
+          for (const GatherPiece& p : st.pieces) most = std::max(most, p.lead * per);
+          const unsigned long long most_items = st.out == DType::Q8_0 ? most / 32 : most;
+          for (std::size_t r = 0; r < items_n[k]; r += kRowsPerLaunch) {
+            CUdeviceptr rows_at = table + (items_at[k] + 3 * r) * sizeof(std::uint64_t);
+            const unsigned rows = static_cast<unsigned>(std::min<std::size_t>(kRowsPerLaunch, items_n[k] - r));
+            void* args[] = {&from, &rows_at, &sp, &to, &geo, &status};
+            check(d_->cuLaunchKernel(gather_kernel(st.s.weight, st.out), grid_for(most_items, kBlock), rows, 1, kBlock,
+                                     1, 1, 0, gather_, args, nullptr),
+                  "cuLaunchKernel");
+          }
+          // The others one at a time through the scratch.
           for (const GatherPiece& p : st.pieces) {
+            CUdeviceptr wp = from + p.src_off;
+            if (wp % 16 == 0) continue;
             const std::size_t n = p.lead * per;
-            CUdeviceptr wp = dptr(src) + p.src_off;
-            if (wp % 16 != 0) {
-              check(d_->cuMemcpyDtoDAsync(scratch, wp, n, misc_), "cuMemcpyDtoDAsync (gather scratch)");
-              wp = scratch;
-            }
+            check(d_->cuMemcpyDtoDAsync(scratch, wp, n, gather_), "cuMemcpyDtoDAsync (gather scratch)");
+            wp = scratch;
             unsigned long long items = st.out == DType::Q8_0 ? n / 32 : n, first = p.first;
             void* args[] = {&wp, &sp, &to, &items, &geo, &status, &first};
-            launch(fn, grid_for(items, kBlock), misc_, args);
+            launch(scaled_kernel(st.s.weight, st.out), grid_for(items, kBlock), gather_, args);
           }
-          check(d_->cuMemcpyDtoHAsync(status_host_ + cells[k - begin] * 2, status, 16, misc_), "cuMemcpyDtoHAsync");
+          check(d_->cuMemcpyDtoHAsync(status_host_ + cells[k - begin] * 2, status, 16, gather_), "cuMemcpyDtoHAsync");
         }
-        check(d_->cuStreamSynchronize(misc_), "cuStreamSynchronize");
+        check(d_->cuStreamSynchronize(gather_), "cuStreamSynchronize");
         for (std::size_t k = begin; k < end; ++k) {
           const std::uint64_t* h = status_host_ + cells[k - begin] * 2;
           out[k].first_nonfinite = h[0] == ~0ull ? static_cast<std::size_t>(-1) : static_cast<std::size_t>(h[0]);
           out[k].inf_scales = static_cast<std::size_t>(h[1]);
         }
       } catch (...) {
-        d_->cuStreamSynchronize(misc_);  // the launches done before the cells go back
+        d_->cuStreamSynchronize(gather_);  // the launches done before the cells go back
         put_status_cells(cells);
         throw;
       }
       put_status_cells(cells);
     }
     return out;
+  }
+
+  // The gathered scaled decoder for these formats (null where none is loaded).
+  CUfunction gather_kernel(DType weight, DType out) const {
+    const int wi = weight == DType::F8_E4M3 ? 0 : weight == DType::F8_E5M2 ? 1 : -1;
+    const int oi = out == DType::F32 ? 0 : out == DType::BF16 ? 1 : out == DType::F16 ? 2 : out == DType::Q8_0 ? 3 : -1;
+    return wi < 0 || oi < 0 ? nullptr : fn_gather_fp8_[wi][oi];
   }
 
   // ---------------------------------------------------------- staging ring
@@ -1313,6 +1340,8 @@ class CudaBackend final : public Backend {
   CUfunction fn_verify_[kNumDTypes] = {};             // by buffer dtype
   CUfunction fn_transpose_u32_ = nullptr, fn_transpose_u8_ = nullptr;  // unit transposes (kernels/unit_grid.h)
   CUfunction fn_widen_gather_ = nullptr;  // scale tensors widened into grids (scaled_fp8_gather)
+  CUfunction fn_gather_fp8_[2][4] = {};   // the scaled decoders over a gathered stack's pieces
+  CUstream gather_ = nullptr;             // scaled_fp8_gather's work (not behind misc_'s waits, nor they behind it)
   CUfunction fn_scaled_fp8_[2][4] = {};               // [e4m3, e5m2][f32, bf16, f16, q8_0] (docs/FP8.md)
 
   // Uploads left in flight (raw, widening) and how many of them a
