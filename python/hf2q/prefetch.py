@@ -38,8 +38,10 @@ if TYPE_CHECKING:
     from .plan import Piece
     from .safetensors import Checkpoint
 
-#: The most device memory the shards read ahead may take (bytes).
+#: The most device memory the shards read ahead may take (bytes), and the
+#: share of the free device memory (1 / FREE_SHARE).
 PREFETCH_BYTES = 16 << 30
+FREE_SHARE = 4
 #: Device memory left free beside the plan's buffers and the shards read ahead.
 MARGIN_BYTES = 2 << 30
 #: Tests: prefetch where the CPU addresses the memory too (the host backend).
@@ -219,7 +221,7 @@ def start(device: Any, path: Path) -> Prefetch | None:
     if not paths:
         return None
     free = _memory(device)
-    budget = PREFETCH_BYTES if free is None else min(PREFETCH_BYTES, free // 4)
+    budget = PREFETCH_BYTES if free is None else min(PREFETCH_BYTES, free // FREE_SHARE)
     shards: list[_Shard] = []
     total = 0
     try:
