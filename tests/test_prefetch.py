@@ -58,13 +58,20 @@ def _bytes(model: Any) -> dict[str, bytes]:
 
 
 def _plain(d: Path, outtype: str) -> dict[str, bytes]:
-    return _bytes(qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype=outtype, dense_dtype="bf16",
-                              progress=False))
+    """The host's own load (nothing forced, whatever the test patched): the reference."""
+    saved = prefetch._FORCE, loader._SCALED_ON_DEVICE, loader._OVERLAP
+    prefetch._FORCE, loader._SCALED_ON_DEVICE, loader._OVERLAP = False, False, None
+    try:
+        return _bytes(qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype=outtype, dense_dtype="bf16",
+                                  progress=False))
+    finally:
+        prefetch._FORCE, loader._SCALED_ON_DEVICE, loader._OVERLAP = saved
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", "bf16", "f32"])
 def test_prefetched_load_equals_the_plain_load(ckpt, gathered, outtype) -> None:
     want = _plain(ckpt, outtype)
+    assert gathered == []  # (the reference is the host's own path)
     got = _bytes(qwen35.load(ckpt, device=hf2q.Device._isolated("host"), expert_dtype=outtype, dense_dtype="bf16",
                              progress=False))
     assert got.keys() == want.keys()
@@ -124,7 +131,7 @@ def test_a_shard_rewritten_after_its_read_is_not_used(ckpt, gathered, tmp_path) 
         got = _bytes(FAMILY.load_planned(plan, ck, dev, progress=False, prefetch=pf))
     assert got == _plain(ckpt, "q8_0")
     assert sum(gathered) > 0
-    assert all(s.fd == -1 and s.buf is None for s in pf.shards)  # the load closed it
+    assert all(s.file.closed and s.buf is None for s in pf.shards)  # the load closed it
 
 
 def test_a_failed_shard_read_is_a_typed_error_naming_it(ckpt, gathered, monkeypatch) -> None:
@@ -259,6 +266,11 @@ def test_gather_refuses_bad_arguments(kind) -> None:
         call(src._native, 0, sbuf._native, (16, 32), (16, 32), ok)
     with pytest.raises(ValueError):
         call(dst._native, 0, sbuf._native, (16, 32), (16, 32), ok, weight="bf16")
+    with pytest.raises(ValueError, match="has no elements"):  # (a zero dimension: once a division by zero)
+        call(dst._native, 0, sbuf._native, (0, 32), (16, 32), ok)
+    with pytest.raises(ValueError, match="scale buffer is the source"):
+        dev._native.scaled_fp8_gather(sbuf._native, "f8_e4m3", [(dst._native, 0, sbuf._native, (16, 32), (16, 32),
+                                                                 [(0, 0)], "", [])])
     # Scale tensors in the source: within it, exactly the grids' values, a widening format.
     assert call(dst._native, 0, sbuf._native, (16, 32), (16, 32), ok, scales=("bf16", [(1090, 1), (1095, 1)])) == [
         (-1, 0)]
@@ -335,3 +347,34 @@ def test_a_nan_in_a_prefetched_expert_names_it(gathered, tmp_path) -> None:
     assert (e.value.tensor, e.value.index) == (target, 37)
     assert str(info.path) in str(e.value)
     assert sum(gathered) > 0
+
+
+def test_no_prefetch_for_a_checkpoint_without_scaled_fp8(gathered, tmp_path, monkeypatch) -> None:
+    # A BF16 checkpoint (no quantization_config): nothing is read ahead.
+    started: list[Any] = []
+    start = prefetch.start
+    monkeypatch.setattr(prefetch, "start", lambda *a: (started.append(a), start(*a))[1])
+    d = make_qwen35_moe_checkpoint(tmp_path / "bf16", "tiny", sharded=True)
+    qwen35.load(d, device=hf2q.Device._isolated("host"), progress=False)
+    assert started == [] and gathered == []
+
+
+def test_a_prefetch_with_nothing_to_decode_is_let_go(ckpt, gathered, monkeypatch) -> None:
+    # FP8 kept as FP8 (no decode): the shards read ahead are dropped before the loop.
+    released: list[int] = []
+    release = prefetch.Prefetch.release
+    monkeypatch.setattr(prefetch.Prefetch, "release", lambda self: (released.append(self.nbytes), release(self))[1])
+    hf2q.load(ckpt, device=hf2q.Device._isolated("host"), dtype="keep", progress=False, family="generic")
+    assert released and released[0] > 0 and gathered == []
+
+
+def test_a_fifo_among_the_shards_is_the_openings_error(ckpt, gathered, tmp_path) -> None:
+    # The prefetch opens files without blocking and only regular ones: a FIFO
+    # in a shard's place is left to the opening, which refuses it (no hang).
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    victim = sorted(d.glob("*.safetensors"))[1]
+    victim.unlink()
+    os.mkfifo(victim)
+    with pytest.raises(SafetensorsError):
+        qwen35.load(d, device=hf2q.Device._isolated("host"), progress=False)

@@ -1194,11 +1194,13 @@ std::vector<UploadResult> Device::scaled_fp8_gather(BufferImpl& src, DType weigh
     if (&dst == &src || &dst == &scale) {
       throw std::invalid_argument(std::string(what) + ": the destination is a source");
     }
+    if (&scale == &src) throw std::invalid_argument(std::string(what) + ": the scale buffer is the source");
     if (scale.dtype() != DType::F32) throw std::invalid_argument(std::string(what) + ": the scale buffer must be f32");
     std::size_t per = 0;  // elements (and bytes: one per FP8 weight) of one matrix
     if (!ops::checked_mul(st.rows, st.cols, &per)) {
       throw std::invalid_argument(std::string(what) + ": matrix size overflows");
     }
+    if (per == 0) throw std::invalid_argument(std::string(what) + ": a matrix has no elements");
     Backend::GatherStack run;
     std::size_t lead = 0;
     for (const auto& [off, count] : st.pieces) {

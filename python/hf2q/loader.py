@@ -229,7 +229,8 @@ def execute(plan: LoadPlan, ckpt: Checkpoint, device: Device, make_model: Callab
     ``alloc``."""
     t0 = time.perf_counter()
     pf = prefetch
-    if pf is not None and (alloc is not None or not pf.fits(plan.nbytes + SCALED_BATCH_BYTES)):
+    if pf is not None and (alloc is not None or not pf.fits(plan.nbytes + SCALED_BATCH_BYTES)
+                           or not any(_decodes_scaled(e) for e in plan)):
         pf.release()
     _check_representable(plan, ckpt)
     usage0 = process_usage()
@@ -1350,6 +1351,17 @@ def _scaled_jobs(ckpt: Checkpoint, entry: TensorPlan, pieces: list[Piece], buf: 
     return weights, (scale_jobs, scale_owners)
 
 
+def _decodes_scaled(entry: TensorPlan) -> bool:
+    """Whether ``entry`` may be a scaled FP8 run decoded on the device (its
+    first source block-scaled, its format one the decoders write): a plan
+    with none has no use for shards read ahead."""
+    from .ops import FP8_OUTPUTS
+
+    src = entry.sources[0] if entry.sources else None
+    return (entry.dtype in FP8_OUTPUTS and src is not None and src.scale is not None
+            and src.scale.scheme != "mxfp4")
+
+
 def _decode_prefetched(device: Device, ckpt: Checkpoint, pf: Prefetch,
                        group: list[tuple[TensorPlan, list[Piece], Located]], check_finite: bool) -> dict[str, Buffer]:
     """Scaled runs that lie in one prefetched shard each, weights and scale
@@ -1373,6 +1385,8 @@ def _decode_prefetched(device: Device, ckpt: Checkpoint, pf: Prefetch,
             try:
                 src = pf.source(shard)
             except FileReadError as e:
+                # A file changed since validation explains it better (as a batch's failed read).
+                _check_unchanged(ckpt, [p for k in ks for p in group[k][1]])
                 raise file_read_error(e, str(shard.path), group[ks[0]][1][0].tensor) from None
             stacks = []
             for k in ks:

@@ -2,10 +2,12 @@
 
 Opening a checkpoint and planning its load is per-tensor work on the CPU
 (an FP8 Qwen3.6 has 62,000 tensors: about 0.25 s), during which the copy
-engine would sit idle. A load through :func:`hf2q.load` therefore starts
-reading the first shards' data, raw, into device buffers of their own as
-soon as it knows the files (before their headers are parsed), on the
-load's batch queue (a native thread). Once planned, the loader decodes the
+engine would sit idle. A load through :func:`hf2q.load` (or a family's
+``load``) of a checkpoint whose config.json declares FP8 with scales, onto
+an open GPU :class:`~hf2q.Device`, therefore starts reading the first
+shards' data, raw, into device buffers of their own as soon as it knows
+the files (before their headers are parsed), on the load's batch queue (a
+native thread). Once planned, the loader decodes the
 block-scaled FP8 expert stacks and matrices that lie in those shards
 straight from that copy (:meth:`Device.scaled_fp8_gather`), while the rest
 of the checkpoint follows through the staging ring as before; the copies
@@ -14,7 +16,8 @@ are freed when the load ends (docs/CUDA.md, "Prefetching shards").
 The copy costs device memory for its lifetime: at most
 :data:`PREFETCH_BYTES`, a quarter of the device's free memory, and only
 while the plan's own buffers also fit (else it is dropped before the load
-allocates anything: the load is then as it was without it). Only whole
+allocates anything: the load is then as it was without it; so too where
+the plan decodes nothing on the device, e.g. FP8 kept as FP8). Only whole
 shards are read, in file-name order (the order a Hub checkpoint's layers
 are in). Nothing here is a source of truth about the checkpoint: every
 shard used is matched to the opened, validated file by its identity
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from . import formats
-from ._files import FileIdentity
+from ._files import FileIdentity, open_owned
 
 if TYPE_CHECKING:
     from .device import Buffer, Device, _FileBatch
@@ -51,7 +54,7 @@ _FORCE = False
 @dataclass(eq=False)
 class _Shard:
     path: Path
-    fd: int
+    file: Any  # the open shard (_files.OwnedFd): closed with the prefetch
     identity: FileIdentity
     data_offset: int
     nbytes: int
@@ -78,7 +81,8 @@ def _shard_paths(path: Path) -> list[Path] | None:
     :func:`~hf2q.safetensors.open_checkpoint` finds them, or None where
     that is not plain (the opening says what is wrong)."""
     from . import _core
-    from .safetensors import INDEX_FILE_NAME, SINGLE_FILE_NAME, _bad_shard_name
+    from ._files import read_capped
+    from .safetensors import INDEX_FILE_NAME, INDEX_MAX_BYTES, SINGLE_FILE_NAME, _bad_shard_name
 
     if path.is_dir():
         index = path / INDEX_FILE_NAME
@@ -91,10 +95,9 @@ def _shard_paths(path: Path) -> list[Path] | None:
         return [path]
     else:
         return None
-    try:
-        with open(index, "rb") as f:
-            raw = f.read(64 << 20)
-    except OSError:
+    try:  # (a regular file of at most the index's size, opened without blocking: never a FIFO's reader)
+        raw = read_capped(str(index), INDEX_MAX_BYTES, INDEX_FILE_NAME, _NotPlain)
+    except (_NotPlain, OSError):
         return None
     scanned = _core.scan_index(raw)
     if scanned is None:
@@ -103,6 +106,13 @@ def _shard_paths(path: Path) -> list[Path] | None:
     if not all(isinstance(n, str) and _bad_shard_name(n) is None for n in names):
         return None
     return [index.parent / n for n in sorted(names)]
+
+
+class _NotPlain(Exception):
+    """(a file the prefetch leaves to the opening, which words what is wrong)"""
+
+    def __init__(self, reason: str, cause: OSError | None = None) -> None:
+        super().__init__(reason)
 
 
 def _memory(device: Device) -> int | None:
@@ -203,9 +213,7 @@ class Prefetch:
                 self.queue.close()
             finally:
                 for s in self.shards:
-                    if s.fd >= 0:
-                        os.close(s.fd)
-                        s.fd = -1
+                    s.file.close()
 
 
 def start(device: Any, path: Path) -> Prefetch | None:
@@ -226,36 +234,37 @@ def start(device: Any, path: Path) -> Prefetch | None:
     total = 0
     try:
         for p in paths:
-            try:
-                fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError:
+            try:  # (a regular file, opened without blocking: a FIFO is left to the opening's error)
+                f = open_owned(str(p), _NotPlain)
+            except (_NotPlain, OSError):
                 break
             try:
-                st = os.fstat(fd)
-                head = os.pread(fd, 8, 0)
+                st = os.fstat(f.fileno())
+                head = os.pread(f.fileno(), 8, 0)
             except OSError:
-                os.close(fd)
+                f.close()
                 break
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
             start_at = 8 + n
             if n < 0 or start_at >= st.st_size or total + st.st_size - start_at > budget:
-                os.close(fd)
+                f.close()
                 break
-            shards.append(_Shard(p, fd, FileIdentity.of(st), start_at, st.st_size - start_at))
+            shards.append(_Shard(p, f, FileIdentity.of(st), start_at, st.st_size - start_at))
             total += st.st_size - start_at
         if not shards:
             return None
         pf = Prefetch(device, device._batch_queue(), shards, free)
     except BaseException:
         for s in shards:
-            os.close(s.fd)
+            s.file.close()
         raise
     try:
         bufs = device.alloc_many([((s.nbytes,), "f8_e4m3") for s in shards])
         for s, b in zip(shards, bufs):
             s.buf = b
             # One raw job per shard: the file's data, byte for byte.
-            batch = device._prepare_file_batch([(b, s.fd, [(0, s.data_offset, s.nbytes)], "f8_e4m3", str(s.path))])
+            batch = device._prepare_file_batch([(b, s.file.fileno(), [(0, s.data_offset, s.nbytes)], "f8_e4m3",
+                                                 str(s.path))])
             s.batch = device._start_file_batch(batch, pf.queue)
     except Exception:
         pf.close()  # no room, a bad file: the load reads everything through the ring

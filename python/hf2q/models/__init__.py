@@ -158,7 +158,7 @@ def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, dev
     # (hf2q.prefetch; not for a shard's slices, which read parts of tensors).
     p = Path(os.fspath(path))
     with opened_meanwhile(device) as dev:
-        pf = prefetch.start(dev, p) if shard is None else None
+        pf = prefetch.start(dev, p) if shard is None and _scaled_fp8(p, config) else None
         try:
             with open_checkpoint(p) as ckpt:
                 if pf is not None:
@@ -168,6 +168,22 @@ def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, dev
         finally:
             if pf is not None:
                 pf.close()
+
+
+def _scaled_fp8(path: Path, config: Mapping[str, Any] | None) -> bool:
+    """Whether the checkpoint's config.json declares FP8 weights with scales
+    (``quant_method`` fp8 or compressed-tensors): the loads a prefetch can
+    serve. Any doubt (no config, one that does not parse) is a no: the
+    family's own reading says what is wrong."""
+    from ._quant import quant_scheme
+
+    try:
+        if config is None:
+            _, config = read_config(path)
+        scheme = quant_scheme(config)
+    except Exception:
+        return False
+    return scheme is not None and scheme.method in ("fp8", "compressed-tensors")
 
 
 def inspect(ckpt: Any, config: Mapping[str, Any] | None, *, family: str | None = None,
