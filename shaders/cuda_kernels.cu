@@ -1060,27 +1060,28 @@ struct GatherItem {
   u64 w_off, first, items;
 };
 
-#define HF2Q_SCALED_GATHER(fmt_name, kFmt)                                                                      \
-  extern "C" __global__ void hf2q_gather_##fmt_name##_f32(const u8* src, const GatherItem* table, const float* s, \
-                                                          void* dst, ScaledGeo g, u64* status) {                \
-    const GatherItem it = table[blockIdx.y];                                                                    \
-    scaled_fp8_elems<kFmt, 0>(src + it.w_off, s, dst, it.items, g, status, it.first);                           \
-  }                                                                                                             \
-  extern "C" __global__ void hf2q_gather_##fmt_name##_bf16(const u8* src, const GatherItem* table,              \
-                                                           const float* s, void* dst, ScaledGeo g, u64* status) { \
-    const GatherItem it = table[blockIdx.y];                                                                    \
-    scaled_fp8_elems<kFmt, 1>(src + it.w_off, s, dst, it.items, g, status, it.first);                           \
-  }                                                                                                             \
-  extern "C" __global__ void hf2q_gather_##fmt_name##_f16(const u8* src, const GatherItem* table, const float* s, \
-                                                          void* dst, ScaledGeo g, u64* status) {                \
-    const GatherItem it = table[blockIdx.y];                                                                    \
-    scaled_fp8_elems<kFmt, 2>(src + it.w_off, s, dst, it.items, g, status, it.first);                           \
-  }                                                                                                             \
-  extern "C" __global__ void hf2q_gather_##fmt_name##_q8_0(const u8* src, const GatherItem* table,              \
-                                                           const float* s, void* dst, ScaledGeo g, u64* status) { \
-    const GatherItem it = table[blockIdx.y];                                                                    \
-    scaled_fp8_q8_0<kFmt>(src + it.w_off, s, (u8*)dst, it.items, g, status, it.first);                          \
+template <int kFmt, int kOut>  // kOut 0: f32, 1: bf16, 2: f16 (scaled_fp8_elems), 3: q8_0
+__device__ __forceinline__ void scaled_gather_row(const u8* src, const GatherItem* table, const float* s, void* dst,
+                                                  ScaledGeo g, u64* status) {
+  const GatherItem it = table[blockIdx.y];
+  if constexpr (kOut == 3) {
+    scaled_fp8_q8_0<kFmt>(src + it.w_off, s, (u8*)dst, it.items, g, status, it.first);
+  } else {
+    scaled_fp8_elems<kFmt, kOut>(src + it.w_off, s, dst, it.items, g, status, it.first);
   }
+}
+
+#define HF2Q_SCALED_GATHER_TO(fmt_name, kFmt, out_name, kOut)                                                   \
+  extern "C" __global__ void hf2q_gather_##fmt_name##_##out_name(const u8* src, const GatherItem* table,        \
+                                                                 const float* s, void* dst, ScaledGeo g,        \
+                                                                 u64* status) {                                 \
+    scaled_gather_row<kFmt, kOut>(src, table, s, dst, g, status);                                               \
+  }
+#define HF2Q_SCALED_GATHER(fmt_name, kFmt)       \
+  HF2Q_SCALED_GATHER_TO(fmt_name, kFmt, f32, 0)  \
+  HF2Q_SCALED_GATHER_TO(fmt_name, kFmt, bf16, 1) \
+  HF2Q_SCALED_GATHER_TO(fmt_name, kFmt, f16, 2)  \
+  HF2Q_SCALED_GATHER_TO(fmt_name, kFmt, q8_0, 3)
 HF2Q_SCALED_GATHER(f8_e4m3, 0)
 HF2Q_SCALED_GATHER(f8_e5m2, 1)
 
