@@ -82,21 +82,16 @@ def _shard_paths(path: Path) -> list[Path] | None:
     that is not plain (the opening says what is wrong)."""
     from . import _core
     from ._files import read_capped
-    from .safetensors import INDEX_FILE_NAME, INDEX_MAX_BYTES, SINGLE_FILE_NAME, _bad_shard_name
+    from .safetensors import INDEX_FILE_NAME, INDEX_MAX_BYTES, _bad_shard_name, checkpoint_entry
 
-    if path.is_dir():
-        index = path / INDEX_FILE_NAME
-        if not index.exists():
-            single = path / SINGLE_FILE_NAME
-            return [single] if single.is_file() else None
-    elif path.name.endswith(".json"):
-        index = path
-    elif path.is_file():
-        return [path]
-    else:
+    entry = checkpoint_entry(path)
+    if entry is None:
         return None
+    is_index, file = entry
+    if not is_index:
+        return [file]
     try:  # (a regular file of at most the index's size, opened without blocking: never a FIFO's reader)
-        raw = read_capped(str(index), INDEX_MAX_BYTES, INDEX_FILE_NAME, _NotPlain)
+        raw = read_capped(str(file), INDEX_MAX_BYTES, INDEX_FILE_NAME, _NotPlain)
     except (_NotPlain, OSError):
         return None
     scanned = _core.scan_index(raw)
@@ -105,7 +100,7 @@ def _shard_paths(path: Path) -> list[Path] | None:
     names = {shard for _, shard in scanned[1]}
     if not all(isinstance(n, str) and _bad_shard_name(n) is None for n in names):
         return None
-    return [index.parent / n for n in sorted(names)]
+    return [file.parent / n for n in sorted(names)]
 
 
 class _NotPlain(Exception):

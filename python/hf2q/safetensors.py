@@ -1201,22 +1201,31 @@ def _no_checkpoint_message(p: Path) -> str:
     return msg
 
 
-def _open_checkpoint(p: Path) -> Checkpoint:
+def checkpoint_entry(p: Path) -> tuple[bool, Path] | None:
+    """The file a checkpoint path names and whether it is an index: a
+    directory's ``model.safetensors.index.json`` if present, else its
+    ``model.safetensors``; a ``.json`` file (an index); any other path (a
+    safetensors file). None: a directory with neither. Nothing is opened."""
     if p.is_dir():
         index = p / INDEX_FILE_NAME
         if index.exists():
-            return _open_index(index)
+            return True, index
         single = p / SINGLE_FILE_NAME
-        if single.exists():
-            f = open(single)
-            return Checkpoint([f], p)
+        return (False, single) if single.exists() else None
+    return p.name.endswith(".json"), p
+
+
+def _open_checkpoint(p: Path) -> Checkpoint:
+    if not p.is_dir():
+        if not p.exists():
+            raise SafetensorsError(f"{p}: no such file or directory", code=IO_ERROR, path=str(p))
+        if p.name == "config.json":  # the usual slip: the model's config instead of its folder
+            raise SafetensorsError(f"{p}: this is the model's config; pass its folder: {p.parent}",
+                                   code=NO_CHECKPOINT, path=str(p))
+    entry = checkpoint_entry(p)
+    if entry is None:
         raise SafetensorsError(_no_checkpoint_message(p), code=NO_CHECKPOINT, path=str(p))
-    if not p.exists():
-        raise SafetensorsError(f"{p}: no such file or directory", code=IO_ERROR, path=str(p))
-    if p.name == "config.json":  # the usual slip: the model's config instead of its folder
-        raise SafetensorsError(f"{p}: this is the model's config; pass its folder: {p.parent}", code=NO_CHECKPOINT,
-                               path=str(p))
-    if p.name.endswith(".json"):
-        return _open_index(p)
-    f = open(p)
-    return Checkpoint([f], p.parent)
+    is_index, file = entry
+    if is_index:
+        return _open_index(file)
+    return Checkpoint([open(file)], file.parent)
