@@ -378,3 +378,53 @@ def test_a_fifo_among_the_shards_is_the_openings_error(ckpt, gathered, tmp_path)
     os.mkfifo(victim)
     with pytest.raises(SafetensorsError):
         qwen35.load(d, device=hf2q.Device._isolated("host"), progress=False)
+
+
+def test_a_shard_read_that_failed_on_a_changed_file_says_so(ckpt, gathered, tmp_path, monkeypatch) -> None:
+    # As for a batch: a failed read of a file rewritten since it was validated
+    # is that (FileChanged, naming the file), not a bare read error.
+    from hf2q.device import Device
+    from hf2q.safetensors import FILE_CHANGED
+
+    d = tmp_path / "ck"
+    shutil.copytree(ckpt, d)
+    finish = Device._finish_file_batch
+
+    def failing(self: Device, batch: Any) -> Any:
+        shard = next((str(p[4]) for p in batch.planned if str(p[4]).endswith(".safetensors")), None)
+        if shard is None:
+            return finish(self, batch)
+        finish(self, batch)
+        st = os.stat(shard)
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten in place, say
+        raise FileReadError("short read (injected)")
+
+    monkeypatch.setattr(Device, "_finish_file_batch", failing)
+    with pytest.raises(SafetensorsError) as e:
+        qwen35.load(d, device=hf2q.Device._isolated("host"), expert_dtype="q8_0", progress=False)
+    assert e.value.code == FILE_CHANGED and e.value.path is not None and e.value.path.endswith(".safetensors")
+    assert gathered
+
+
+def test_no_room_for_the_shards_is_no_prefetch_and_nothing_left_open(ckpt, monkeypatch) -> None:
+    from hf2q.errors import DeviceError
+
+    monkeypatch.setattr(prefetch, "_FORCE", True)
+    dev = hf2q.Device._isolated("host")
+
+    def no_room(*a: Any, **k: Any) -> Any:
+        raise DeviceError("cannot allocate (injected)")
+
+    monkeypatch.setattr(dev, "alloc_many", no_room)
+    fds = len(os.listdir("/proc/self/fd"))
+    assert prefetch.start(dev, ckpt) is None
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_host_load_reads_no_config_for_the_prefetch(ckpt, monkeypatch) -> None:
+    from hf2q import models
+
+    asked: list[Any] = []
+    monkeypatch.setattr(models, "_scaled_fp8", lambda *a: asked.append(a) or False)
+    qwen35.load(ckpt, device=hf2q.Device._isolated("host"), progress=False)
+    assert asked == []

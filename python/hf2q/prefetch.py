@@ -211,14 +211,20 @@ class Prefetch:
                     s.file.close()
 
 
+def serves(device: Any) -> bool:
+    """Whether a load onto ``device`` may read shards ahead: an open
+    :class:`~hf2q.Device` whose memory the CPU does not address (a GPU)."""
+    from .device import Device
+
+    return isinstance(device, Device) and (not device._native.cpu_visible or _FORCE)
+
+
 def start(device: Any, path: Path) -> Prefetch | None:
     """The first shards of the checkpoint at ``path`` being read onto
     ``device`` (an open GPU :class:`~hf2q.Device`; None for anything else,
     or where there is no room, or the files are not plain: the load then
     reads everything through the ring)."""
-    from .device import Device
-
-    if not isinstance(device, Device) or (device._native.cpu_visible and not _FORCE):
+    if not serves(device):
         return None
     paths = _shard_paths(path)
     if not paths:

@@ -158,7 +158,9 @@ def load_with(path: PathLike, config: Mapping[str, Any] | None, fam: Family, dev
     # (hf2q.prefetch; not for a shard's slices, which read parts of tensors).
     p = Path(os.fspath(path))
     with opened_meanwhile(device) as dev:
-        pf = prefetch.start(dev, p) if shard is None and _scaled_fp8(p, config) else None
+        # (the device first: a host load reads no config for it)
+        wanted = shard is None and prefetch.serves(dev) and _scaled_fp8(p, config)
+        pf = prefetch.start(dev, p) if wanted else None
         try:
             with open_checkpoint(p) as ckpt:
                 if pf is not None:
