@@ -141,6 +141,39 @@ def test_an_interrupt_on_the_way_in_or_out_leaves_no_step_behind(monkeypatch: py
         monkeypatch.setattr(_gc, "_steps", real)
 
 
+def test_an_interrupt_at_any_line_of_a_step_leaves_no_step_behind() -> None:
+    """A Ctrl-C at any line of the bookkeeping (a line tracer raises it, as
+    tests/test_fault_injection.py does across a load), the finally's first
+    line included: once the exception is gone, no step is left counted and
+    the collector is back on."""
+    code = _gc.paused.__wrapped__.__code__
+    lines = sorted({ln for _, _, ln in code.co_lines() if ln is not None and ln > code.co_firstlineno})
+    hit = []
+    for target in lines:
+        fired = []
+
+        def tracer(frame, event, arg):  # type: ignore[no-untyped-def]  (paused()'s frame only)
+            if event == "line" and frame.f_lineno == target and not fired:
+                fired.append(target)
+                raise KeyboardInterrupt(f"injected at line {target}")
+            return tracer
+
+        def step() -> None:
+            with _gc.paused():
+                assert not gc.isenabled()
+
+        sys.settrace(lambda f, e, a: tracer if f.f_code is code else None)
+        try:
+            step()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        hit += fired
+        assert not _gc._steps and gc.isenabled(), f"line {target}"
+    assert len(hit) >= 8  # (every line the step runs)
+
+
 def test_open_plan_and_load_run_with_the_collector_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = make_qwen35_moe_checkpoint(tmp_path / "ckpt", "tiny", seed=3, sharded=True)
     seen: dict[str, bool] = {}

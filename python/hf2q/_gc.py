@@ -17,7 +17,9 @@ when the last paused step of any thread ends, if it was on when the first of
 them began; a ``gc.disable()`` by other code during a step is undone then).
 A step's bookkeeping is one entry in a list, made inside its ``try``: an
 exception that arrives anywhere on the way in (a Ctrl-C) still ends the step
-and leaves the collector as the other steps need it. Fork-safe: the fork
+and leaves the collector as the other steps need it; one that lands on the
+way out before the step is ended is caught up with when the step's frame
+is let go (a finalizer on a token only that frame holds). Fork-safe: the fork
 waits for the lock, and the child keeps only the forking thread's steps (the
 others' threads do not exist there), so a child forked during another
 thread's step gets the collector back as it was.
@@ -29,6 +31,7 @@ import functools
 import gc
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Callable, TypeVar
@@ -40,8 +43,14 @@ F = TypeVar("F", bound=Callable[..., object])
 # Reentrant: a finalizer or signal handler that runs while this thread holds
 # it (and opens a checkpoint) must not wait for itself.
 _lock = threading.RLock()
-_steps: list[tuple[int, object]] = []  # (thread ident, token) of each paused step running
+_steps: list[tuple[int, int]] = []  # (thread ident, id of its token) of each paused step running
 _restore = False  # whether the collector was on when the first of them began
+
+
+class _Token:
+    """A step's token: alive as long as the step's frame."""
+
+    __slots__ = ("__weakref__",)
 
 
 @contextmanager
@@ -49,7 +58,14 @@ def paused() -> Iterator[None]:
     """The collector off for the ``with`` block (if it was on), then back on
     once no other thread is inside such a block."""
     global _restore
-    step = (threading.get_ident(), object())
+    # The finally's first line is a line like any other: a Ctrl-C landing
+    # there, before _leave runs, would leave the step counted (the collector
+    # off for good). So the step also ends when its token, held by this
+    # frame alone, is let go with the frame (a finalizer: _leave is
+    # idempotent), made before the step is counted.
+    token = _Token()
+    step = (threading.get_ident(), id(token))
+    backstop = weakref.finalize(token, _leave, step)
     try:
         with _lock:
             if not _steps:
@@ -65,11 +81,12 @@ def paused() -> Iterator[None]:
                 break
             except KeyboardInterrupt as e:  # (a signal) mid-way: the step is ended first, then it is raised
                 interrupted = e
+        backstop.detach()
         if interrupted is not None:
             raise interrupted
 
 
-def _leave(step: tuple[int, object]) -> None:
+def _leave(step: tuple[int, int]) -> None:
     """``step`` no longer counted (idempotent), the collector back on after the last."""
     with _lock:
         try:
