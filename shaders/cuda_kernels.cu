@@ -787,12 +787,12 @@ HF2Q_CHECKSUMS(hf2q_checksums_q6_k, BitsQ6_K)
 // ------------------------------------------------------------- FP8 (docs/FP8.md)
 
 // OCP E4M3FN byte -> float32 bits, exact: s eeee mmm, bias 7, no Inf,
-// s 1111 111 NaN (quiet, sign kept) -- csrc/kernels/fp8.cpp's table.
+// s 1111 111 NaN (torch's 0x7FF00000, sign kept) -- csrc/kernels/fp8.cpp's table.
 __device__ __forceinline__ u32 f8_e4m3_bits(u32 b) {
   const u32 sign = (b & 0x80u) << 24;
   const u32 e = (b >> 3) & 0xFu;
   const u32 m = b & 0x7u;
-  if (e == 0xFu && m == 0x7u) return sign | 0x7FC00000u;
+  if (e == 0xFu && m == 0x7u) return sign | 0x7FF00000u;
   if (e != 0u) return sign | ((e + 120u) << 23) | (m << 20);
   if (m == 0u) return sign;
   const u32 top = 31u - (u32)__clz(m);  // subnormal m * 2^-9

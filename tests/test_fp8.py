@@ -41,14 +41,16 @@ def test_every_byte_decodes_as_ml_dtypes_and_torch(fmt) -> None:
     nan = np.isnan(ref)
     assert np.array_equal(np.isnan(ours), nan)
     assert np.array_equal(ours.view(np.uint32)[~nan], ref.view(np.uint32)[~nan])  # bit for bit, signed zeros too
-    # NaN: ml_dtypes' quiet NaN with the sign kept; the numpy oracle agrees bit for bit everywhere.
+    # The numpy oracle agrees bit for bit everywhere.
     assert np.array_equal(ours.view(np.uint32), reference.f8_to_f32_bits(ALL, fmt))
     assert np.array_equal(np.signbit(ours[nan]), np.signbit(ref[nan]))
-    torch = pytest.importorskip("torch")
+    import torch
+
     t = torch.from_numpy(ALL.copy()).view(torch.float8_e4m3fn if fmt == "f8_e4m3" else torch.float8_e5m2)
     tv = t.float().numpy()
-    assert np.array_equal(np.isnan(tv), nan)
-    assert np.array_equal(ours.view(np.uint32)[~nan], tv.view(np.uint32)[~nan])
+    # torch's widening (the converter's dequant step) bit for bit, NaN
+    # payloads included (E4M3 0x7F -> 0x7FF00000, E5M2 0x7D -> 0x7FE00000).
+    assert np.array_equal(ours.view(np.uint32), tv.view(np.uint32))
     if fmt == "f8_e4m3":
         assert int(nan.sum()) == 2 and float(np.nanmax(ours)) == 448.0  # 0x7F / 0xFF; no Inf
     else:
@@ -129,6 +131,43 @@ def test_scaled_decode_nan_policy() -> None:
     with pytest.raises(NonFiniteError):
         ops.dequantize_fp8(w2, np.full((1, 1), 1e37, np.float32), (1, 32), fmt="f8_e4m3", to="q8_0")
 
+
+
+@pytest.mark.parametrize("fmt", ["f8_e4m3", "f8_e5m2"])
+@pytest.mark.parametrize("scale_dtype", ["f32", "bf16"])
+def test_kept_nans_have_the_converters_bits(fmt, scale_dtype) -> None:
+    """A NaN kept in an f32 / bf16 / f16 tensor (no check_finite) has the
+    bits llama.cpp's converter writes: torch's ``weight.float() *
+    scale.float()``, then gguf-py's bf16 rounding or numpy's f16 cast, every
+    NaN byte of the format with either sign, beside finite products and a
+    NaN scale. (A NaN weight times a NaN scale is left out: IEEE leaves open
+    which NaN that product is; torch's CPU kernel gives the scale's, hf2q
+    the weight's on every path, fp8_product.h.)"""
+    import gguf
+    import torch
+
+    nan_bytes = [b for b in range(256) if np.isnan(np.uint8(b).view(ML[fmt]).astype(np.float32))]
+    rng = np.random.default_rng(11)
+    w = rng.integers(0, 256, (8, 64), dtype=np.uint8)
+    w[(w & 0x7F) >= (0x7C if fmt == "f8_e5m2" else 0x7F)] = 0x21  # no NaN / Inf but the ones placed below
+    w.reshape(-1)[3:3 + len(nan_bytes)] = nan_bytes
+    s = rng.uniform(0.5, 2.0, (2, 2)).astype(np.float32)
+    s[1, 1] = np.float32("nan")
+    sarr = s if scale_dtype == "f32" else s.astype(ml_dtypes.bfloat16)
+    tw = torch.from_numpy(w.copy()).view(torch.float8_e4m3fn if fmt == "f8_e4m3" else torch.float8_e5m2)
+    ts = torch.from_numpy(np.ascontiguousarray(sarr).view(np.uint16 if scale_dtype == "bf16" else np.float32).copy())
+    ts = ts.view(torch.bfloat16) if scale_dtype == "bf16" else ts
+    full = ts.float().repeat_interleave(4, 0).repeat_interleave(32, 1)  # the converter's dequant: scale per block
+    want = (tw.float() * full).numpy()
+    assert np.isnan(want).sum() > len(nan_bytes)
+    with np.errstate(over="ignore"):  # E5M2 products past f16's range: Inf, as the converter's cast
+        f16 = want.astype(np.float16).view(np.uint16)
+    for to, ref in (("f32", want.view(np.uint32)),
+                    ("bf16", gguf.quants.quantize(want, gguf.GGMLQuantizationType.BF16).view(np.uint16)),
+                    ("f16", f16)):
+        got, first = ops.dequantize_fp8(w.view(ML[fmt]), sarr, (4, 32), to=to)
+        assert first == 3
+        assert np.array_equal(got.view(ref.dtype), ref), to
 
 def test_scaled_decode_checks_sizes() -> None:
     w = np.zeros((4, 32), np.uint8).view(ml_dtypes.float8_e4m3fn)

@@ -30,12 +30,15 @@ namespace hf2q::kernels {
 namespace {
 
 // E4M3FN: s eeee mmm, bias 7; no infinities; s 1111 111 is NaN; the
-// largest finite value is 448. Bits of the exact float32.
+// largest finite value is 448. Bits of the exact float32; NaN as torch's
+// float8_e4m3fn -> float32 widening writes it (0x7FF00000 with the sign:
+// the mantissa bits shifted in, as for a normal), which llama.cpp's
+// converter's dequantized F32 / BF16 tensors carry (ml_dtypes: 0x7FC00000).
 constexpr std::uint32_t e4m3_bits(unsigned b) {
   const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
   const unsigned e = (b >> 3) & 0xFu;
   const unsigned m = b & 0x7u;
-  if (e == 0xFu && m == 0x7u) return sign | 0x7FC00000u;  // NaN (quiet)
+  if (e == 0xFu && m == 0x7u) return sign | 0x7FF00000u;  // NaN (quiet, torch's bits)
   if (e == 0) {
     if (m == 0) return sign;  // +-0
     // Subnormal m * 2^-9: normalise (m has its top bit at p = 0..2).
@@ -154,7 +157,7 @@ bool mul3(std::size_t a, std::size_t b, std::size_t c, std::size_t* out) {
 
 // 8 FP8 bytes -> 8 exact float32 (E4M3FN by integer arithmetic on the bits:
 // normals rebias the exponent, subnormals are m * 2^-9 from an exact
-// int -> float conversion, NaN the quiet NaN; E5M2 through F16C).
+// int -> float conversion, NaN the table's; E5M2 through F16C).
 __attribute__((target("avx2,f16c"))) inline __m256 decode8(const std::uint8_t* p, bool e5m2) {
   const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   if (e5m2) {
@@ -169,7 +172,7 @@ __attribute__((target("avx2,f16c"))) inline __m256 decode8(const std::uint8_t* p
   const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag);
   const __m256i is_nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
   __m256i v = _mm256_blendv_epi8(normal, sub, is_sub);
-  v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7FC00000), is_nan);
+  v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7FF00000), is_nan);
   return _mm256_castsi256_ps(_mm256_or_si256(v, sign));
 }
 

@@ -129,9 +129,9 @@ def dequantize_q8_0(blocks: Any, out: np.ndarray | None = None) -> np.ndarray:
 #: bytes (uint8, whole blocks): the float32 bits of its decoded value, or for
 def f8_to_f32_bits(raw: np.ndarray, fmt: str) -> np.ndarray:
     """FP8 bytes (OCP ``f8_e4m3`` = E4M3FN, ``f8_e5m2``) to float32 bits,
-    field by field (docs/FP8.md). E4M3FN NaN (s.1111.111) is the quiet NaN
-    0x7FC00000 with its sign, as ml_dtypes gives it; E5M2 is the top byte of
-    a binary16."""
+    field by field (docs/FP8.md). E4M3FN NaN (s.1111.111) is 0x7FF00000
+    with its sign, as torch's widening gives it (and so llama.cpp's
+    converter); E5M2 is the top byte of a binary16."""
     b = np.asarray(raw, dtype=np.uint8).astype(np.uint32)
     if fmt == "f8_e5m2":
         return f16_bits_to_f32_bits(b << 8)
@@ -143,7 +143,7 @@ def f8_to_f32_bits(raw: np.ndarray, fmt: str) -> np.ndarray:
     normal = sign | ((exp + 120) << 23) | (mant << 20)
     sub = sign | (mant.astype(np.float32) * np.float32(2.0**-9)).view(np.uint32)  # exact
     out = np.where(exp == 0, sub, normal)
-    return np.where((b & 0x7F) == 0x7F, sign | 0x7FC00000, out).astype(np.uint32)
+    return np.where((b & 0x7F) == 0x7F, sign | 0x7FF00000, out).astype(np.uint32)
 
 
 _MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
