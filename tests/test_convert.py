@@ -393,3 +393,35 @@ def test_writer_threads_that_cannot_start_leave_no_file(tmp_path, monkeypatch) -
         hf2q.convert(QWEN, tmp_path / "m.gguf", "f32")
     assert _leftovers(tmp_path) == [] and not (tmp_path / "m.gguf").exists()
     assert not [t for t in threading.enumerate() if t.name.startswith("hf2q-convert-io")]
+
+
+def test_the_output_is_never_a_file_of_the_checkpoint(tmp_path, capsys) -> None:
+    """--force replaces an existing output, never the checkpoint being read:
+    a shard, the index, config.json or a tokenizer file as OUT (by name, by
+    another path or through a link) is refused before anything is written,
+    and the checkpoint stays as it was. A GGUF file beside it is replaced."""
+    import shutil
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(QWEN, src)
+    (src / "tokenizer.json").write_text("{}")
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    shard = next(src.glob("*.safetensors"))
+    link = tmp_path / "link.gguf"
+    link.symlink_to(shard)
+    for out in (shard, src / "config.json", src / "tokenizer.json", src / ".." / "ckpt" / shard.name, link):
+        with pytest.raises(ConvertError, match="of the checkpoint being converted"):
+            hf2q.convert(src, out, "q8_0", force=True)
+        assert cli.main(["convert", str(src), str(out), "--force", "--no-progress"]) == 2  # the arguments' fault
+        assert "of the checkpoint being converted (the GGUF file would replace it)" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+    assert not [p for p in tmp_path.rglob(".*") if p.is_file()]  # no temporary file left
+    (src / "tokenizer.json").unlink()  # (not a real tokenizer)
+    old = src / "old.gguf"
+    old.write_bytes(b"an earlier conversion")
+    hf2q.convert(src, old, "q8_0", force=True)
+    assert old.read_bytes()[:4] == b"GGUF"
+    # a directory as OUT: named as such, without suggesting --force
+    with pytest.raises(ConvertError, match="is a directory; name the GGUF file") as e:
+        hf2q.convert(src, tmp_path, "q8_0")
+    assert "--force" not in str(e.value)

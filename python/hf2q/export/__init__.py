@@ -587,10 +587,11 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     if outtype not in OUTTYPES:
         raise UnsupportedModelError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
     out_path = Path(os.fspath(out))
+    if out_path.is_dir():  # (before the check below: --force would not help)
+        raise ConvertError(f"{out_path}: is a directory; name the GGUF file to write", path=out_path)
     if out_path.exists() and not force:
-        raise OutputExistsError(f"{out_path}: exists (use force=True / --force to replace it)", path=out_path)
-    if out_path.is_dir():
-        raise ConvertError(f"{out_path}: is a directory", path=out_path)
+        raise OutputExistsError(f"{out_path}: exists (pass --force, or force=True in Python, to replace it)",
+                                path=out_path)
     if not out_path.parent.is_dir():
         raise ConvertError(f"{out_path.parent}: no such directory", path=out_path)
     src_path = resolve(src, revision, download=download, command="convert")
@@ -619,6 +620,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
     device = Device._isolated("host")
 
     with open_checkpoint(src_path) as ckpt:
+        _refuse_an_input_as_output(out_path, ckpt, src_path if src_path.is_dir() else src_path.parent)
         half: set[str] = set()
         if outtype == "f16" and recipe is None:
             plan, cfg, half = _f16_plan(planner, ckpt, config, dict(options))
@@ -791,6 +793,32 @@ def _generic_archs() -> list[str]:
     return list(ARCHITECTURES)
 
 
+# Files a conversion reads beside the safetensors files (config, tokenizer).
+_READ_BESIDE = ("config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                "special_tokens_map.json", "generation_config.json")
+
+
+def _refuse_an_input_as_output(out_path: Path, ckpt: Any, directory: Path) -> None:
+    """A ``ConvertError`` where ``out_path`` is one of the files the
+    conversion reads (a shard, the index, config.json, a tokenizer file),
+    by identity, links followed: the finished GGUF file is renamed over
+    ``out_path``, which with ``force`` would replace the checkpoint itself."""
+    try:
+        st = out_path.stat()
+    except OSError:
+        return  # nothing there (or nothing statable): nothing read can be replaced
+    inputs = [*ckpt.files, *([ckpt.index_path] if ckpt.index_path is not None else []),
+              *(directory / n for n in _READ_BESIDE)]
+    for p in inputs:
+        try:
+            other = p.stat()
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            raise ConvertError(f"{out_path}: is {p} of the checkpoint being converted (the GGUF file would "
+                               f"replace it); write the GGUF file elsewhere", path=out_path)
+
+
 def _tokenizer(kv: md.KVList, family: str, directory: Path, cfg: Any) -> str:
     """Write the tokenizer keys where hf2q reads the family's tokenizer;
     say what was written (the summary's ``tokenizer``)."""
@@ -824,10 +852,10 @@ def _publish(tmp: Path, out: Path, force: bool) -> None:
     try:
         os.link(tmp, out)
     except FileExistsError:
-        raise OutputExistsError(f"{out}: exists (use force=True / --force to replace it)", path=out) from None
+        raise OutputExistsError(f"{out}: exists (pass --force, or force=True in Python, to replace it)", path=out) from None
     except OSError:  # no hard links here: check, then rename
         if os.path.lexists(out):
-            raise OutputExistsError(f"{out}: exists (use force=True / --force to replace it)", path=out) from None
+            raise OutputExistsError(f"{out}: exists (pass --force, or force=True in Python, to replace it)", path=out) from None
         os.replace(tmp, out)
         return
     os.unlink(tmp)
