@@ -43,6 +43,31 @@ print(json.dumps({"after_load": after_load, "after_view": "ml_dtypes" in sys.mod
     assert r == {"after_load": False, "after_view": True, "dtype": "bfloat16"}
 
 
+@pytest.mark.parametrize("how", ["bf16", "q8_0", "f32", "recipe q4_k_m", "qwen bf16", "gpu path bf16"])
+def test_fp8_and_recipe_loads_do_not_import_ml_dtypes(how: str) -> None:
+    """Scaled FP8 weights and BF16 scales are read as bytes, decoded into
+    the buffer's bits, and a recipe's BF16 rounding is done without
+    ml_dtypes: its import (0.5-1.3 s) was counted in the load's seconds."""
+    data = Path(__file__).parent / "data" / "fp8"
+    r = _run("""
+import json, sys
+import hf2q
+how = sys.argv[2]
+if how.startswith("gpu path"):  # the GPU's load path forced on the host
+    from hf2q import loader
+    loader._SCALED_ON_DEVICE = loader._OVERLAP = True
+dtype = how.split()[-1]
+if how.startswith("qwen"):
+    m = hf2q.qwen35.load(sys.argv[3], device="host", dense_dtype=dtype, expert_dtype=dtype, progress=False)
+elif how.startswith("recipe"):
+    m = hf2q.load(sys.argv[1], device="host", recipe=dtype, progress=False)
+else:
+    m = hf2q.load(sys.argv[1], device="host", dtype=dtype, progress=False)
+print(json.dumps({"ml_dtypes": "ml_dtypes" in sys.modules, "tensors": len(m.names()) > 0}))
+""", str(data / "qwen3_fp8_deepseek" / "hf"), how, str(data / "qwen35moe_fp8_block128" / "hf"))
+    assert r == {"ml_dtypes": False, "tensors": True}
+
+
 def test_import_and_host_device_do_not_import_numpy() -> None:
     r = _run("""
 import json, sys

@@ -246,9 +246,12 @@ def test_gather_bf16_cuts_rows_and_rounds() -> None:
     fused = np.arange(2 * 6 * 4, dtype=np.float32).reshape(2, 6, 4) * np.float32(1.0001)
     entry = TensorPlan("blk.0.ffn_up_exps.weight", (2, 3, 4), "bf16",
                        (Piece("gate_up", "f32", (2, 6, 4), rows=(3, 6)),))
+    fused[0, 4, :] = [np.nan, -np.inf, 3.4e38, -1e-45]  # NaN, Inf, past BF16's largest, a subnormal
     got = _gather_bf16(entry)([fused])
-    assert got.dtype == ml_dtypes.bfloat16
-    assert np.array_equal(got.astype(np.float32), fused[:, 3:6].astype(ml_dtypes.bfloat16).astype(np.float32))
+    # BF16 values as float32 (no ml_dtypes import inside a load): ml_dtypes' cast bit for bit
+    assert got.dtype == np.float32 and not (got.view(np.uint32) & 0xFFFF).any()
+    want = fused[:, 3:6].astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_cli_load_and_inspect_take_recipe(checkpoints, capsys) -> None:

@@ -1161,21 +1161,37 @@ def _scaled_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = 
     assert sc is not None
     if sc.scheme == "mxfp4":
         return _mxfp4_array(ckpt, piece, to, check_finite)
-    w, s = _read_scaled(ckpt, piece)
-    return dequantize_fp8(w, np.ascontiguousarray(s), sc.block, to=to, name=piece.tensor, check_finite=check_finite,
-                          out=out)
+    w, wfmt, s, sfmt = _read_scaled(ckpt, piece)
+    return dequantize_fp8(w, np.ascontiguousarray(s), sc.block, fmt=wfmt, to=to, name=piece.tensor,
+                          check_finite=check_finite, out=out, scale_fmt=sfmt)
 
 
-def _read_scaled(ckpt: Checkpoint, piece: Piece) -> tuple[np.ndarray, np.ndarray]:
-    """A scaled FP8 piece's weight and its scale values in the decoder's grid
-    (a per-tensor scale of a stacked weight: one value for every matrix)."""
+def _read_scaled(ckpt: Checkpoint, piece: Piece) -> tuple[np.ndarray, str, np.ndarray, str]:
+    """A scaled FP8 piece's weight bytes and format, and its scale values'
+    bits (unsigned integers of the scale's width) in the decoder's grid (a
+    per-tensor scale of a stacked weight: one value for every matrix) and
+    format. Raw reads: a BF16 scale or an FP8 weight as a typed array would
+    import ml_dtypes (0.5-1.3 s) inside the load."""
     sc = piece.scale
     assert sc is not None
-    w = ckpt.read_array(piece.tensor)
-    s = ckpt.read_array(sc.tensor).reshape(-1)
+    winfo, sinfo = ckpt[piece.tensor], ckpt[sc.tensor]
+    wfmt, sfmt = formats.from_safetensors(winfo.dtype), formats.from_safetensors(sinfo.dtype)
+    w = np.empty(winfo.shape, np.uint8)
+    ckpt.read_into(piece.tensor, w)
+    s = np.empty(formats.numel(sinfo.shape), np.dtype(f"<u{sfmt.itemsize}"))
+    ckpt.read_into(sc.tensor, s)
     s = np.broadcast_to(s, (formats.numel(sc.grid),)).reshape(sc.grid) if s.size == 1 else s.reshape(sc.grid)
     ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
-    return w, s
+    return w, wfmt.name, s, sfmt.name
+
+
+def _scale_as_f32(bits: np.ndarray, fmt: str) -> np.ndarray:
+    """Scale values from their bits (:func:`_read_scaled`) as float32, exact."""
+    if fmt == "f32":
+        return np.ascontiguousarray(bits).view(np.float32)
+    if fmt == "bf16":
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+    return bits.view(np.float16).astype(np.float32)
 
 
 def _mxfp4_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = False) -> tuple[np.ndarray, int]:
@@ -1220,9 +1236,9 @@ def _scaled_on_device(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece
     weight's bytes and its scale grid (as float32, exact) are uploaded, then
     decoded into ``buf`` at the piece's offset (docs/FP8.md)."""
     assert piece.scale is not None
-    w, s = _read_scaled(ckpt, piece)
-    wbuf = device.upload(np.ascontiguousarray(w))
-    sbuf = device.upload(np.ascontiguousarray(s.reshape(-1).astype(np.float32)))  # bf16 / f16 / f32 -> f32: exact
+    w, wfmt, s, sfmt = _read_scaled(ckpt, piece)
+    wbuf = device.upload(w, wfmt, src_dtype=wfmt)  # the FP8 bytes as they are
+    sbuf = device.upload(_scale_as_f32(s.reshape(-1), sfmt))
     try:
         _decode_scaled(device, ckpt, entry, [piece], buf, wbuf, sbuf, check_finite)
     finally:
@@ -1562,7 +1578,9 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
         fmt = formats.get(entry.dtype)
         begin = fmt.storage_bytes(piece.dest_offset)
         view = buf._native.numpy_view().reshape(-1).view(np.uint8)[begin:begin + fmt.storage_bytes(piece.numel)]
-        _scaled_array(ckpt, piece, entry.dtype, check_finite, out=view.view(fmt.storage_dtype))
+        # (as bits: a typed BF16 view would import ml_dtypes inside the load)
+        _scaled_array(ckpt, piece, entry.dtype, check_finite,
+                      out=view.view(np.dtype(f"<u{fmt.itemsize}") if fmt.itemsize else np.uint8))
         if check_finite and fmt.is_block:  # a block scale the decoder's quantizer overflowed
             _check_block_scales(view, entry, piece)
         return

@@ -217,7 +217,7 @@ def _fp8_weight(weight: Any, fmt: str | None) -> tuple[np.ndarray, str]:
 
 def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str | None = None, to: str = "f32",
                    name: str | None = None, check_finite: bool = False,
-                   out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+                   out: np.ndarray | None = None, scale_fmt: str | None = None) -> tuple[np.ndarray, int]:
     """A scaled FP8 tensor decoded into ``to`` (one of :data:`FP8_OUTPUTS`) in
     one pass: element ``w[..., r, c]`` times ``scale[..., r // br, c // bc]``
     for ``block = (br, bc)`` (edge blocks partial), one float32 multiply
@@ -234,12 +234,21 @@ def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str 
     A NaN/Inf raises :class:`hf2q.NonFiniteError` for q8_0 always (the
     quantizer refuses it), for the others when ``check_finite``. ``out``: a
     caller's C-contiguous array of the result's dtype and size, written
-    instead of a new one."""
+    instead of a new one (or its bits: unsigned integers of the output's
+    width, uint8 for q8_0). ``scale_fmt`` (``"f32"``, ``"bf16"``, ``"f16"``):
+    ``scale`` holds that format's bits as unsigned integers of its width
+    (a loader's raw read: no ml_dtypes import for BF16 scales)."""
     w, wfmt = _fp8_weight(weight, fmt)
     if to not in FP8_OUTPUTS:
         raise ValueError(f"to must be one of {', '.join(FP8_OUTPUTS)}, got {to!r}")
     s = np.asarray(scale)
-    sfmt = formats.from_numpy(s.dtype)
+    if scale_fmt is not None:
+        sfmt = formats.get(scale_fmt)
+        if sfmt.name not in _FP8_SCALES or s.dtype.kind not in "uf" or s.dtype.itemsize * 8 != sfmt.bits:
+            raise TypeError(f"scale_fmt={scale_fmt!r} takes f32 / bf16 / f16 bits as unsigned integers of the "
+                            f"format's width, got {s.dtype}")
+    else:
+        sfmt = formats.from_numpy(s.dtype)
     if sfmt is None or sfmt.name not in _FP8_SCALES:
         raise TypeError(f"scale must be float32, bfloat16 or float16, got {s.dtype}")
     shape = tuple(int(d) for d in np.shape(weight))
@@ -259,12 +268,16 @@ def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str 
     if out_fmt.is_block:
         if cols % out_fmt.block_elems:
             raise ValueError(f"q8_0 rows are whole blocks of 32: the weight's rows hold {cols}")
-        want_dt, want_shape = U8, formats.storage_shape(shape, out_fmt)
+        want_shape = formats.storage_shape(shape, out_fmt)
     else:
-        want_dt, want_shape = out_fmt.numpy_dtype, shape
+        want_shape = shape
+    bits_dt = U8 if out_fmt.is_block else np.dtype(f"<u{out_fmt.itemsize}")
     if out is None:
-        result = np.empty(want_shape, dtype=want_dt)
+        result = np.empty(want_shape, dtype=U8 if out_fmt.is_block else out_fmt.numpy_dtype)
     else:
+        # the result's dtype, or its bits as unsigned integers (a loader's
+        # view of a device buffer: BF16 without ml_dtypes)
+        want_dt = bits_dt if getattr(out, "dtype", None) == bits_dt else (out_fmt.storage_dtype)
         result = check_out(out, want_dt, formats.numel(want_shape))
     sraw = np.ascontiguousarray(s).reshape(-1).view(U8)
     first, _ = _core.scaled_fp8(w.reshape(-1), wfmt, sraw, sfmt.name, (lead, rows, cols), (br, bc), to,

@@ -199,25 +199,24 @@ def generic_facts(names: Mapping[str, str], plan: LoadPlan, model_type: str | No
 def _via_bf16(transform: Callable[[list[np.ndarray]], np.ndarray]) -> Callable[[list[np.ndarray]], np.ndarray]:
     """A transform whose result the converter's BF16 file stores rounded to
     BF16 (what llama-quantize then reads): round it the same way first."""
-    import ml_dtypes
 
     def step(arrays: list[np.ndarray]) -> np.ndarray:
-        y = transform(arrays)
-        if y.dtype == ml_dtypes.bfloat16:
-            return y
-        with np.errstate(over="ignore", invalid="ignore"):
-            return np.asarray(y, dtype=np.float32).astype(ml_dtypes.bfloat16)
+        return _round_bf16(np.asarray(transform(arrays)))
 
     return step
 
 
 def _round_bf16(x: np.ndarray) -> np.ndarray:
-    """F32 / F16 values rounded to BF16 (nearest even), as the BF16 file holds them."""
-    import ml_dtypes
+    """F32 / F16 values rounded to BF16 (nearest even), as the BF16 file
+    holds them: float32 values whose low 16 bits are zero (exactly the BF16
+    values; ml_dtypes' cast bit for bit, without importing it inside a load)."""
+    from ._arrays import f32_to_bf16_bits, is_bf16  # (numpy: not at this module's import)
 
-    if x.dtype == ml_dtypes.bfloat16:
+    if is_bf16(x.dtype):
         return x
-    return x.astype(np.float32, copy=False).astype(ml_dtypes.bfloat16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = f32_to_bf16_bits(x)
+    return (bits.astype(np.uint32) << 16).view(np.float32).reshape(np.shape(x))
 
 
 def _gather_bf16(entry: TensorPlan) -> Callable[[list[np.ndarray]], np.ndarray]:
