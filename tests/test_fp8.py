@@ -742,3 +742,22 @@ def test_one_piece_device_decode_equals_the_host_decode(monkeypatch, tmp_path) -
         qwen35.load(d, device=dev, expert_dtype="q8_0", progress=False)
     assert e.value.tensor == target and e.value.index == 41 and e.value.multi_index == (41 // info.shape[1],
                                                                                        41 % info.shape[1])
+
+
+@pytest.mark.parametrize("sfmt", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("to", ["f32", "bf16", "f16", "q8_0"])
+def test_scales_and_outputs_as_bits(sfmt, to) -> None:
+    """``scale_fmt``: the scale's bits as unsigned integers; ``out`` as the
+    output's bits: the same bytes as the typed call; wrong widths refused."""
+    rng = np.random.default_rng(5)
+    w = rng.integers(0, 0x7E, (64, 64), dtype=np.uint8)
+    typed = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}[sfmt]
+    s = rng.uniform(0.01, 2, (2, 2)).astype(typed)
+    want, _ = ops.dequantize_fp8(w, s, (32, 32), fmt="f8_e4m3", to=to)
+    bits = s.view(np.uint32 if sfmt == "f32" else np.uint16)
+    out = np.empty(want.nbytes // (1 if to == "q8_0" else want.itemsize),
+                   np.uint8 if to == "q8_0" else (np.uint32 if to == "f32" else np.uint16))
+    got, first = ops.dequantize_fp8(w, bits, (32, 32), fmt="f8_e4m3", to=to, scale_fmt=sfmt, out=out)
+    assert got is not None and first == -1 and out.tobytes() == want.tobytes()
+    with pytest.raises(TypeError, match="scale_fmt"):
+        ops.dequantize_fp8(w, bits.view(np.uint8), (32, 32), fmt="f8_e4m3", to=to, scale_fmt=sfmt)
