@@ -94,6 +94,17 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["load", "x", "--devcie", "host"], ["inspect", "x", "--verify"], ["load", "a", "b"],
+                                  ["convert", "a", "b.gguf", "--dtype", "f32"]])
+def test_a_mistyped_option_shows_its_commands_usage(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """argparse's top-level parser reports the leftovers of a command's
+    line: the usage shown is that command's (its options), not hf2q's."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: hf2q {argv[0]} [-h]"), err
+    assert f"hf2q {argv[0]}: error: unrecognized arguments: " in err
+
+
 # --------------------------------------------------------------------------- inspect
 
 

@@ -1172,6 +1172,14 @@ def _interrupted(command: str | None, as_json: bool, what: str = "interrupted", 
     return status or EXIT_INTERRUPTED
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The sub-parser of ``command`` (one of :data:`COMMANDS`)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise KeyError(command)  # pragma: no cover - build_parser always adds them
+
+
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
@@ -1183,7 +1191,11 @@ def _main(argv: Sequence[str] | None) -> int:
             args.argv = argv  # the command line as given (fetch_hint repeats it)
         except UsageError as e:
             command = next((a for a in argv if not a.startswith("-")), None)
-            return report_error(command if command in COMMANDS else None, e, as_json)
+            command = command if command in COMMANDS else None
+            if command is not None and str(e).startswith("unrecognized arguments"):
+                # (argparse's top-level parser finds the leftovers: show the command's own usage)
+                e.usage = _command_parser(parser, command).format_usage()
+            return report_error(command, e, as_json)
         if args.command is None and not args.version:  # argparse's convention: usage on stderr, status 2
             return report_error(None, UsageError("a command is required (inspect, load, demo, convert, cache); "
                                                  "hf2q --help lists them", parser.format_usage()), as_json)
