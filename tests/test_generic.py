@@ -303,3 +303,17 @@ def test_staged_sources_without_a_device_format(tmp_path: Path) -> None:
     m = hf2q.load(d, dev, dtype="q8_0", progress=False)
     assert m["a.weight"].dtype == "q8_0"  # f64 -> f32 staged, then quantized natively
     assert m["a.weight"].numpy().tobytes() == quants.quantize(f64.astype(np.float32), GGMLQuantizationType.Q8_0).tobytes()
+
+
+def test_a_lone_files_errors_name_the_file(tmp_path: Path) -> None:
+    """A checkpoint given as one safetensors file: messages about the whole
+    checkpoint name that file, not its folder (the folder named '.')."""
+    from hf2q.errors import ConfigError
+    from hf2q.safetensors import open_checkpoint
+
+    f = tmp_path / "plain.safetensors"
+    save_file({"a": np.ones((4, 64), np.float32)}, str(f))
+    with open_checkpoint(f) as c:
+        assert c.location == f
+    with pytest.raises(ConfigError, match=f"^{f}: recipe 'q4_k_m' decides each tensor's type"):
+        hf2q.load(f, device="host", recipe="q4_k_m")

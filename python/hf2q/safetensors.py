@@ -913,6 +913,12 @@ class Checkpoint:
         return self._directory
 
     @property
+    def location(self) -> Path:
+        """What a message about the whole checkpoint names: the safetensors
+        file of a one-file checkpoint, else the folder of its index."""
+        return self._shards[0].path if self._index_path is None and len(self._shards) == 1 else self._directory
+
+    @property
     def index_path(self) -> Path | None:
         """The index file, or None for a single-file checkpoint."""
         return self._index_path

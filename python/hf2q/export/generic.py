@@ -162,7 +162,7 @@ def _scaled(ckpt: Any, config: Mapping[str, Any], arch: str) -> Any:
 
     scheme = quant_scheme(config)
     if scheme is not None and scheme.method == "mxfp4":
-        raise _unsupported(f"{ckpt.directory}: MXFP4 weights (quantization_config.quant_method 'mxfp4', gpt-oss's "
+        raise _unsupported(f"{ckpt.location}: MXFP4 weights (quantization_config.quant_method 'mxfp4', gpt-oss's "
                            f"scheme) in a {arch} checkpoint: hf2q convert writes MXFP4 only as gpt-oss's "
                            "converter does, and has no gpt-oss GGUF writer")
     scaled = scaled_tensors(ckpt, scheme)
@@ -213,7 +213,7 @@ def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
                 experts.setdefault(split[0], {}).setdefault(e[1], {})[e[0]] = (name, src, shape, scale)
                 continue
             if not split or rest not in LAYER_NAMES:
-                raise _unsupported(f"{ckpt.directory}: tensor {name} has no GGUF name in the {arch} layout "
+                raise _unsupported(f"{ckpt.location}: tensor {name} has no GGUF name in the {arch} layout "
                                    "(hf2q convert, generic family)")
             group = split[0]
             gguf = f"blk.{group}.{LAYER_NAMES[rest]}"
@@ -231,11 +231,11 @@ def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
         for proj in ("down", "gate", "up"):
             got = projs.get(proj, {})
             if not isinstance(n_exp, int) or sorted(got) != list(range(n_exp)):
-                raise _unsupported(f"{ckpt.directory}: layer {b} has experts {sorted(got)} of {proj}_proj, "
+                raise _unsupported(f"{ckpt.location}: layer {b} has experts {sorted(got)} of {proj}_proj, "
                                    f"config.json says {n_exp}")
             shapes = {s for _, _, s, _ in got.values()}
             if len(shapes) != 1:
-                raise _unsupported(f"{ckpt.directory}: layer {b} {proj}_proj experts differ in shape")
+                raise _unsupported(f"{ckpt.location}: layer {b} {proj}_proj experts differ in shape")
             shape = shapes.pop()
             numel = formats.numel(shape)
             pieces = tuple(Piece(got[x][0], got[x][1], shape, dest_offset=x * numel, scale=got[x][3])

@@ -351,7 +351,7 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
                           (bad_shape, ShapeMismatchError)):
         if problems:
             lines = "\n".join(f"  {p}" for p in problems)
-            where = getattr(ckpt, "directory", None) or "checkpoint"
+            where = getattr(ckpt, "location", None) or getattr(ckpt, "directory", None) or "checkpoint"
             raise cls(f"{where}: {len(problems)} FP8 weight/scale problem(s):\n{lines}", problems)
     return ScaledTensors(scheme, scales, frozenset(consumed), frozenset(dropped))
 
@@ -459,6 +459,6 @@ def unconfigured_error(ckpt: Any, names: list[str], scheme: QuantScheme | None, 
     else:
         why = (f"config.json's quantization_config ({scheme.describe()}) pairs them with none: decoding them "
                "without their scales would be wrong")
-    where = getattr(ckpt, "directory", None) or "checkpoint"
+    where = getattr(ckpt, "location", None) or getattr(ckpt, "directory", None) or "checkpoint"
     return ConfigError(f"{where}: FP8 weight(s) {shown} come with scale tensors but {why}, so {what} "
                        f"cannot decode them{f' ({hint})' if hint else ''}", key="quantization_config")

@@ -68,7 +68,7 @@ class GenericFamily(ModelFamily):
         unnamed = sorted(e.name for e in plan if len(e.shape) >= 2 and known_gguf_name(e.name) is None)
         if unnamed:
             shown = ", ".join(unnamed[:5]) + (f" and {len(unnamed) - 5} more" if len(unnamed) > 5 else "")
-            raise ConfigError(f"{ckpt.directory}: recipe {recipe!r} decides each tensor's type by its llama.cpp "
+            raise ConfigError(f"{ckpt.location}: recipe {recipe!r} decides each tensor's type by its llama.cpp "
                               f"name, and {len(unnamed)} tensor(s) have none in the generic family's llama-like "
                               f"map (models/generic/names.py): {shown}", key="recipe")
         return apply_recipe(plan, recipe, generic_facts(names, plan, config.model_type), names)

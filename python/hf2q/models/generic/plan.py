@@ -126,11 +126,11 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
         kind = "float" if src in FLOAT_FORMATS else "int"
         entries.append(TensorPlan(name, shape, dst, (Piece(name, src, shape),), group=_block_id(name), kind=kind))
     if dups:
-        raise DuplicateTensorError(dups, str(ckpt.directory))
+        raise DuplicateTensorError(dups, str(ckpt.location))
     if problems:
         lines = "\n".join(f"  {p}" for p in problems)
         raise DtypeMismatchError(
-            f"{ckpt.directory}: {len(problems)} tensor(s) cannot be loaded with --dtype {dtype}:\n{lines}", problems
+            f"{ckpt.location}: {len(problems)} tensor(s) cannot be loaded with --dtype {dtype}:\n{lines}", problems
         )
     extra: dict[str, Any] = {"architecture": cfg.label, "dtype": dtype}
     if scaled.scheme is not None:
