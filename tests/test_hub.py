@@ -134,6 +134,16 @@ def test_resolve_refs_commit_and_tag(hub_cache: Path) -> None:
     assert f.is_symlink() and Path(os.readlink(f)).parts[:3] == ("..", "..", "blobs")
 
 
+def test_python_callers_are_told_the_call_that_fetches(hub_cache: Path) -> None:
+    """From Python, the hint is the call with ``download=True``, not a command line."""
+    with pytest.raises(hub.RepoNotCachedError) as ei:
+        hf2q.load("z-lab/never-fetched", device="host")
+    assert str(ei.value).endswith("fetch it with: hf2q.load('z-lab/never-fetched', download=True)")
+    with pytest.raises(hub.RepoNotCachedError) as ei:
+        hf2q.convert("z-lab/never-fetched", hub_cache / "x.gguf", revision="dev")
+    assert ei.value.hint == "hf2q.convert('z-lab/never-fetched', revision='dev', download=True)"
+
+
 def test_not_cached_one_line(hub_cache: Path) -> None:
     with pytest.raises(hub.RepoNotCachedError) as ei:
         hub.resolve("z-lab/never-fetched")

@@ -110,7 +110,13 @@ def is_repo_id(s: PathLike) -> bool:
     return not os.path.lexists(s) and not os.path.isdir(s.split("/", 1)[0])
 
 
-def fetch_command(repo_id: str, revision: str | None = None, command: str = "load") -> str:
+def fetch_command(repo_id: str, revision: str | None = None, command: str = "load", api: str | None = None) -> str:
+    """What fetches the repo: the command line ``hf2q COMMAND REPO
+    --download``, or, for a Python caller (``api``: the function it called),
+    that call with ``download=True``."""
+    if api is not None:
+        rev = f", revision={revision!r}" if revision else ""
+        return f"{api}({repo_id!r}{rev}, download=True)"
     rev = f" --revision {revision}" if revision else ""
     return f"hf2q {command} {repo_id}{rev} --download"
 
@@ -308,6 +314,7 @@ def resolve(
     download: bool = False,
     cache_dir: PathLike | None = None,
     command: str = "load",
+    api: str | None = None,
 ) -> Path:
     """A local checkpoint path for ``path``: the path itself, or, for a repo
     id, its snapshot folder in the Hugging Face cache at ``revision`` (a
@@ -321,7 +328,9 @@ def resolve(
     :class:`HubError` (the repo, revision or a file is not there, or not
     allowed: bad input) or :class:`HubNetworkError` (the network or the
     server failed: try again); ``revision`` or ``download`` with a local path
-    is a ``ValueError``. ``command`` is the CLI subcommand named in ``hint``."""
+    is a ``ValueError``. ``command`` is the CLI subcommand named in ``hint``;
+    ``api``, where given, the Python function named there instead (its call
+    with ``download=True``)."""
     if not is_repo_id(path):
         if revision is not None:
             raise ValueError(f"{os.fspath(path)}: a revision applies to Hugging Face repo ids only, not to a local path")
@@ -333,7 +342,7 @@ def resolve(
         check_revision(revision, repo_id)
     rev = revision or "main"
     where = f"{repo_id}@{revision}" if revision else repo_id
-    hint = fetch_command(repo_id, revision, command)
+    hint = fetch_command(repo_id, revision, command, api)
     cache = os.fspath(cache_dir) if cache_dir is not None else None
     root = cache if cache is not None else _cache_dir_safe()
     ids: dict[str, Any] = {"repo_id": repo_id, "revision": revision}

@@ -305,7 +305,7 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
     from .safetensors import open_checkpoint
 
     tf = _internals()
-    path = Path(resolve(path_or_repo, revision, download=download))
+    path = Path(resolve(path_or_repo, revision, download=download, api="hf2q.transformers.from_pretrained"))
     directory = path if path.is_dir() else path.parent
     _, raw = read_config(directory)  # hf2q's checks first: a typed ConfigError for a bad file
     if raw is None:

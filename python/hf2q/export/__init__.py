@@ -594,7 +594,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                                 path=out_path)
     if not out_path.parent.is_dir():
         raise ConvertError(f"{out_path.parent}: no such directory", path=out_path)
-    src_path = resolve(src, revision, download=download, command="convert")
+    src_path = resolve(src, revision, download=download, api="hf2q.convert")
     _, config = read_config(src_path)
     fam = detect(config) if family is None else family_row(family)
     if fam.name not in _FAMILIES:

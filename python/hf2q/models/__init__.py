@@ -137,7 +137,7 @@ def load(path: PathLike, device: Any = None, *, family: str | None = None, progr
     from ..hub import resolve
 
     check_device_arg(device)  # before any work; opened (None or a kind) while the checkpoint is planned
-    path = resolve(path, revision, download=download)
+    path = resolve(path, revision, download=download, api="hf2q.load")
     _, config = read_config(path)
     fam = detect(config) if family is None else globals()["family"](family)
     check_options(fam, options)
