@@ -144,6 +144,26 @@ def test_python_callers_are_told_the_call_that_fetches(hub_cache: Path) -> None:
     assert ei.value.hint == "hf2q.convert('z-lab/never-fetched', revision='dev', download=True)"
 
 
+def test_short_commit_hashes_and_other_cached_revisions(hub_cache: Path) -> None:
+    """A short commit hash (7+ hex digits) names the one cached snapshot it
+    starts; several: refused, listing them; a revision the cache lacks while
+    it holds the repo: the message says which revisions it holds."""
+    snaps = hub_cache / "models--z-lab--tiny-DFlash" / "snapshots"
+    assert hub.resolve(REPO, COMMIT_DEV[:7]) == snaps / COMMIT_DEV
+    assert hub.resolve(REPO, "aaaaaaaa") == snaps / COMMIT_MAIN
+    with pytest.raises(hub.RepoNotCachedError, match="holds this repo, but not at revision '012345f'") as ei:
+        hub.resolve(REPO, "012345f")
+    assert "main -> aaaaaaaaaaaa" in str(ei.value) and "dev -> 0123456789ab" in str(ei.value)
+    assert ei.value.hint == f"hf2q load {REPO} --revision 012345f --download"
+    other = "0123456" + "f" * 33  # a second snapshot that "0123456" starts
+    (snaps / other).mkdir()
+    with pytest.raises(hub.HubError, match="'0123456' matches 2 cached snapshots"):
+        hub.resolve(REPO, "0123456")
+    assert hub.resolve(REPO, "01234567") == snaps / COMMIT_DEV
+    with pytest.raises(hub.RepoNotCachedError, match="holds this repo, but not at revision '012345'"):
+        hub.resolve(REPO, "012345")  # (too short for a hash: a branch name)
+
+
 def test_not_cached_one_line(hub_cache: Path) -> None:
     with pytest.raises(hub.RepoNotCachedError) as ei:
         hub.resolve("z-lab/never-fetched")

@@ -3,7 +3,9 @@ folder of the local Hugging Face cache, through ``huggingface_hub``'s own API.
 
 The cache is the one ``huggingface_hub`` uses (``HF_HUB_CACHE``, else
 ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``); a branch or tag is read
-from the repo's ``refs/``, a commit hash names its snapshot directly, and the
+from the repo's ``refs/``, a commit hash names its snapshot directly (a
+short one, 7 to 39 hex digits, the one cached snapshot it starts, where no
+ref has that name), and the
 snapshot's files are ``huggingface_hub``'s symlinks into ``blobs/``. Nothing is
 downloaded unless ``download=True`` (then only ``*.json`` and
 ``*.safetensors``), so a load never touches the network by surprise.
@@ -209,12 +211,66 @@ def _commit_of(repo: str, revision: str, where: str, ids: dict[str, Any]) -> str
         return revision
     raw = _read_small(os.path.join(repo, "refs", *revision.split("/")), REF_MAX_BYTES, "refs/ file", where, ids)
     if raw is None:
+        # A short commit hash, as git users type one: the one cached snapshot
+        # whose name starts with it (a ref of that name came first, as in git).
+        if _SHORT_COMMIT.match(revision):
+            found = [c for c in _snapshot_commits(repo) if c.startswith(revision)]
+            if len(found) > 1:
+                raise HubError(f"{where}: the short commit hash {revision!r} matches {len(found)} cached snapshots "
+                               f"({', '.join(c[:12] for c in found[:4])}{', ...' if len(found) > 4 else ''}); "
+                               "give more of it", **ids)
+            if found:
+                return found[0]
         return None
     text = raw.decode("ascii", "replace").strip()
     if not _COMMIT.match(text):
         shown = text if len(text) <= 60 else text[:57] + "..."
         raise _cache_error(where, f"refs/{revision} holds {shown!r}, not a 40-hex commit hash", ids)
     return text
+
+
+#: A commit hash's prefix that resolves against the cached snapshots (git's shortest default: 7).
+_SHORT_COMMIT = re.compile(r"[0-9a-f]{7,39}\Z")
+#: At most this many cached snapshots / refs are listed (a message's, not a load's, cost).
+_LIST_MAX = 10_000
+
+
+def _snapshot_commits(repo: str) -> list[str]:
+    """The commit hashes of the repo's cached snapshot folders (sorted)."""
+    try:
+        with os.scandir(os.path.join(repo, "snapshots")) as it:
+            names = [e.name for _, e in zip(range(_LIST_MAX), it)]
+    except OSError:
+        return []
+    return sorted(n for n in names if _COMMIT.match(n))
+
+
+def _cached_refs(repo: str) -> list[tuple[str, str]]:
+    """(branch or tag, commit) of the repo's ``refs/`` files that hold a
+    commit hash, for a message: the first 20, at most 1,000 entries looked
+    at, read through the safe opener; anything unusual is left out."""
+    from ._files import read_capped
+
+    def skip(reason: str, e: OSError | None) -> BaseException:
+        return _Missing()
+
+    out: list[tuple[str, str]] = []
+    base = os.path.join(repo, "refs")
+    seen = 0
+    for root, dirs, files in os.walk(base):  # (links to folders are not followed)
+        dirs.sort()
+        for f in sorted(files):
+            seen += 1
+            if len(out) >= 20 or seen > 1000:
+                return out
+            path = os.path.join(root, f)
+            try:
+                text = read_capped(path, REF_MAX_BYTES, "refs/ file", skip).decode("ascii", "replace").strip()
+            except _Missing:
+                continue
+            if _COMMIT.match(text):
+                out.append((os.path.relpath(path, base).replace(os.sep, "/"), text))
+    return out
 
 
 def _check_snapshot(repo: str, snap: str, where: str, ids: dict[str, Any]) -> None:
@@ -260,6 +316,14 @@ def _lookup(cache: str, repo_id: str, revision: str, where: str, hint: str, ids:
     commit = _commit_of(repo, revision, where, ids)
     snap = os.path.join(repo, "snapshots", commit) if commit else None
     if snap is None or not os.path.isdir(snap):
+        held = _snapshot_commits(repo)
+        if held:  # the repo is cached, at other revisions: say which
+            refs = _cached_refs(repo)
+            shown = ", ".join([f"{r} -> {c[:12]}" for r, c in refs if c in held]
+                              + [c[:12] for c in held if c not in {c for _, c in refs}][:5])
+            raise RepoNotCachedError(
+                f"{where}: the Hugging Face cache ({cache}) holds this repo, but not at revision {revision!r} "
+                f"(cached: {shown}); fetch it with: {hint}", **ids, hint=hint)
         raise RepoNotCachedError(
             f"{where}: not a local path, and not in the Hugging Face cache ({cache}); fetch it with: {hint}",
             **ids, hint=hint)
