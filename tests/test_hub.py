@@ -164,6 +164,27 @@ def test_short_commit_hashes_and_other_cached_revisions(hub_cache: Path) -> None
         hub.resolve(REPO, "012345")  # (too short for a hash: a branch name)
 
 
+def test_a_model_pages_url_is_its_repo_id(hub_cache: Path) -> None:
+    """A Hub model URL as a browser shows it loads the repo (its /tree/REV
+    the revision); any other URL is refused, echoed as typed."""
+    snaps = hub_cache / "models--z-lab--tiny-DFlash" / "snapshots"
+    for url in (f"https://huggingface.co/{REPO}", f"https://huggingface.co/{REPO}/", f"hf.co/{REPO}",
+                f"http://www.huggingface.co/{REPO}"):
+        assert hub.resolve(url) == snaps / COMMIT_MAIN, url
+    assert hub.resolve(f"https://huggingface.co/{REPO}/tree/dev") == snaps / COMMIT_DEV
+    assert hub.resolve(f"https://huggingface.co/{REPO}/tree/dev", "dev") == snaps / COMMIT_DEV
+    with pytest.raises(hub.HubError, match="names revision 'dev', and 'main' was given too"):
+        hub.resolve(f"https://huggingface.co/{REPO}/tree/dev", "main")
+    for bad in ("https://example.com/a/b", f"https://huggingface.co/{REPO}/resolve/main/model.safetensors",
+                "https://huggingface.co/datasets/a/b", "https://huggingface.co/Qwen"):
+        with pytest.raises(hub.HubError, match="not a Hugging Face model page") as ei:
+            hub.resolve(bad)
+        assert str(ei.value).startswith(bad + ": ")
+    with pytest.raises(hub.RepoNotCachedError) as ei:
+        hub.resolve("https://huggingface.co/z-lab/never-fetched", command="load")
+    assert ei.value.hint == "hf2q load z-lab/never-fetched --download"
+
+
 def test_not_cached_one_line(hub_cache: Path) -> None:
     with pytest.raises(hub.RepoNotCachedError) as ei:
         hub.resolve("z-lab/never-fetched")

@@ -364,6 +364,28 @@ def _precheck(cache: str, repo_id: str, revision: str, where: str, ids: dict[str
             raise _cache_error(where, f"{p} {what}", ids)
 
 
+# A model's page on the Hub, as a browser shows it (a revision's file tree too).
+_HUB_URL = re.compile(r"(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?!datasets/|spaces/)"
+                      rf"({_PART}/{_PART})(?:/tree/([^/?#]+))?/?\Z")
+
+
+def _from_url(path: PathLike, revision: str | None) -> tuple[PathLike, str | None]:
+    """A Hub model URL (``https://huggingface.co/OWNER/NAME``, with
+    ``/tree/REV``) as its repo id and revision; any other URL a
+    :class:`HubError` (a path would mangle it: ``https:/...``); else as given."""
+    if not isinstance(path, str) or "://" not in path and not path.startswith(("huggingface.co/", "hf.co/")):
+        return path, revision
+    m = _HUB_URL.match(path)
+    if m is None:
+        raise HubError(f"{path}: not a Hugging Face model page; hf2q loads a local path or a Hub repo id "
+                       "(OWNER/NAME, e.g. Qwen/Qwen3.6-35B-A3B)", repo_id=path, revision=revision)
+    repo_id, rev = m.group(1), m.group(2)
+    if rev is not None and revision is not None and rev != revision:
+        raise HubError(f"{path}: the URL names revision {rev!r}, and {revision!r} was given too",
+                       repo_id=repo_id, revision=revision)
+    return repo_id, revision if rev is None else rev
+
+
 def cache_dir() -> str:
     """The Hugging Face hub cache this process uses (``huggingface_hub``'s)."""
     from huggingface_hub import constants
@@ -395,6 +417,7 @@ def resolve(
     is a ``ValueError``. ``command`` is the CLI subcommand named in ``hint``;
     ``api``, where given, the Python function named there instead (its call
     with ``download=True``)."""
+    path, revision = _from_url(path, revision)
     if not is_repo_id(path):
         if revision is not None:
             raise ValueError(f"{os.fspath(path)}: a revision applies to Hugging Face repo ids only, not to a local path")
