@@ -186,26 +186,73 @@ def test_mxfp4_kept_is_the_converters_repack(dev) -> None:
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "q8_0"])
 def test_mxfp4_decoded_equals_ggml_dequantize(dev, dtype) -> None:
+    """Every expert matrix decoded (each layer, gate and up halves, down)
+    equals gguf-py's dequantization of the converter's MXFP4 blocks, then
+    converted as any F32 weight (gguf-py's BF16, our Q8_0 against ggml's)."""
     import gguf
     from gguf.quants import dequantize
 
     from hf2q import ops
 
     model = hf2q.load(DATA / MX / "hf", device=dev, dtype=dtype, progress=False)
-    gu = model["model.layers.1.mlp.experts.gate_up_proj"]
-    assert gu.dtype == dtype and gu.shape == (4, 128, 64)
-    _, theirs = _converter_tensor("bf16", "blk.1.ffn_up_exps.weight")
-    ref = dequantize(np.frombuffer(theirs, np.uint8).reshape(4, 64, 34), gguf.GGMLQuantizationType.MXFP4)
-    ref = ref.astype(np.float32)
-    ours = gu.numpy()
-    if dtype == "q8_0":
-        assert ours.reshape(4, 128, 68)[:, 1::2].tobytes() == ops.quantize_q8_0(ref).tobytes()
-    elif dtype == "bf16":
-        import ml_dtypes
 
-        assert ours[:, 1::2].tobytes() == ref.astype(ml_dtypes.bfloat16).tobytes()
-    else:
-        assert ours[:, 1::2].tobytes() == ref.tobytes()
+    def converted(ref: np.ndarray) -> bytes:
+        if dtype == "q8_0":
+            return ops.quantize_q8_0(ref).tobytes()
+        if dtype == "bf16":
+            return gguf.quants.quantize(ref, gguf.GGMLQuantizationType.BF16).tobytes()
+        return ref.tobytes()
+
+    for b in range(2):
+        gu = model[f"model.layers.{b}.mlp.experts.gate_up_proj"]
+        down = model[f"model.layers.{b}.mlp.experts.down_proj"]
+        assert gu.dtype == dtype and gu.shape == (4, 128, 64) and down.shape == (4, 64, 64)
+        row = _row_bytes(dtype, 64)
+        ours = gu.numpy().view(np.uint8).reshape(4, 128, row)
+        for half, rows in (("gate", ours[:, 0::2]), ("up", ours[:, 1::2])):  # the converter's split
+            _, theirs = _converter_tensor("q8_0", f"blk.{b}.ffn_{half}_exps.weight")
+            ref = dequantize(np.frombuffer(theirs, np.uint8).reshape(4, 64, 34), gguf.GGMLQuantizationType.MXFP4)
+            assert np.ascontiguousarray(rows).tobytes() == converted(ref.astype(np.float32)), (b, half)
+        _, theirs = _converter_tensor("q8_0", f"blk.{b}.ffn_down_exps.weight")
+        ref = dequantize(np.frombuffer(theirs, np.uint8).reshape(4, 64, 34), gguf.GGMLQuantizationType.MXFP4)
+        assert down.numpy().view(np.uint8).tobytes() == converted(ref.astype(np.float32)), (b, "down")
+
+
+def _row_bytes(dtype: str, cols: int) -> int:
+    from hf2q import formats
+
+    return formats.nbytes((1, cols), dtype)
+
+
+@pytest.mark.parametrize("outtype", OUTTYPES)
+def test_mxfp4_checkpoints_other_tensors_equal_the_converters(dev, outtype) -> None:
+    """Everything but the expert matrices, byte for byte with the converter:
+    attention, norms, embeddings, sinks, the expert biases (gate / up split
+    as it splits them). The router (``ffn_gate_inp``) the converter keeps F32;
+    the generic family converts it as any 2-D weight (docs/GENERIC.md), so
+    it is compared at f32 only."""
+    meta, blobs = golden(MX)
+    model = hf2q.load(DATA / MX / "hf", device=dev, dtype=outtype, progress=False)
+    compared = 0
+    for t in meta["outtypes"][outtype]["tensors"]:
+        name, theirs = t["name"], blobs[t["blob"]]
+        if "_exps.weight" in name or (name.endswith("ffn_gate_inp.weight") and outtype != "f32"):
+            continue
+        b = name.split(".")[1]
+        if name.endswith("attn_sinks.weight"):
+            ours = model[f"model.layers.{b}.self_attn.sinks"].numpy()
+        elif "_exps.bias" in name:
+            if "down" in name:
+                ours = model[f"model.layers.{b}.mlp.experts.down_proj_bias"].numpy()
+            else:
+                gu = model[f"model.layers.{b}.mlp.experts.gate_up_proj_bias"].numpy()
+                ours = gu[:, 0::2] if "gate" in name else gu[:, 1::2]
+        else:
+            ours = model[t["hf_name"]].numpy()
+            assert model[t["hf_name"]].dtype == GGUF_TYPE[t["type"]], name
+        _same(name, np.ascontiguousarray(ours).view(np.uint8).tobytes(), theirs, outtype)
+        compared += 1
+    assert compared >= 30
 
 
 def test_mxfp4_bad_checkpoints_are_refused(tmp_path) -> None:
