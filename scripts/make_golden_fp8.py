@@ -41,6 +41,12 @@ Variants:
 - ``qwen3_fp8_ct_channel``: the same model as llm-compressor's
   compressed-tensors FP8 (``float-quantized``, strategy ``channel``, BF16
   ``weight_scale`` [rows, 1]);
+- ``qwen3_fp8_ct_block``: the same as llm-compressor's ``FP8_BLOCK``
+  (strategy ``block``, here blocks of [32, 48], BF16 ``weight_scale``);
+- ``qwen35moe_cond_fp8_block128``: tests/data/golden/qwen35moe_conditional_generation
+  (transformers' Qwen3.5-MoE ConditionalGeneration, the layout of the real
+  ``-FP8`` repos: ``model.language_model.*`` and a vision tower) as Qwen
+  stores FP8;
 - ``gptoss_mxfp4``: a tiny transformers ``GptOssForCausalLM`` with its
   experts as OpenAI publishes them (``*_blocks`` uint8 + ``*_scales`` E8M0,
   ``quant_method: mxfp4``; :func:`hf2q.testing.fp8_checkpoint.mxfp4_checkpoint`),
@@ -103,6 +109,14 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], list[str], str]] = {
     "qwen3_fp8_ct_channel": (
         "qwen3", dict(method="compressed-tensors", strategy="channel", scale_dtype="bf16"),
         [], "Qwen3 dense (generic family) as compressed-tensors FP8: per-channel BF16 weight_scale"),
+    "qwen3_fp8_ct_block": (
+        "qwen3", dict(method="compressed-tensors", strategy="block", block=(32, 48), scale_dtype="bf16"),
+        [], "Qwen3 dense (generic family) as llm-compressor's FP8_BLOCK: BF16 weight_scale per 32x48 block"),
+    "qwen35moe_cond_fp8_block128": (
+        "qwen35moe_conditional_generation", dict(method="fp8", strategy="block", block=(128, 128),
+                                                 scale_dtype="bf16"),
+        ["--no-mtp"], "Qwen3.5-MoE in the ConditionalGeneration layout the real Qwen3.5/3.6 -FP8 repos have "
+                      "(model.language_model.*, the vision tower BF16), fp8 block 128x128, BF16 scale_inv"),
 }
 
 

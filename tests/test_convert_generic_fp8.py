@@ -39,7 +39,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 DATA = Path(__file__).parent / "data"
 FP8 = DATA / "fp8"
 GENERIC = DATA / "gguf" / "generic"
-VARIANTS = ("qwen3_fp8_deepseek", "qwen3_fp8_ct_channel", "qwen3_fp8_e5m2_tensor")
+VARIANTS = ("qwen3_fp8_deepseek", "qwen3_fp8_ct_channel", "qwen3_fp8_ct_block", "qwen3_fp8_e5m2_tensor")
 OUTTYPES = ("q8_0", "bf16", "f32")
 
 
@@ -146,6 +146,7 @@ CASES = {
     # committed converter-checked FP8 checkpoints
     "qwen3_fp8_deepseek": lambda tmp: FP8 / "qwen3_fp8_deepseek" / "hf",
     "qwen3_fp8_ct_channel": lambda tmp: FP8 / "qwen3_fp8_ct_channel" / "hf",
+    "qwen3_fp8_ct_block": lambda tmp: FP8 / "qwen3_fp8_ct_block" / "hf",
     "qwen3_fp8_e5m2_tensor": lambda tmp: FP8 / "qwen3_fp8_e5m2_tensor" / "hf",
     # Llama: Q/K rows permuted after the decode; blocks that do not divide the rows (48 x 32)
     "llama3_block": lambda tmp: _fp8(tmp, "llama3", block=(48, 32), scale_dtype="bf16"),
