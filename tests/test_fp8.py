@@ -415,6 +415,14 @@ def test_compressed_tensors_strategies(tmp_path, strategy) -> None:
     want = w.astype(np.float32) * _blocks(s.reshape(-1, s.shape[-1]) if strategy != "tensor" else s.reshape(1, 1),
                                           block, (48, 64))
     assert m["m.l.weight"].numpy().tobytes() == want.tobytes()
+    # torch's product, as compressed-tensors' decompressor and the converter's dequant step compute it
+    # (the converter itself refuses strategy "tensor": docs/FP8.md)
+    import torch
+
+    tw = torch.from_numpy(w.view(np.uint8).copy()).view(torch.float8_e4m3fn).float()
+    ts = torch.from_numpy(s.astype(np.float32).reshape(-1, s.shape[-1]) if strategy != "tensor" else s.reshape(1, 1))
+    full = ts.repeat_interleave(block[0], 0)[:48].repeat_interleave(block[1], 1)[:, :64]
+    assert m["m.l.weight"].numpy().tobytes() == (tw * full).numpy().tobytes()
 
 
 def test_sharded_fp8_load_is_the_full_loads_slice() -> None:
