@@ -396,6 +396,7 @@ def test_unknown_quantization_config_is_refused(tmp_path, qc, key) -> None:
         hf2q.load(d, dtype="keep", progress=False)
     assert e.value.key == key
     assert "docs/FP8.md" in str(e.value) or "block sizes" in str(e.value) or key == "quantization_config"
+    assert str(e.value).startswith(f"{d / 'config.json'}: ")  # the file to fix
 
 
 @pytest.mark.parametrize("strategy", ["channel", "tensor", "block"])

@@ -160,7 +160,7 @@ def _scaled(ckpt: Any, config: Mapping[str, Any], arch: str) -> Any:
     ``quantization_config``); MXFP4 (gpt-oss's scheme) is refused."""
     from ..models._quant import quant_scheme, scaled_tensors, unconfigured_error, unconfigured_scales
 
-    scheme = quant_scheme(config)
+    scheme = quant_scheme(config, str(ckpt.directory / "config.json"))
     if scheme is not None and scheme.method == "mxfp4":
         raise _unsupported(f"{ckpt.location}: MXFP4 weights (quantization_config.quant_method 'mxfp4', gpt-oss's "
                            f"scheme) in a {arch} checkpoint: hf2q convert writes MXFP4 only as gpt-oss's "

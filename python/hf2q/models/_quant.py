@@ -6,7 +6,7 @@ Supported (anything else is a :class:`~hf2q.ConfigError` naming the key):
 
 - ``quant_method: "fp8"`` (DeepSeek-V3/R1, Qwen ``-FP8``, transformers'
   FineGrainedFP8): ``fmt`` ``e4m3`` (or ``float8_e4m3fn``) / ``e5m2``,
-  ``weight_block_size: [rows, cols]``; each ``<w>_scale_inv`` (F32 or BF16,
+  ``weight_block_size: [rows, cols]``; each ``<w>_scale_inv`` (F32, BF16 or F16,
   shape ``[ceil(R / rows), ceil(C / cols)]``, leading dimensions as the
   weight's) multiplies its block of ``<w>``. Without ``weight_block_size`` the
   scale's shape says it: one value (per tensor) or one per row (per channel).
@@ -47,7 +47,7 @@ __all__ = ["QuantScheme", "ScaledTensors", "quant_scheme", "scaled_tensors", "SU
 
 #: One line per supported scheme, as docs/FP8.md and ``hf2q inspect`` name them.
 SUPPORTED_SCHEMES: tuple[str, ...] = (
-    "fp8 block (weight_block_size, <w>_scale_inv F32/BF16): DeepSeek-V3/R1, Qwen3/3.5/3.6 -FP8",
+    "fp8 block (weight_block_size, <w>_scale_inv F32/BF16/F16): DeepSeek-V3/R1, Qwen3/3.5/3.6 -FP8",
     "fp8 per-tensor / per-channel (<w>_scale_inv of one value / one per row)",
     "compressed-tensors float-quantized FP8, strategy channel / tensor / block (<w>.weight_scale)",
     "mxfp4 (gpt-oss: <w>_blocks U8 + <w>_scales E8M0, 32 values per block)",
@@ -90,10 +90,20 @@ def _block(v: Any, key: str) -> tuple[int, int]:
     return int(v[0]), int(v[1])
 
 
-def quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
+def quant_scheme(config: Mapping[str, Any] | None, source: str | None = None) -> QuantScheme | None:
     """The scheme of ``config.json``'s ``quantization_config`` (at the root,
     else in ``text_config``); None when there is none. A config hf2q does not
-    support is a ConfigError naming the key and the supported schemes."""
+    support is a ConfigError naming the key and the supported schemes, led
+    by ``source`` (the config file) where given."""
+    if source is None:
+        return _quant_scheme(config)
+    try:
+        return _quant_scheme(config)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}", key=e.key, rule=e.rule) from None
+
+
+def _quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
     if config is None:
         return None
     q = config.get("quantization_config")

@@ -347,5 +347,5 @@ class Gemma4Config:
             moe_intermediate_size=Im, hidden_size_per_layer_input=P, vocab_size_per_layer_input=V_ple,
             num_kv_shared_layers=S, use_double_wide_mlp=double_wide, tie_word_embeddings=tie, wrapper=wrapper,
             forced_full_last=forced, per_layer_config_form=plc is not None, source=source,
-            quantization=quant_scheme(d),
+            quantization=quant_scheme(d, source),
         )

@@ -50,7 +50,7 @@ class GenericFamily(ModelFamily):
 
     def parse_config(self, ckpt: Checkpoint, config: Mapping[str, Any] | None) -> GenericConfig:
         # The registry hands over what it read (None: the checkpoint has no config.json).
-        return GenericConfig.from_dict(config)
+        return GenericConfig.from_dict(config, str(ckpt.directory / "config.json"))
 
     def plan(self, ckpt: Checkpoint, config: GenericConfig, *, dtype: str = "keep",
              recipe: str | None = None) -> LoadPlan:

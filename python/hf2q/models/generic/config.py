@@ -37,13 +37,15 @@ class GenericConfig:
     quantization: QuantScheme | None = None
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> GenericConfig:
+    def from_dict(cls, d: Mapping[str, Any] | None, source: str | None = None) -> GenericConfig:
         """Raises :class:`~hf2q.ConfigError` for a ``quantization_config``
-        hf2q does not support (docs/FP8.md)."""
+        hf2q does not support (docs/FP8.md), led by ``source`` (the config
+        file) where given."""
         if d is None:
             return cls()
         mt = d.get("model_type")
-        return cls(_strings(d.get("architectures")), mt if isinstance(mt, str) else None, True, quant_scheme(d))
+        return cls(_strings(d.get("architectures")), mt if isinstance(mt, str) else None, True,
+                   quant_scheme(d, source))
 
     @property
     def label(self) -> str:

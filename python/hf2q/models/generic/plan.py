@@ -79,7 +79,8 @@ def plan_generic(ckpt: Checkpoint, config: GenericConfig | Mapping[str, Any] | N
     device format can hold."""
     if dtype not in DTYPE_POLICIES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_POLICIES)}, got {dtype!r}")
-    cfg = config if isinstance(config, GenericConfig) else GenericConfig.from_dict(config)
+    cfg = config if isinstance(config, GenericConfig) else GenericConfig.from_dict(
+        config, str(ckpt.directory / "config.json") if config is not None and hasattr(ckpt, "directory") else None)
     scaled = fp8_sources(ckpt, cfg, dtype)
     entries: list[TensorPlan] = []
     problems: list[ManifestProblem] = []

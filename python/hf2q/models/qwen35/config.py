@@ -328,7 +328,7 @@ class Qwen35Config:
             rope_type=rope_type, attn_output_gate=gate, mtp_num_hidden_layers=mtp_n,
             tie_word_embeddings=tie, model_type=model_type, architectures=tuple(archs),
             multimodal=r.text is not None, mtp_num_hidden_layers_stated=mtp_stated, rope_parameters=dict(r.rope),
-            quantization=quant_scheme(d),
+            quantization=quant_scheme(d, r.source),
         )
 
     # -- derived ------------------------------------------------------------------
