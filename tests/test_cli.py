@@ -112,7 +112,7 @@ def test_inspect_text(capsys: pytest.CaptureFixture[str], tiny: Path) -> None:
     rc, out, err = run(capsys, "inspect", str(tiny))
     assert rc == 0 and err == ""
     lines = out.splitlines()
-    assert lines[0].startswith(f"{tiny}: dflash, 25 tensors in 1 file(s), {TOTAL:,} data bytes")
+    assert lines[0].startswith(f"{tiny}: dflash, 25 tensors in 1 file, {TOTAL:,} data bytes")
     assert lines[1] == f"resident bytes: {RESIDENT:,} (166 kB)"
     rows = {ln.split()[0]: ln.split() for ln in lines[2:]}
     assert len(rows) == 25
@@ -160,7 +160,7 @@ def test_inspect_bare_safetensors(capsys: pytest.CaptureFixture[str], bare: Path
     assert rows["b.bias"]["dtype"] == "BF16" and rows["c.idx"]["dtype"] == "I64"
     rc, out, _ = run(capsys, "inspect", str(bare))
     assert rc == 0
-    assert out.splitlines()[0] == f"{bare}: generic, 3 tensors in 1 file(s), 74 data bytes (74 B)"
+    assert out.splitlines()[0] == f"{bare}: generic, 3 tensors in 1 file, 74 data bytes (74 B)"
     assert "a.weight" in out and "-> f32" in out
     # its directory is not a checkpoint: no model.safetensors or index there
     rc, out, err = run(capsys, "inspect", str(bare.parent))

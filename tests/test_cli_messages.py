@@ -210,11 +210,14 @@ def test_demo_says_where_its_cache_is_and_removes_it(capsys: pytest.CaptureFixtu
     assert rc == 0 and f"in {target}; remove it with: hf2q demo --remove" in err
     (tmp_path / "keep.txt").write_text("mine")
     rc, out, _ = run(capsys, "demo", "--remove", "--config", "tiny", "--cache-dir", str(tmp_path), "--json")
-    assert rc == 0 and json.loads(out) == {"removed": str(target), "existed": True, "symlink": False,
+    assert rc == 0 and json.loads(out) == {"path": str(target), "removed": True, "existed": True, "symlink": False,
                                            "temporaries_removed": [], "did": f"removed {target}"}
     assert sorted(os.listdir(tmp_path)) == ["keep.txt"]
     rc, _, err = run(capsys, "demo", "--remove", "--config", "tiny", "--cache-dir", str(tmp_path))
     assert rc == 0 and "nothing to remove" in err
+    rc, out, _ = run(capsys, "demo", "--remove", "--config", "tiny", "--cache-dir", str(tmp_path), "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["removed"] is False and d["existed"] is False and d["path"] == str(target)
 
 
 # --------------------------------------------------------------------------- numbers

@@ -182,7 +182,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         emit_json(report)
         return 0
     name = f"{report['repo_id']}@{report['revision']} ({path})" if "repo_id" in report else str(path)
-    print(f"{name}: {arch}, {len(rows)} tensors in {len(files)} file(s), {total:,} data bytes ({format_bytes(total)})")
+    print(f"{name}: {arch}, {_count(len(rows), 'tensor')} in {_count(len(files), 'file')}, {total:,} data bytes "
+          f"({format_bytes(total)})")
     if "resident_bytes" in report:
         print(f"resident bytes: {report['resident_bytes']:,} ({format_bytes(report['resident_bytes'])})")
     if "quantization" in report:
@@ -452,12 +453,19 @@ def _remove_stale_temporaries(target: Path) -> list[str]:
     return gone
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one: "1 tensor", "25 tensors"."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _remove_demo(target: Path) -> dict[str, Any]:
     """``hf2q demo --remove``: what was there and what was done, in words
     (``did``) and fields. A symbolic link is removed, never followed (what it
     points to is not the demo's to delete); a failure to remove raises."""
     temporaries = _remove_stale_temporaries(target)
-    report: dict[str, Any] = {"removed": str(target), "existed": os.path.lexists(target), "symlink": False,
+    existed = os.path.lexists(target)
+    # "removed": whether something was (a consumer of --json read the path there as done)
+    report: dict[str, Any] = {"path": str(target), "removed": existed, "existed": existed, "symlink": False,
                               "temporaries_removed": temporaries}
     if os.path.islink(target):
         dest = os.readlink(target)
