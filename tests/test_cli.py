@@ -204,7 +204,7 @@ def test_load_text(capsys: pytest.CaptureFixture[str], tiny: Path) -> None:
     rc, out, err = run(capsys, "load", "--device", "host", "--no-progress", "--verify", str(tiny))
     assert rc == 0 and err == ""
     assert "model:            dflash" in out and "device:           host" in out
-    assert f"resident bytes:   {RESIDENT:,}" in out and "tensors:          25" in out
+    assert f"resident bytes:   {RESIDENT:,}" in out and "device tensors:   25" in out
     assert "residency:" in out and "verify:           25 buffers" in out
     rc, out, err = run(capsys, "load", "--device", "host", str(tiny))
     assert rc == 0 and err == ""  # stderr is not a terminal: no progress bar

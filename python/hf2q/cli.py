@@ -104,7 +104,7 @@ def print_summary(d: dict[str, Any]) -> None:
     one ``label: value`` line each, the values in one column as wide as the
     longest label needs."""
     res = d["residency"]
-    lines = [("model", d["model"]), ("device", d["device"]), ("tensors", d["tensors"]),
+    lines = [("model", d["model"]), ("device", d["device"]), ("device tensors", d["tensors"]),
              ("resident bytes", f"{d['resident_bytes']:,} ({format_bytes(d['resident_bytes'])})"),
              ("load time", f"{_seconds(d['seconds'])} ({d['gb_per_s']:.2f} GB/s of checkpoint data, "
                            f"{format_bytes(d['data_bytes'])})")]
