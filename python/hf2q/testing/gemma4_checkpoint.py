@@ -112,11 +112,14 @@ def make_gemma4_checkpoint(directory: str | os.PathLike[str], text_config: str |
     ``Gemma4ForConditionalGeneration`` (text under ``text_config``, names
     under ``model.language_model.``); ``tokenizer_tokens``: also write a
     ``tokenizer.json`` with that many tokens. A bad config raises
-    (``ValueError`` for an unknown preset, :class:`hf2q.ConfigError` for bad
-    fields) before anything is written."""
+    (:class:`hf2q.ConfigError`, a ``ValueError``, for an unknown preset or
+    bad fields) before anything is written."""
     if isinstance(text_config, str):
         if text_config not in PRESETS:
-            raise ValueError(f"unknown config {text_config!r}; expected one of {sorted(PRESETS)} or a mapping")
+            from ..errors import ConfigError
+
+            raise ConfigError(f"unknown config {text_config!r}; expected one of {sorted(PRESETS)} or a mapping",
+                              key="config")
         text_config = PRESETS[text_config]
     d = Path(directory)
     text = json.loads(json.dumps(dict(text_config)))  # a deep copy: the preset stays as it is

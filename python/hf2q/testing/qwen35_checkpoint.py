@@ -155,7 +155,10 @@ def _text_config(config: str | Mapping[str, Any]) -> dict[str, Any]:
         try:
             return json.loads(json.dumps(_CONFIGS[config]))
         except KeyError:
-            raise ValueError(f"unknown config {config!r}; expected one of {sorted(_CONFIGS)} or a dict") from None
+            from ..errors import ConfigError
+
+            raise ConfigError(f"unknown config {config!r}; expected one of {sorted(_CONFIGS)} or a dict",
+                              key="config") from None
     return json.loads(json.dumps(dict(config)))
 
 
