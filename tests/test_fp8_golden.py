@@ -272,8 +272,20 @@ def test_mxfp4_bad_checkpoints_are_refused(tmp_path) -> None:
     write_safetensors(d / "model.safetensors", {"e.w_blocks": np.zeros((2, 4, 2, 16), np.uint8),
                                                 "e.w_scales": np.zeros((2, 4, 3), np.uint8)})
     (d / "config.json").write_text(cfg)
-    with pytest.raises(ShapeMismatchError, match=r"e\.w_scales"):
+    with pytest.raises(ShapeMismatchError, match=r"e\.w_scales") as ei:
         hf2q.load(d, dtype="f32", progress=False)
+    assert ei.value.problems[0].tensor == "e.w_scales" and ei.value.problems[0].expected.startswith("[2, 4, 2]: ")
+    # the codes themselves not laid out as [..., blocks, 16]: the codes are named, not their scales
+    for shape in ((16,), (2, 17)):
+        d = tmp_path / f"codes{len(shape)}{shape[-1]}"
+        d.mkdir()
+        write_safetensors(d / "model.safetensors", {"e.w_blocks": np.zeros(shape, np.uint8),
+                                                    "e.w_scales": np.zeros(shape[:-1] or (1,), np.uint8)})
+        (d / "config.json").write_text(cfg)
+        with pytest.raises(ShapeMismatchError) as ei:
+            hf2q.load(d, dtype="f32", progress=False)
+        p = ei.value.problems[0]
+        assert p.tensor == "e.w_blocks" and p.expected.startswith("[..., blocks, 16]") and p.actual == str(list(shape))
 
 
 def test_convert_writes_the_converters_tensors_for_fp8(tmp_path) -> None:

@@ -399,10 +399,15 @@ def _mxfp4_tensors(ckpt: Any, scheme: QuantScheme, names: list[str], rule: str) 
             continue
         bshape = tuple(int(d) for d in binfo.shape)
         sshape = tuple(int(d) for d in sinfo.shape)
-        if len(bshape) < 2 or bshape[-1] != 16 or sshape != bshape[:-1]:
+        if len(bshape) < 2 or bshape[-1] != 16:  # the codes' own layout: [..., blocks, 16]
+            bad_shape.append(ManifestProblem(
+                "shape", name, f"[..., blocks, 16]: MXFP4 codes of 32 values in 16 bytes per block, at least 2 "
+                f"dimensions ({rule})", str(list(bshape)), tensor_file(ckpt, name)))
+            continue
+        if sshape != bshape[:-1]:
             bad_shape.append(ManifestProblem(
                 "shape", sname, f"{list(bshape[:-1])}: one exponent per 16-byte block of '{name}' {list(bshape)} "
-                f"(whose last dimension must be 16; {rule})", str(list(sshape)), tensor_file(ckpt, sname)))
+                f"({rule})", str(list(sshape)), tensor_file(ckpt, sname)))
             continue
         scales[name] = Scale(sname, sfmt, sshape, (1, 32), sshape, "mxfp4")
     for problems, cls in ((missing, MissingTensorError), (bad_dtype, DtypeMismatchError),
