@@ -108,7 +108,7 @@ def test_qwen_fp8_equals_converter(dev, variant, outtype, load_path) -> None:
 
 @pytest.mark.parametrize("outtype", OUTTYPES)
 @pytest.mark.parametrize("variant", GEMMA)
-def test_gemma4_fp8_equals_converter(dev, variant, outtype) -> None:
+def test_gemma4_fp8_equals_converter(dev, variant, outtype, load_path) -> None:
     from hf2q import gemma4
 
     meta, blobs = golden(variant)
@@ -122,11 +122,13 @@ def test_gemma4_fp8_equals_converter(dev, variant, outtype) -> None:
         assert buf.dtype == GGUF_TYPE[t["type"]] and list(buf.shape) == t["shape"], name
         _same(name, buf.numpy().view(np.uint8).tobytes(), blobs[t["blob"]], outtype)
     assert "compressed-tensors channel" in model.summary.extra["quantization"]
+    if load_path == "prefetched":
+        assert sum(GATHERED) > 0
 
 
 @pytest.mark.parametrize("outtype", OUTTYPES)
 @pytest.mark.parametrize("variant", GENERIC)
-def test_generic_fp8_equals_converter(dev, variant, outtype) -> None:
+def test_generic_fp8_equals_converter(dev, variant, outtype, load_path) -> None:
     meta, blobs = golden(variant)
     model = hf2q.load(DATA / variant / "hf", device=dev, dtype=outtype, progress=False)
     assert model.family == "generic"
@@ -134,6 +136,8 @@ def test_generic_fp8_equals_converter(dev, variant, outtype) -> None:
     assert all("hf_name" in t for t in tensors)
     # The same tensors: every weight, no scale tensor.
     assert sorted(model.names()) == sorted(t["hf_name"] for t in tensors)
+    if load_path == "prefetched":  # the FP8 matrices decoded from the shard's copy
+        assert sum(GATHERED) > 0
     for t in tensors:
         buf = model[t["hf_name"]]
         assert buf.dtype == GGUF_TYPE[t["type"]], t["hf_name"]
