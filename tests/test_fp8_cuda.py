@@ -34,11 +34,18 @@ def _same_model(a: hf2q.LoadedModel, b: hf2q.LoadedModel) -> None:
 
 @pytest.mark.parametrize("outtype", ["q8_0", "f32", "bf16"])
 def test_fp8_golden_on_gpu_equals_host(outtype) -> None:
+    from hf2q import gemma4
+
     gpu, host = Device._isolated("cuda"), Device._isolated("host")
-    d = DATA / "qwen35moe_fp8_block128" / "hf"
-    _same_model(qwen35.load(d, device=gpu, dense_dtype=outtype, expert_dtype=outtype, progress=False),
-                qwen35.load(d, device=host, dense_dtype=outtype, expert_dtype=outtype, progress=False))
-    for v in ("qwen3_fp8_deepseek", "qwen3_fp8_ct_channel", "gptoss_mxfp4"):
+    for v in ("qwen35moe_fp8_block128", "qwen35moe_fp8_fused", "qwen35moe_cond_fp8_block128"):
+        d = DATA / v / "hf"
+        _same_model(qwen35.load(d, device=gpu, dense_dtype=outtype, expert_dtype=outtype, progress=False),
+                    qwen35.load(d, device=host, dense_dtype=outtype, expert_dtype=outtype, progress=False))
+    d = DATA / "gemma4_moe_fp8_ct_channel" / "hf"
+    _same_model(gemma4.load(d, device=gpu, dense_dtype=outtype, expert_dtype=outtype, progress=False),
+                gemma4.load(d, device=host, dense_dtype=outtype, expert_dtype=outtype, progress=False))
+    for v in ("qwen3_fp8_deepseek", "qwen3_fp8_ct_channel", "qwen3_fp8_ct_block", "qwen3_fp8_e5m2_tensor",
+              "gptoss_mxfp4"):
         d = DATA / v / "hf"
         _same_model(hf2q.load(d, device=gpu, dtype=outtype, progress=False),
                     hf2q.load(d, device=host, dtype=outtype, progress=False))
@@ -46,12 +53,12 @@ def test_fp8_golden_on_gpu_equals_host(outtype) -> None:
 
 def test_fp8_and_mxfp4_kept_on_gpu_read_back() -> None:
     gpu, host = Device._isolated("cuda"), Device._isolated("host")
-    for v in ("qwen3_fp8_deepseek", "gptoss_mxfp4"):
+    for v in ("qwen3_fp8_deepseek", "qwen3_fp8_e5m2_tensor", "gptoss_mxfp4"):
         d = DATA / v / "hf"
         g = hf2q.load(d, device=gpu, dtype="keep", progress=False)
         _same_model(g, hf2q.load(d, device=host, dtype="keep", progress=False))
         kinds = {g[n].dtype for n in g.names()}
-        assert kinds & {"f8_e4m3", "mxfp4"}
+        assert kinds & {"f8_e4m3", "f8_e5m2", "mxfp4"}
         for n in g.names():
             assert gpu.verify(g[n]).ok, n
 
