@@ -145,6 +145,34 @@ def test_generic_fp8_equals_converter(dev, variant, outtype, load_path) -> None:
         _same(t["hf_name"], buf.numpy().view(np.uint8).tobytes(), blobs[t["blob"]], outtype)
 
 
+@pytest.mark.parametrize("variant", GENERIC + ("gptoss_mxfp4",))
+def test_generic_f16_is_the_converters_f16(dev, variant) -> None:
+    """``--dtype f16``: the tensors the converter makes BF16 at ``--outtype
+    bf16`` are F16 (its rule is the same for both outtypes), holding its F32
+    tensor cast as its ``--outtype f16`` casts (numpy, nearest even); the
+    others as at bf16 (F32). The gpt-oss router: F32 for the converter, a
+    weight for the generic family (docs/GENERIC.md)."""
+    meta, blobs = golden(variant)
+    model = hf2q.load(DATA / variant / "hf", device=dev, dtype="f16", progress=False)
+    at_bf16 = {t.get("hf_name"): t for t in meta["outtypes"]["bf16"]["tensors"]}
+    compared = 0
+    for t in meta["outtypes"]["f32"]["tensors"]:
+        name = t.get("hf_name")
+        if name is None or name not in model or name.endswith("mlp.router.weight"):
+            continue
+        buf, other = model[name], at_bf16[name]
+        if other["type"] == "BF16":
+            with np.errstate(over="ignore"):
+                want = np.frombuffer(blobs[t["blob"]], np.float32).astype(np.float16).tobytes()
+            assert buf.dtype == "f16", name
+        else:
+            want = blobs[other["blob"]]
+            assert buf.dtype == GGUF_TYPE[other["type"]], name
+        assert buf.numpy().view(np.uint8).tobytes() == want, name
+        compared += 1
+    assert compared >= 20
+
+
 @pytest.mark.parametrize("variant", GENERIC)
 def test_generic_keep_holds_fp8_and_its_scale(dev, variant) -> None:
     """--dtype keep: FP8 stays FP8 on the device, its scale a buffer of its own."""

@@ -41,8 +41,9 @@ class GenericFamily(ModelFamily):
     description = "any safetensors checkpoint, its own tensor names"
     label = "generic checkpoints (no known architecture)"
     options = (Option("dtype", DTYPE_POLICIES, "keep",
-                      "keep each tensor's dtype, or convert floats as llama.cpp's --outtype would (q8_0: 2-D "
-                      "weights whose rows are whole 32-blocks)"), RECIPE)
+                      "keep each tensor's dtype, or convert floats as llama.cpp's --outtype would (bf16, f16, "
+                      "q8_0: 2-D '.weight' matrices, norms and vectors stay f32; q8_0 rows not whole 32-blocks "
+                      "fall back to f16)"), RECIPE)
 
     def recognises(self, config: Mapping[str, Any] | None) -> bool:
         """Every checkpoint: the registry asks the generic family last."""

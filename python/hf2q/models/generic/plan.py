@@ -59,8 +59,8 @@ def device_dtype(name: str, src: str, shape: tuple[int, ...], policy: str) -> st
             return src if formats.get(src).is_device else None
         if policy == "f32" or _keeps_f32(name, shape):
             return "f32"
-        if policy == "bf16":
-            return "bf16"
+        if policy in ("bf16", "f16"):  # (the converter's rule is the same for both)
+            return policy
         if shape and shape[-1] != 1:
             # q8_0: the converter's "falling back to F16"; the k-quants:
             # llama-quantize's fallbacks (formats.for_row).
