@@ -85,6 +85,11 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
     assert "inspect" in err and "load" in err and "demo" in err and "--config" not in err
 
 
+def test_verbose_alone_says_it_goes_with_version(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "--verbose")
+    assert rc == 2 and out == "" and "--verbose goes with --version" in err
+
+
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in (["frobnicate"], ["load"], ["load", "x", "--device", "tpu"]):
         assert main(argv) == 2

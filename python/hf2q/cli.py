@@ -1205,6 +1205,10 @@ def _main(argv: Sequence[str] | None) -> int:
                 e.usage = _command_parser(parser, command).format_usage()
             return report_error(command, e, as_json)
         if args.command is None and not args.version:  # argparse's convention: usage on stderr, status 2
+            if getattr(args, "verbose", False):
+                return report_error(None, UsageError("--verbose goes with --version (hf2q --version --verbose), "
+                                                     "or a command is required (inspect, load, demo, convert, "
+                                                     "cache)", parser.format_usage()), as_json)
             return report_error(None, UsageError("a command is required (inspect, load, demo, convert, cache); "
                                                  "hf2q --help lists them", parser.format_usage()), as_json)
         command = args.command
