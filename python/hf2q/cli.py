@@ -958,7 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"print the version ({__version__}) and exit; with --verbose also the SIMD path, the "
                              "backends and whether each opens here, the dependencies' versions and the caches")
     parser.add_argument("--verbose", action="store_true", help="with --version: the details")
-    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # with --version
+    parser.add_argument("--json", action="store_true", help="with --version: as one JSON object")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("inspect", help="list a checkpoint's tensors, dtypes, shapes and bytes",
