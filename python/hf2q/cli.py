@@ -939,7 +939,7 @@ def _add_family_options(p: argparse.ArgumentParser, what: str = "") -> None:
     for name, (opt, fams) in _cli_options().items():
         who = ", ".join(f.label for f in fams)
         p.add_argument(_flag(name), choices=list(opt.choices) if opt.choices is not None else None,
-                       help=f"{who} only: {opt.help}{what} (default {opt.default})")
+                       help=f"{who} only: {opt.help}{what} (default {'none' if opt.default is None else opt.default})")
 
 
 def build_parser() -> argparse.ArgumentParser:
