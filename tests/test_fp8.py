@@ -770,3 +770,33 @@ def test_scales_and_outputs_as_bits(sfmt, to) -> None:
     assert got is not None and first == -1 and out.tobytes() == want.tobytes()
     with pytest.raises(TypeError, match="scale_fmt"):
         ops.dequantize_fp8(w, bits.view(np.uint8), (32, 32), fmt="f8_e4m3", to=to, scale_fmt=sfmt)
+
+
+@pytest.mark.parametrize("sshape", [(3,), (3, 1), (3, 1, 1)])
+def test_fp8_one_scale_per_matrix_of_a_stack(tmp_path, sshape) -> None:
+    """``quant_method: fp8`` without blocks, a stacked weight [E, R, C] and a
+    scale of E values: one scale per matrix, as the converter aligns a scale
+    with the weight's leading dimensions (its dequant_simple: the scale
+    unsqueezed to [E, 1, 1], then ``weight.float() * scale``)."""
+    import torch
+
+    rng = np.random.default_rng(4)
+    w = rng.integers(0, 0x7E, (3, 8, 64), dtype=np.uint8)
+    s = rng.uniform(0.01, 2, sshape).astype(np.float32)
+    d = _ckpt(tmp_path, "stack", {"m.experts.weight": w.view(ml_dtypes.float8_e4m3fn), "m.experts.weight_scale_inv": s},
+              {"quant_method": "fp8", "fmt": "e4m3"})
+    tw = torch.from_numpy(w.copy()).view(torch.float8_e4m3fn)
+    ts = torch.from_numpy(s.copy())
+    while ts.ndim < tw.ndim:
+        ts = ts.unsqueeze(-1)
+    want = (tw.float() * ts).numpy()
+    m = hf2q.load(d, dtype="f32", progress=False)
+    assert m["m.experts.weight"].numpy().tobytes() == want.tobytes()
+    q = hf2q.load(d, dtype="q8_0", progress=False)
+    assert q["m.experts.weight"].numpy().tobytes() == ops.quantize_q8_0(want).tobytes()
+    # a per-row scale of the stack is [E, R] (or [E, R, 1]); anything else is refused, naming the rule
+    d2 = _ckpt(tmp_path, "bad", {"m.experts.weight": w.view(ml_dtypes.float8_e4m3fn),
+                                 "m.experts.weight_scale_inv": np.ones((3, 4), np.float32)},
+               {"quant_method": "fp8", "fmt": "e4m3"})
+    with pytest.raises(ShapeMismatchError, match="one scale per row"):
+        hf2q.load(d2, dtype="f32", progress=False)

@@ -48,7 +48,7 @@ __all__ = ["QuantScheme", "ScaledTensors", "quant_scheme", "scaled_tensors", "SU
 #: One line per supported scheme, as docs/FP8.md and ``hf2q inspect`` name them.
 SUPPORTED_SCHEMES: tuple[str, ...] = (
     "fp8 block (weight_block_size, <w>_scale_inv F32/BF16/F16): DeepSeek-V3/R1, Qwen3/3.5/3.6 -FP8",
-    "fp8 per-tensor / per-channel (<w>_scale_inv of one value / one per row)",
+    "fp8 per-tensor / per-channel (<w>_scale_inv of one value / one per row / one per matrix of a stack)",
     "compressed-tensors float-quantized FP8, strategy channel / tensor / block (<w>.weight_scale)",
     "mxfp4 (gpt-oss: <w>_blocks U8 + <w>_scales E8M0, 32 values per block)",
 )
@@ -222,8 +222,18 @@ def _scale_geometry(scheme: QuantScheme, wshape: tuple[int, ...], sshape: tuple[
     snumel = formats.numel(sshape)
     strategy = scheme.strategy
     if strategy == "auto":  # fp8 without weight_block_size: the scale's shape says which
-        strategy = "tensor" if snumel == 1 else "channel"
-    if strategy == "block":
+        # (the converter aligns the scale with the weight's leading dimensions:
+        # [E] or [E, 1, 1] of a stack [E, R, C] is one scale per matrix)
+        bare = sshape
+        while bare and bare[-1] == 1:
+            bare = bare[:-1]
+        strategy = "tensor" if snumel == 1 else ("matrix" if lead and bare == lead else "channel")
+    if strategy == "matrix":
+        block = (rows, cols)
+        grid = (*lead, 1, 1)
+        ok = True
+        want = f"{list(lead)}: one scale per matrix of {list(wshape)}"
+    elif strategy == "block":
         assert scheme.block is not None
         block = scheme.block
         grid = (*lead, _cdiv(rows, block[0]), _cdiv(cols, block[1]))
