@@ -375,6 +375,8 @@ def _from_url(path: PathLike, revision: str | None) -> tuple[PathLike, str | Non
     :class:`HubError` (a path would mangle it: ``https:/...``); else as given."""
     if not isinstance(path, str) or "://" not in path and not path.startswith(("huggingface.co/", "hf.co/")):
         return path, revision
+    if "://" not in path and os.path.lexists(path):  # a local folder named so: a path, as always
+        return path, revision
     m = _HUB_URL.match(path)
     if m is None:
         raise HubError(f"{path}: not a Hugging Face model page; hf2q loads a local path or a Hub repo id "
