@@ -68,6 +68,37 @@ print(json.dumps({"ml_dtypes": "ml_dtypes" in sys.modules, "tensors": len(m.name
     assert r == {"ml_dtypes": False, "tensors": True}
 
 
+def test_an_mxfp4_load_with_e8m0_scales_does_not_import_ml_dtypes(tmp_path: Path) -> None:
+    """gpt-oss MXFP4 whose ``_scales`` are typed F8_E8M0 (not U8): read as bytes."""
+    import shutil
+
+    import ml_dtypes
+
+    import hf2q
+    from hf2q.safetensors import open_checkpoint
+    from hf2q.testing.fp8_checkpoint import write_safetensors
+
+    src = Path(__file__).parent / "data" / "fp8" / "gptoss_mxfp4" / "hf"
+    d = tmp_path / "e8m0"
+    d.mkdir()
+    with open_checkpoint(src) as c:
+        arrays = {n: c.read_array(n) for n in c.keys()}
+    arrays = {n: (a.view(ml_dtypes.float8_e8m0fnu) if n.endswith("_scales") else a) for n, a in arrays.items()}
+    write_safetensors(d / "model.safetensors", arrays)
+    shutil.copy(src / "config.json", d / "config.json")
+    r = _run("""
+import json, sys
+import hf2q
+m = hf2q.load(sys.argv[1], device="host", dtype="f32", progress=False)
+k = hf2q.load(sys.argv[1], device="host", dtype="keep", progress=False)
+print(json.dumps({"ml_dtypes": "ml_dtypes" in sys.modules, "kept": k["model.layers.0.mlp.experts.down_proj"].dtype}))
+""", str(d))
+    assert r == {"ml_dtypes": False, "kept": "mxfp4"}
+    u8 = hf2q.load(src, device="host", dtype="f32", progress=False)
+    e8 = hf2q.load(d, device="host", dtype="f32", progress=False)
+    assert all(u8[n].numpy().tobytes() == e8[n].numpy().tobytes() for n in u8.names())
+
+
 def test_import_and_host_device_do_not_import_numpy() -> None:
     r = _run("""
 import json, sys

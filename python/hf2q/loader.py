@@ -1203,9 +1203,10 @@ def _mxfp4_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = F
     sc = piece.scale
     assert sc is not None
     blocks = ckpt.read_array(piece.tensor)
-    exps = ckpt.read_array(sc.tensor)
+    exps = np.empty(ckpt[sc.tensor].shape, np.uint8)  # (raw: F8_E8M0 as a typed array would import ml_dtypes)
+    ckpt.read_into(sc.tensor, exps)
     ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
-    packed = repack_mxfp4(blocks, exps.view(np.uint8))
+    packed = repack_mxfp4(blocks, exps)
     if to == "mxfp4":
         return packed, -1
     if to != "f32":

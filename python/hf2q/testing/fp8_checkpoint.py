@@ -77,7 +77,7 @@ def quantize_fp8(x: np.ndarray, *, strategy: str = "block", block: tuple[int, in
 
 
 _CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
-          "float8_e5m2": "F8_E5M2", "uint8": "U8", "int32": "I32", "int64": "I64", "float64": "F64"}
+          "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0", "uint8": "U8", "int32": "I32", "int64": "I64", "float64": "F64"}
 
 
 def write_safetensors(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
