@@ -32,7 +32,7 @@ ZERO = {
     "blk.3.k.weight": np.zeros((0, 256), np.float32),  # whole 256-blocks: the k-quants apply
 }
 #: every dtype option of the generic family (hf2q.plan.CONVERT_DTYPES and keep)
-POLICIES = ["keep", "f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
+POLICIES = ["keep", "f32", "bf16", "f16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"]
 
 
 def raw_file(path: Path, tensors: dict[str, tuple[str, list[int], int]]) -> Path:
