@@ -405,11 +405,13 @@ def test_the_output_is_never_a_file_of_the_checkpoint(tmp_path, capsys) -> None:
     src = tmp_path / "ckpt"
     shutil.copytree(QWEN, src)
     (src / "tokenizer.json").write_text("{}")
+    (src / "chat_template.jinja").write_text("{{ messages }}")
     before = {p.name: p.read_bytes() for p in src.iterdir()}
     shard = next(src.glob("*.safetensors"))
     link = tmp_path / "link.gguf"
     link.symlink_to(shard)
-    for out in (shard, src / "config.json", src / "tokenizer.json", src / ".." / "ckpt" / shard.name, link):
+    for out in (shard, src / "config.json", src / "tokenizer.json", src / "chat_template.jinja",
+                src / ".." / "ckpt" / shard.name, link):
         with pytest.raises(ConvertError, match="of the checkpoint being converted"):
             hf2q.convert(src, out, "q8_0", force=True)
         assert cli.main(["convert", str(src), str(out), "--force", "--no-progress"]) == 2  # the arguments' fault
@@ -417,6 +419,7 @@ def test_the_output_is_never_a_file_of_the_checkpoint(tmp_path, capsys) -> None:
     assert {p.name: p.read_bytes() for p in src.iterdir()} == before
     assert not [p for p in tmp_path.rglob(".*") if p.is_file()]  # no temporary file left
     (src / "tokenizer.json").unlink()  # (not a real tokenizer)
+    (src / "chat_template.jinja").unlink()
     old = src / "old.gguf"
     old.write_bytes(b"an earlier conversion")
     hf2q.convert(src, old, "q8_0", force=True)

@@ -770,6 +770,9 @@ def test_scales_and_outputs_as_bits(sfmt, to) -> None:
     assert got is not None and first == -1 and out.tobytes() == want.tobytes()
     with pytest.raises(TypeError, match="scale_fmt"):
         ops.dequantize_fp8(w, bits.view(np.uint8), (32, 32), fmt="f8_e4m3", to=to, scale_fmt=sfmt)
+    with pytest.raises(TypeError, match="scale_fmt"):  # big-endian bits are not the format's
+        ops.dequantize_fp8(w, bits.astype(bits.dtype.newbyteorder(">")), (32, 32), fmt="f8_e4m3", to=to,
+                           scale_fmt=sfmt)
     if sfmt == "bf16":  # another float type's bits are never taken as BF16
         with pytest.raises(TypeError, match="scale_fmt"):
             ops.dequantize_fp8(w, bits.view(np.float16), (32, 32), fmt="f8_e4m3", to=to, scale_fmt=sfmt)

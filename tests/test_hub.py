@@ -141,7 +141,13 @@ def test_python_callers_are_told_the_call_that_fetches(hub_cache: Path) -> None:
     assert str(ei.value).endswith("fetch it with: hf2q.load('z-lab/never-fetched', download=True)")
     with pytest.raises(hub.RepoNotCachedError) as ei:
         hf2q.convert("z-lab/never-fetched", hub_cache / "x.gguf", revision="dev")
-    assert ei.value.hint == "hf2q.convert('z-lab/never-fetched', revision='dev', download=True)"
+    assert ei.value.hint == f"hf2q.convert('z-lab/never-fetched', {str(hub_cache / 'x.gguf')!r}, revision='dev', download=True)"
+    for fn, name in ((hf2q.qwen35.load, "hf2q.qwen35.load"), (hf2q.gemma4.load, "hf2q.gemma4.load"),
+                     (hf2q.dflash.load, "hf2q.dflash.load"), (hf2q.qwen35.inspect, "hf2q.qwen35.inspect"),
+                     (hf2q.gemma4.inspect, "hf2q.gemma4.inspect")):
+        with pytest.raises(hub.RepoNotCachedError) as ei:
+            fn("z-lab/never-fetched")
+        assert ei.value.hint == f"{name}('z-lab/never-fetched', download=True)"
 
 
 def test_short_commit_hashes_and_other_cached_revisions(hub_cache: Path) -> None:
@@ -157,9 +163,12 @@ def test_short_commit_hashes_and_other_cached_revisions(hub_cache: Path) -> None
     assert ei.value.hint == f"hf2q load {REPO} --revision 012345f --download"
     other = "0123456" + "f" * 33  # a second snapshot that "0123456" starts
     (snaps / other).mkdir()
-    with pytest.raises(hub.HubError, match="'0123456' matches 2 cached snapshots"):
-        hub.resolve(REPO, "0123456")
-    assert hub.resolve(REPO, "01234567") == snaps / COMMIT_DEV
+    try:
+        with pytest.raises(hub.HubError, match="'0123456' matches 2 cached snapshots"):
+            hub.resolve(REPO, "0123456")
+        assert hub.resolve(REPO, "01234567") == snaps / COMMIT_DEV
+    finally:
+        (snaps / other).rmdir()  # (the cache is the module's)
     with pytest.raises(hub.RepoNotCachedError, match="holds this repo, but not at revision '012345'"):
         hub.resolve(REPO, "012345")  # (too short for a hash: a branch name)
 
@@ -183,6 +192,62 @@ def test_a_model_pages_url_is_its_repo_id(hub_cache: Path) -> None:
     with pytest.raises(hub.RepoNotCachedError) as ei:
         hub.resolve("https://huggingface.co/z-lab/never-fetched", command="load")
     assert ei.value.hint == "hf2q load z-lab/never-fetched --download"
+    # the host in any case, a clone URL's .git, a revision's percent escapes
+    assert hub.parse_url(f"HTTPS://HuggingFace.co/{REPO}.git", None) == (REPO, None, True)
+    assert hub.parse_url(f"https://huggingface.co/{REPO}/tree/refs%2Fpr%2F1", None) == (REPO, "refs/pr/1", True)
+    for bad in ("https://huggingface.co/a--b/c", "https://huggingface.co/a/../b"):
+        with pytest.raises(hub.HubError, match="not a Hugging Face model page"):
+            hub.resolve(bad)
+
+
+def test_a_urls_repo_is_a_repo_even_beside_a_folder_of_its_owner(hub_cache: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``owner/`` folder in the working directory makes a bare ``owner/name``
+    a local path; a URL names the repo whatever is here."""
+    snaps = hub_cache / "models--z-lab--tiny-DFlash" / "snapshots"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "z-lab").mkdir()
+    assert hub.resolve(f"https://huggingface.co/{REPO}") == snaps / COMMIT_MAIN
+    assert hub.resolve(f"https://huggingface.co/{REPO}/tree/dev") == snaps / COMMIT_DEV
+
+
+def test_the_cli_reports_a_urls_repo_and_revision(hub_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hf2q import cli
+
+    assert cli.main(["inspect", f"https://huggingface.co/{REPO}/tree/dev", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["repo_id"] == REPO and r["revision"] == "dev"
+
+
+def test_the_cached_revisions_listing_is_bounded_and_stays_in_the_cache(hub_cache: Path, tmp_path: Path) -> None:
+    """The "cached: ..." list of a revision the cache lacks: refs/ nested
+    deeply, wide, or linked outside the repo neither crash (RecursionError),
+    nor take unbounded work, nor name files outside."""
+    # a repo of this test's own in the shared cache: its refs/ is made strange below
+    repo = hub_cache / "models--z-lab--refs-listing"
+    shutil.copytree(hub_cache / "models--z-lab--tiny-DFlash", repo, symlinks=True)
+    refs = repo / "refs"
+    deep = refs / "deep"
+    p = deep
+    deep.mkdir()
+    for _ in range(40):  # (deeper than the listing looks: its file is not named)
+        p = p / "a"
+        p.mkdir()
+    (p / "x").write_text("b" * 40)
+    for i in range(3000):
+        (refs / "wide" / f"d{i}").mkdir(parents=True)
+    with pytest.raises(hub.RepoNotCachedError, match="cached: ") as ei:
+        hub.resolve("z-lab/refs-listing", "no-such")
+    assert "dev -> 0123456789ab" in str(ei.value) and "bbbbbbbbbbbb" not in str(ei.value)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret_branch").write_text("1" * 40)
+    moved = tmp_path / "refs.real"
+    refs.rename(moved)
+    refs.symlink_to(outside)
+    with pytest.raises(hub.RepoNotCachedError) as ei:
+        hub.resolve("z-lab/refs-listing", "no-such")
+    assert "secret_branch" not in str(ei.value) and "1111" not in str(ei.value)
 
 
 def test_not_cached_one_line(hub_cache: Path) -> None:
@@ -305,7 +370,8 @@ def test_gemma4_takes_repo_ids(hub_cache: Path, monkeypatch: pytest.MonkeyPatch)
     snaps = hub_cache / "models--google--tiny-gemma-4" / "snapshots"
     assert hf2q.gemma4.inspect(GEMMA_REPO)["planned_tensors"] == len(m)
     assert hf2q.gemma4.inspect(GEMMA_REPO, revision="dev") == hf2q.gemma4.inspect(snaps / ("f" * 40))
-    with pytest.raises(hub.RepoNotCachedError, match="fetch it with: hf2q load google/gemma-4-26B-A4B-it --download"):
+    with pytest.raises(hub.RepoNotCachedError,
+                       match=r"fetch it with: hf2q\.gemma4\.load\('google/gemma-4-26B-A4B-it', download=True\)"):
         hf2q.gemma4.load("google/gemma-4-26B-A4B-it", dev)
     with pytest.raises(hub.RepoNotCachedError):
         hf2q.gemma4.inspect("google/gemma-4-26B-A4B-it", revision="main")

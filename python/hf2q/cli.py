@@ -37,6 +37,8 @@ def resolve_source(args: argparse.Namespace) -> Path:
     from . import hub
 
     try:
+        # A Hub page's URL is its repo id (and revision) from here on: the reports name those.
+        args.path, args.revision, _ = hub.parse_url(args.path, args.revision)
         path = hub.resolve(args.path, args.revision, download=args.download, command=args.command)
     except ValueError as e:  # --revision/--download with a local path
         raise UsageError(str(e)) from None

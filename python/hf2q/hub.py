@@ -49,7 +49,7 @@ from typing import Any, Union
 
 from .errors import Hf2qError
 
-__all__ = ["HubError", "RepoNotCachedError", "HubNetworkError", "is_repo_id", "check_revision", "resolve",
+__all__ = ["HubError", "RepoNotCachedError", "HubNetworkError", "is_repo_id", "check_revision", "parse_url", "resolve",
            "fetch_command"]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -112,13 +112,15 @@ def is_repo_id(s: PathLike) -> bool:
     return not os.path.lexists(s) and not os.path.isdir(s.split("/", 1)[0])
 
 
-def fetch_command(repo_id: str, revision: str | None = None, command: str = "load", api: str | None = None) -> str:
+def fetch_command(repo_id: str, revision: str | None = None, command: str = "load", api: str | None = None,
+                  api_args: str = "") -> str:
     """What fetches the repo: the command line ``hf2q COMMAND REPO
-    --download``, or, for a Python caller (``api``: the function it called),
+    --download``, or, for a Python caller (``api``: the function it called;
+    ``api_args``: its other positional arguments, written after the repo),
     that call with ``download=True``."""
     if api is not None:
         rev = f", revision={revision!r}" if revision else ""
-        return f"{api}({repo_id!r}{rev}, download=True)"
+        return f"{api}({repo_id!r}{api_args}{rev}, download=True)"
     rev = f" --revision {revision}" if revision else ""
     return f"hf2q {command} {repo_id}{rev} --download"
 
@@ -247,8 +249,10 @@ def _snapshot_commits(repo: str) -> list[str]:
 
 def _cached_refs(repo: str) -> list[tuple[str, str]]:
     """(branch or tag, commit) of the repo's ``refs/`` files that hold a
-    commit hash, for a message: the first 20, at most 1,000 entries looked
-    at, read through the safe opener; anything unusual is left out."""
+    commit hash, for a message only: never raises; the first 20 found, at
+    most 1,000 entries of any kind looked at, 4 folders deep, no link
+    followed, nothing read when ``refs/`` resolves outside the repo's folder;
+    files read through the safe opener."""
     from ._files import read_capped
 
     def skip(reason: str, e: OSError | None) -> BaseException:
@@ -256,21 +260,34 @@ def _cached_refs(repo: str) -> list[tuple[str, str]]:
 
     out: list[tuple[str, str]] = []
     base = os.path.join(repo, "refs")
-    seen = 0
-    for root, dirs, files in os.walk(base):  # (links to folders are not followed)
-        dirs.sort()
-        for f in sorted(files):
-            seen += 1
-            if len(out) >= 20 or seen > 1000:
-                return out
-            path = os.path.join(root, f)
-            try:
-                text = read_capped(path, REF_MAX_BYTES, "refs/ file", skip).decode("ascii", "replace").strip()
-            except _Missing:
-                continue
-            if _COMMIT.match(text):
-                out.append((os.path.relpath(path, base).replace(os.sep, "/"), text))
-    return out
+    try:
+        if os.path.islink(base) or not _within(os.path.realpath(base), os.path.realpath(repo)):
+            return out
+        stack: list[tuple[str, int]] = [(base, 0)]
+        seen = 0
+        while stack and len(out) < 20:
+            folder, depth = stack.pop()
+            with os.scandir(folder) as it:
+                entries = [e for _, e in zip(range(1000 - seen), it)]
+            seen += len(entries)
+            for e in sorted(entries, key=lambda e: e.name):
+                if e.is_symlink():
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    if depth < 4:
+                        stack.append((e.path, depth + 1))
+                    continue
+                try:
+                    text = read_capped(e.path, REF_MAX_BYTES, "refs/ file", skip).decode("ascii", "replace").strip()
+                except _Missing:
+                    continue
+                if _COMMIT.match(text):
+                    out.append((os.path.relpath(e.path, base).replace(os.sep, "/"), text))
+            if seen >= 1000:
+                break
+    except (OSError, ValueError):
+        pass
+    return out[:20]
 
 
 def _check_snapshot(repo: str, snap: str, where: str, ids: dict[str, Any]) -> None:
@@ -364,28 +381,39 @@ def _precheck(cache: str, repo_id: str, revision: str, where: str, ids: dict[str
             raise _cache_error(where, f"{p} {what}", ids)
 
 
-# A model's page on the Hub, as a browser shows it (a revision's file tree too).
-_HUB_URL = re.compile(r"(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?!datasets/|spaces/)"
-                      rf"({_PART}/{_PART})(?:/tree/([^/?#]+))?/?\Z")
+# A model's page on the Hub, as a browser shows it (a revision's file tree
+# too; the scheme and host in any case, a clone URL's ".git" dropped).
+_HUB_URL = re.compile(r"(?i:(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co))/(?!datasets/|spaces/)"
+                      r"([^/?#]+/[^/?#]+?)(?:\.git)?(?:/tree/([^?#]+?))?/?\Z")
 
 
-def _from_url(path: PathLike, revision: str | None) -> tuple[PathLike, str | None]:
-    """A Hub model URL (``https://huggingface.co/OWNER/NAME``, with
-    ``/tree/REV``) as its repo id and revision; any other URL a
-    :class:`HubError` (a path would mangle it: ``https:/...``); else as given."""
-    if not isinstance(path, str) or "://" not in path and not path.startswith(("huggingface.co/", "hf.co/")):
-        return path, revision
+def _looks_like_url(path: object) -> bool:
+    return isinstance(path, str) and ("://" in path or path.lower().startswith(("huggingface.co/", "hf.co/")))
+
+
+def parse_url(path: PathLike, revision: str | None) -> tuple[PathLike, str | None, bool]:
+    """``(repo id, revision, True)`` of a Hub model URL
+    (``https://huggingface.co/OWNER/NAME``, with ``/tree/REV``, percent
+    escapes decoded); ``(path, revision, False)`` for anything else that is
+    no URL (a local folder named like one included); any other URL a
+    :class:`HubError` (a path would mangle it: ``https:/...``)."""
+    from urllib.parse import unquote
+
+    if not _looks_like_url(path):
+        return path, revision, False
+    assert isinstance(path, str)
     if "://" not in path and os.path.lexists(path):  # a local folder named so: a path, as always
-        return path, revision
+        return path, revision, False
     m = _HUB_URL.match(path)
-    if m is None:
+    repo_id = m.group(1) if m else ""
+    if m is None or not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
         raise HubError(f"{path}: not a Hugging Face model page; hf2q loads a local path or a Hub repo id "
                        "(OWNER/NAME, e.g. Qwen/Qwen3.6-35B-A3B)", repo_id=path, revision=revision)
-    repo_id, rev = m.group(1), m.group(2)
+    rev = unquote(m.group(2)) if m.group(2) is not None else None
     if rev is not None and revision is not None and rev != revision:
         raise HubError(f"{path}: the URL names revision {rev!r}, and {revision!r} was given too",
                        repo_id=repo_id, revision=revision)
-    return repo_id, revision if rev is None else rev
+    return repo_id, revision if rev is None else rev, True
 
 
 def cache_dir() -> str:
@@ -403,6 +431,7 @@ def resolve(
     cache_dir: PathLike | None = None,
     command: str = "load",
     api: str | None = None,
+    api_args: str = "",
 ) -> Path:
     """A local checkpoint path for ``path``: the path itself, or, for a repo
     id, its snapshot folder in the Hugging Face cache at ``revision`` (a
@@ -419,8 +448,8 @@ def resolve(
     is a ``ValueError``. ``command`` is the CLI subcommand named in ``hint``;
     ``api``, where given, the Python function named there instead (its call
     with ``download=True``)."""
-    path, revision = _from_url(path, revision)
-    if not is_repo_id(path):
+    path, revision, from_url = parse_url(path, revision)
+    if not from_url and not is_repo_id(path):
         if revision is not None:
             raise ValueError(f"{os.fspath(path)}: a revision applies to Hugging Face repo ids only, not to a local path")
         if download:
@@ -431,7 +460,7 @@ def resolve(
         check_revision(revision, repo_id)
     rev = revision or "main"
     where = f"{repo_id}@{revision}" if revision else repo_id
-    hint = fetch_command(repo_id, revision, command, api)
+    hint = fetch_command(repo_id, revision, command, api, api_args)
     cache = os.fspath(cache_dir) if cache_dir is not None else None
     root = cache if cache is not None else _cache_dir_safe()
     ids: dict[str, Any] = {"repo_id": repo_id, "revision": revision}

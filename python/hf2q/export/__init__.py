@@ -594,7 +594,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                                 path=out_path)
     if not out_path.parent.is_dir():
         raise ConvertError(f"{out_path.parent}: no such directory", path=out_path)
-    src_path = resolve(src, revision, download=download, api="hf2q.convert")
+    from ..hub import parse_url
+
+    src, revision, _ = parse_url(src, revision)  # (a Hub page's URL: its repo id names the model)
+    src_path = resolve(src, revision, download=download, api="hf2q.convert", api_args=f", {os.fspath(out)!r}")
     _, config = read_config(src_path)
     fam = detect(config) if family is None else family_row(family)
     if fam.name not in _FAMILIES:
@@ -795,7 +798,7 @@ def _generic_archs() -> list[str]:
 
 # Files a conversion reads beside the safetensors files (config, tokenizer).
 _READ_BESIDE = ("config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                "special_tokens_map.json", "generation_config.json")
+                "special_tokens_map.json", "generation_config.json", "chat_template.jinja", "chat_template.json")
 
 
 def _refuse_an_input_as_output(out_path: Path, ckpt: Any, directory: Path) -> None:

@@ -39,7 +39,7 @@ def load(path: PathLike, device: Device | str | None = None, progress: bool = Tr
 
     if shard is not None and not isinstance(shard, Shard):
         raise TypeError(f"shard must be an hf2q.Shard, got {type(shard).__name__}")
-    path = resolve(path, revision, download=download)
+    path = resolve(path, revision, download=download, api="hf2q.dflash.load")
     if target is not None:
         return bind(path, target, device, progress=progress, config=config, check_finite=check_finite)
     # None or a kind: the device opened while the drafter's files are opened and checked

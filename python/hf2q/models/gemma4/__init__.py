@@ -188,7 +188,7 @@ def load(path: PathLike, device: Device | str | None = None, *, expert_dtype: st
     from .. import family, load_with
 
     check_device_arg(device)
-    path = resolve(path, revision, download=download)
+    path = resolve(path, revision, download=download, api="hf2q.gemma4.load")
     return load_with(path, None, family("gemma4"), device, progress=progress, check_finite=check_finite,
                      shard=shard, expert_dtype=expert_dtype, dense_dtype=dense_dtype, recipe=recipe)
 
@@ -199,6 +199,6 @@ def inspect(path: PathLike, *, expert_dtype: str | None = None, dense_dtype: str
     for :func:`load`, the options too), reading no tensor bytes."""
     from ...hub import resolve
 
-    with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
+    with open_checkpoint(resolve(path, revision, download=download, api="hf2q.gemma4.inspect")) as ckpt:
         return inspect_checkpoint(ckpt, config=None, expert_dtype=expert_dtype, dense_dtype=dense_dtype,
                                   recipe=recipe)

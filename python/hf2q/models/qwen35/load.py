@@ -117,7 +117,7 @@ def load(path: PathLike, device: Device | str | None = None, expert_dtype: str |
     from .. import family, load_with
 
     check_device_arg(device)
-    path = resolve(path, revision, download=download)
+    path = resolve(path, revision, download=download, api="hf2q.qwen35.load")
     return load_with(path, None, family("qwen35moe"), device, progress=progress, check_finite=check_finite,
                      shard=shard, expert_dtype=expert_dtype, dense_dtype=dense_dtype, mtp=mtp, recipe=recipe)
 
@@ -129,7 +129,7 @@ def inspect(path: PathLike, dense_dtype: str | None = None, expert_dtype: str | 
     bytes; the options as for :func:`load`."""
     from ...hub import resolve
 
-    with open_checkpoint(resolve(path, revision, download=download)) as ckpt:
+    with open_checkpoint(resolve(path, revision, download=download, api="hf2q.qwen35.inspect")) as ckpt:
         return inspect_checkpoint(ckpt, config=None, dense_dtype=dense_dtype, expert_dtype=expert_dtype,
                                   recipe=recipe)
 
