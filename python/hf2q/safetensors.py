@@ -870,6 +870,7 @@ def numpy_representable(shape: Sequence[int], itemsize: int) -> bool:
     return True
 
 
+@pausing  # per-tensor objects, no cycles: no collection while they are made (hf2q._gc)
 def open(path: PathLike) -> SafetensorsFile:
     """Open and fully validate one safetensors file (docs/SAFETENSORS.md). Raises
     :class:`~hf2q.SafetensorsError` with ``code`` set to the first rule broken."""
