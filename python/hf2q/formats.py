@@ -106,6 +106,13 @@ class Format:
         return self.block_bytes if self.block_elems == 1 else 0
 
     @property
+    def bits_dtype(self) -> np.dtype:
+        """The stored bytes as little-endian unsigned integers of the element's
+        width (uint8 for block formats): the format's bits without its numpy
+        type (bf16 without importing ml_dtypes)."""
+        return np.dtype(f"<u{self.itemsize}") if self.itemsize else np.dtype(np.uint8)
+
+    @property
     def storage_dtype(self) -> np.dtype:
         """The numpy dtype of the stored bytes: the element dtype, or uint8 for block formats."""
         dt = _numpy_dtype(self.numpy_name)

@@ -1178,7 +1178,7 @@ def _read_scaled(ckpt: Checkpoint, piece: Piece) -> tuple[np.ndarray, str, np.nd
     wfmt, sfmt = formats.from_safetensors(winfo.dtype), formats.from_safetensors(sinfo.dtype)
     w = np.empty(winfo.shape, np.uint8)
     ckpt.read_into(piece.tensor, w)
-    s = np.empty(formats.numel(sinfo.shape), np.dtype(f"<u{sfmt.itemsize}"))
+    s = np.empty(formats.numel(sinfo.shape), sfmt.bits_dtype)
     ckpt.read_into(sc.tensor, s)
     s = np.broadcast_to(s, (formats.numel(sc.grid),)).reshape(sc.grid) if s.size == 1 else s.reshape(sc.grid)
     ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
@@ -1581,7 +1581,7 @@ def _write_scaled(device: Device, ckpt: Checkpoint, entry: TensorPlan, piece: Pi
         view = buf._native.numpy_view().reshape(-1).view(np.uint8)[begin:begin + fmt.storage_bytes(piece.numel)]
         # (as bits: a typed BF16 view would import ml_dtypes inside the load)
         _scaled_array(ckpt, piece, entry.dtype, check_finite,
-                      out=view.view(np.dtype(f"<u{fmt.itemsize}") if fmt.itemsize else np.uint8))
+                      out=view.view(fmt.bits_dtype))
         if check_finite and fmt.is_block:  # a block scale the decoder's quantizer overflowed
             _check_block_scales(view, entry, piece)
         return

@@ -246,7 +246,7 @@ def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str 
         sfmt = formats.get(scale_fmt)
         own = formats.from_numpy(s.dtype)  # (the format's own dtype is fine; another float is never reinterpreted)
         if sfmt.name not in _FP8_SCALES or not (
-                (s.dtype == np.dtype(f"<u{sfmt.bits // 8}")) or (own is not None and own.name == sfmt.name)):
+                s.dtype == sfmt.bits_dtype or (own is not None and own.name == sfmt.name)):
             raise TypeError(f"scale_fmt={scale_fmt!r} takes f32 / bf16 / f16 bits as unsigned integers of the "
                             f"format's width, got {s.dtype}")
     else:
@@ -273,7 +273,7 @@ def dequantize_fp8(weight: Any, scale: Any, block: tuple[int, int], *, fmt: str 
         want_shape = formats.storage_shape(shape, out_fmt)
     else:
         want_shape = shape
-    bits_dt = U8 if out_fmt.is_block else np.dtype(f"<u{out_fmt.itemsize}")
+    bits_dt = out_fmt.bits_dtype
     if out is None:
         result = np.empty(want_shape, dtype=U8 if out_fmt.is_block else out_fmt.numpy_dtype)
     else:
