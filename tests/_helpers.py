@@ -108,9 +108,23 @@ def build_cuda_emulator(out_dir):
 def wait_child(pid: int, end: float) -> int | str:
     """A forked child's exit code (``os.waitstatus_to_exitcode``), or
     ``"hang"`` once ``time.monotonic()`` passes ``end`` (the child killed):
-    a child that never exits fails its test instead of stalling the suite."""
+    a child that never exits fails its test instead of stalling the suite.
+
+    Before a hung child is killed, every thread's native stack (gdb, where
+    installed) goes to stderr, so the failure shows where it waited. Under
+    the sanitizer run (``HF2Q_UNDER_SANITIZER=1``) a child stuck on a lock of
+    the sanitizer runtime itself returns ``"hang in the sanitizer runtime"``:
+    the preloaded libasan (GCC 12's) takes no lock around ``fork()``, so a
+    child forked while another thread of the parent held its allocator's
+    lock waits for it forever (LLVM's runtime locks it across a fork since
+    18, llvm/llvm-project#75290). glibc's malloc, which the normal suite
+    runs, is fork-safe."""
     import os
+    import re
+    import shutil
     import signal
+    import subprocess
+    import sys
     import time
 
     while True:
@@ -118,8 +132,24 @@ def wait_child(pid: int, end: float) -> int | str:
         if got == pid:
             return os.waitstatus_to_exitcode(status)
         if time.monotonic() > end:
+            stacks = ""  # (gdb without the sanitizer run's preloaded runtime: it is not built for one)
+            gdb = shutil.which("gdb")
+            if gdb is not None:
+                try:
+                    stacks = subprocess.run(
+                        [gdb, "-nx", "-batch", "-p", str(pid), "-iex", "set debuginfod enabled off",
+                         "-ex", "thread apply all bt 24"],
+                        capture_output=True, text=True, timeout=90,
+                        env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}).stdout
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+            frames = "\n".join(line for line in stacks.splitlines() if line.startswith(("#", "Thread ")))
+            sys.stderr.write(f"hung child {pid}, its threads' stacks:\n{frames or '(gdb gave none)'}\n")
+            if (os.environ.get("HF2Q_UNDER_SANITIZER") == "1"
+                    and re.search(r"\b__sanitizer::\w*(Mutex|Lock)\w*::Lock(Slow)?\s*\(", frames)):
+                return "hang in the sanitizer runtime"
             return "hang"
         time.sleep(0.005)
 

@@ -17,7 +17,8 @@ FORKS = 8
 
 def _check(r, forks: int = FORKS) -> None:
     assert r.returncode == 0, f"rc={r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
-    assert r.stdout.strip().splitlines()[-1] == f"children ok {forks}/{forks}; parent ok", r.stdout
+    assert r.stdout.strip().splitlines()[-1] == f"children ok {forks}/{forks}; parent ok", \
+        f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-6000:]}"
 
 
 def test_fork_while_another_thread_holds_the_device_lock() -> None:
@@ -195,3 +196,23 @@ assert load() == want
 print(f"children ok {ok}/@N@; parent ok")
 '''.replace('@N@', str(4)), args=[str(tmp_path / "ck")], env={"HF2Q_NUM_THREADS": "4"}, timeout=240)
     _check(r, 4)
+
+
+def test_a_hung_child_is_killed_and_shows_where_it_waited() -> None:
+    # The harness itself: a child that never exits is reported as a hang
+    # (not as the sanitizer runtime's, whose lock it does not wait on),
+    # killed, and its stack (gdb, where installed) is on stderr.
+    r = run_python(FORK_HELPERS + r'''
+import threading
+def child():
+    lock = threading.Lock(); lock.acquire(); lock.acquire()  # waits for itself
+    return True
+status = fork_and_wait(child, deadline=1.0)
+print(f"status {status}")
+''', timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "status hang", r.stdout + r.stderr
+    assert "hung child" in r.stderr and "forked again" not in r.stderr
+    import shutil
+    if shutil.which("gdb") is not None:
+        assert "#0 " in r.stderr, r.stderr[-3000:]
