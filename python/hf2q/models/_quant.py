@@ -95,12 +95,18 @@ def quant_scheme(config: Mapping[str, Any] | None, source: str | None = None) ->
     else in ``text_config``); None when there is none. A config hf2q does not
     support is a ConfigError naming the key and the supported schemes, led
     by ``source`` (the config file) where given."""
-    if source is None:
-        return _quant_scheme(config)
     try:
         return _quant_scheme(config)
     except ConfigError as e:
+        if source is None:
+            raise
         raise ConfigError(f"{source}: {e}", key=e.key, rule=e.rule) from None
+
+
+def _where(ckpt: Any) -> str:
+    """How an error names the checkpoint: its location (a one-file
+    checkpoint's file), else its directory."""
+    return getattr(ckpt, "location", None) or getattr(ckpt, "directory", None) or "checkpoint"
 
 
 def _quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
@@ -371,8 +377,7 @@ def scaled_tensors(ckpt: Any, scheme: QuantScheme | None) -> ScaledTensors:
                           (bad_shape, ShapeMismatchError)):
         if problems:
             lines = "\n".join(f"  {p}" for p in problems)
-            where = getattr(ckpt, "location", None) or getattr(ckpt, "directory", None) or "checkpoint"
-            raise cls(f"{where}: {len(problems)} FP8 weight/scale problem(s):\n{lines}", problems)
+            raise cls(f"{_where(ckpt)}: {len(problems)} FP8 weight/scale problem(s):\n{lines}", problems)
     return ScaledTensors(scheme, scales, frozenset(consumed), frozenset(dropped))
 
 
@@ -484,6 +489,5 @@ def unconfigured_error(ckpt: Any, names: list[str], scheme: QuantScheme | None, 
     else:
         why = (f"config.json's quantization_config ({scheme.describe()}) pairs them with none: decoding them "
                "without their scales would be wrong")
-    where = getattr(ckpt, "location", None) or getattr(ckpt, "directory", None) or "checkpoint"
-    return ConfigError(f"{where}: FP8 weight(s) {shown} come with scale tensors but {why}, so {what} "
+    return ConfigError(f"{_where(ckpt)}: FP8 weight(s) {shown} come with scale tensors but {why}, so {what} "
                        f"cannot decode them{f' ({hint})' if hint else ''}", key="quantization_config")
