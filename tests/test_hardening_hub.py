@@ -209,3 +209,16 @@ def test_unreadable_ref_is_a_hub_error(cache: Path) -> None:
     ref.chmod(0)
     with pytest.raises(hub.HubError, match="refs/main cannot open"):
         hub.resolve(REPO, cache_dir=cache)
+
+
+def test_an_unreadable_refs_folder_still_lists_the_cached_snapshots(cache: Path) -> None:
+    """The "cached: ..." listing of a missing revision never raises: with
+    ``refs/`` a file (its listing fails) the snapshots are named by commit."""
+    import shutil
+
+    shutil.rmtree(repo(cache) / "refs")
+    (repo(cache) / "refs").write_text("not a folder\n")
+    with pytest.raises(hub.RepoNotCachedError, match="holds this repo, but not at revision 'dev'") as ei:
+        hub.resolve(REPO, "dev", cache_dir=cache)
+    shown = re.search(r"\(cached: ([^)]*)\)", str(ei.value)).group(1)
+    assert sorted(shown.split(", ")) == sorted([COMMIT_MAIN[:12], COMMIT_DEV[:12]]) and "->" not in shown
