@@ -32,7 +32,7 @@ shape (a block that does not divide as stated) a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
@@ -74,7 +74,6 @@ class QuantScheme:
     fmt: str | None
     suffix: str
     dropped: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = field(default=(), compare=False)
 
     def describe(self) -> str:
         """One line: method, strategy, block."""
@@ -133,15 +132,10 @@ def _quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
                               f"(e4m3, e5m2){supported}", key="quantization_config.fmt")
         bs = q.get("weight_block_size")
         block = None if bs is None else _block(bs, "weight_block_size")
-        ignore = q.get("modules_to_not_convert") or ()
         return QuantScheme("fp8", "block" if block else "auto", block, None if fmt_name is None else _FMT[fmt_name],
-                           "_scale_inv",
-                           (".activation_scale", "_activation_scale"),
-                           tuple(x for x in ignore if isinstance(x, str)) if isinstance(ignore, list) else ())
+                           "_scale_inv", (".activation_scale", "_activation_scale"))
     if method == "mxfp4":
-        ignore = q.get("modules_to_not_convert") or ()
-        return QuantScheme("mxfp4", "block", (1, 32), "mxfp4", "_scales", (),
-                           tuple(x for x in ignore if isinstance(x, str)) if isinstance(ignore, list) else ())
+        return QuantScheme("mxfp4", "block", (1, 32), "mxfp4", "_scales")
     if method == "compressed-tensors":
         fmt = q.get("format")
         if not isinstance(fmt, str) or fmt != "float-quantized":
@@ -182,10 +176,8 @@ def _quant_scheme(config: Mapping[str, Any] | None) -> QuantScheme | None:
                               key=f"{key}.symmetric")
         block = _block(first.get("block_structure"), "config_groups." + gname + ".weights.block_structure") \
             if strategy == "block" else None
-        ign = q.get("ignore") or ()
         return QuantScheme("compressed-tensors", strategy, block, None, "_scale",
-                           (".input_scale", ".weight_zero_point", ".input_zero_point", ".k_scale", ".v_scale"),
-                           tuple(x for x in ign if isinstance(x, str)) if isinstance(ign, list) else ())
+                           (".input_scale", ".weight_zero_point", ".input_zero_point", ".k_scale", ".v_scale"))
     raise ConfigError(f"quantization_config.quant_method {method!r} is not supported{supported}",
                       key="quantization_config.quant_method")
 
