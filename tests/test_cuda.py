@@ -396,7 +396,7 @@ def test_dflash_loads_on_cuda_with_host_bytes(gpu, host, dflash_ckpt):
     a.verify()
 
 
-@pytest.mark.parametrize("dense_dtype", ["f32", "bf16", "q8_0"])
+@pytest.mark.parametrize("dense_dtype", ["f32", "bf16", "f16", "q8_0"])
 def test_qwen35_loads_on_cuda_with_host_bytes(gpu, host, qwen_ckpt, dense_dtype):
     a = qwen35.load(qwen_ckpt, device=gpu, dense_dtype=dense_dtype, progress=False)
     b = qwen35.load(qwen_ckpt, device=host, dense_dtype=dense_dtype, progress=False)
@@ -411,7 +411,7 @@ GOLDEN_GEMMA4 = Path(__file__).parent / "data" / "gemma4"
 
 
 @pytest.mark.parametrize("variant", ["gemma4_moe_causal_lm", "gemma4_moe_conditional_generation"])
-@pytest.mark.parametrize("dense_dtype", ["f32", "bf16", "q8_0"])
+@pytest.mark.parametrize("dense_dtype", ["f32", "bf16", "f16", "q8_0"])
 def test_gemma4_loads_on_cuda_with_host_bytes(gpu, host, variant, dense_dtype):
     from hf2q import gemma4
 
@@ -425,7 +425,7 @@ def test_gemma4_loads_on_cuda_with_host_bytes(gpu, host, variant, dense_dtype):
     assert a.gpu_resident_bytes() == b.gpu_resident_bytes()
 
 
-@pytest.mark.parametrize("dtype", ["keep", "f32", "bf16", "q8_0"])
+@pytest.mark.parametrize("dtype", ["keep", "f32", "bf16", "f16", "q8_0"])
 def test_generic_loads_on_cuda_with_host_bytes(gpu, host, tmp_path, dtype):
     import json
 

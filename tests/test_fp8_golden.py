@@ -145,6 +145,38 @@ def test_generic_fp8_equals_converter(dev, variant, outtype, load_path) -> None:
         _same(t["hf_name"], buf.numpy().view(np.uint8).tobytes(), blobs[t["blob"]], outtype)
 
 
+@pytest.mark.parametrize("variant", QWEN + GEMMA)
+def test_family_f16_is_the_converters_f16(dev, variant, load_path) -> None:
+    """``dense_dtype="f16", expert_dtype="f16"`` of an FP8 checkpoint: the
+    tensors the converter makes BF16 at ``--outtype bf16`` are F16, holding
+    its F32 tensor (the decoded product) cast as its ``--outtype f16`` casts
+    (numpy, nearest even); the others as at bf16 (F32). On every load path:
+    the decode writes F16 itself there."""
+    from hf2q import gemma4
+
+    meta, blobs = golden(variant)
+    family = gemma4 if variant in GEMMA else qwen35
+    model = family.load(DATA / variant / "hf", device=dev, dense_dtype="f16", expert_dtype="f16", progress=False)
+    at_bf16 = {t["name"]: t for t in meta["outtypes"]["bf16"]["tensors"]}
+    at_f32 = {t["name"]: t for t in meta["outtypes"]["f32"]["tensors"]}
+    assert sorted(model.names()) == sorted(at_bf16)
+    halves = 0
+    for name, other in at_bf16.items():
+        buf = model[name]
+        if other["type"] == "BF16":
+            with np.errstate(over="ignore"):
+                want = np.frombuffer(blobs[at_f32[name]["blob"]], np.float32).astype(np.float16).tobytes()
+            assert buf.dtype == "f16", name
+            halves += 1
+        else:
+            want = blobs[other["blob"]]
+            assert buf.dtype == GGUF_TYPE[other["type"]], name
+        _same(name, buf.numpy().view(np.uint8).tobytes(), want, "f16")
+    assert halves >= 10
+    if load_path == "prefetched":
+        assert sum(GATHERED) > 0
+
+
 @pytest.mark.parametrize("variant", GENERIC + ("gptoss_mxfp4",))
 def test_generic_f16_is_the_converters_f16(dev, variant) -> None:
     """``--dtype f16``: the tensors the converter makes BF16 at ``--outtype

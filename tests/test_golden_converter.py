@@ -90,6 +90,44 @@ def test_qwen_every_tensor_equals_converter(dev, variant, outtype) -> None:
             assert ours == theirs, f"{name} ({outtype}): bytes differ from the converter's"
 
 
+#: The converter's GGUF files recorded at --outtype f16 (tests/data/gguf, scripts/make_golden_gguf.py).
+GGUF_GOLDEN = Path(__file__).parent / "data" / "gguf"
+F16_FILES = sorted(p.stem for p in GGUF_GOLDEN.glob("*.json")
+                   if "f16" in json.loads(p.read_text()).get("outtypes", {}))
+
+
+def test_f16_files_cover_both_families() -> None:
+    families = {json.loads((GGUF_GOLDEN / f"{v}.json").read_text())["family"] for v in F16_FILES}
+    assert len(F16_FILES) >= 3 and families >= {"qwen35moe", "gemma4"}, F16_FILES
+
+
+@pytest.mark.parametrize("variant", F16_FILES)
+def test_f16_load_equals_the_converters_f16_file(dev, variant) -> None:
+    """``dense_dtype="f16", expert_dtype="f16"`` holds, tensor for tensor, the
+    bytes ``convert_hf_to_gguf.py --outtype f16`` wrote (F16 where its bf16
+    makes BF16, F32 elsewhere); ``ssm_a`` within 1 ulp, as everywhere."""
+    import hashlib
+
+    from hf2q import gemma4
+
+    g = json.loads((GGUF_GOLDEN / f"{variant}.json").read_text())
+    family = {"qwen35moe": qwen35, "gemma4": gemma4}[g["family"]]
+    ck = Path(__file__).parent / g["checkpoint"].removeprefix("tests/")
+    model = family.load(ck, device=dev, dense_dtype="f16", expert_dtype="f16", progress=False)
+    want = {t["name"]: t for t in g["outtypes"]["f16"]["tensors"]}
+    assert sorted(model.names()) == sorted(want)
+    assert {t["type"] for t in want.values()} == {"F16", "F32"}
+    for name, t in want.items():
+        buf = model[name]
+        assert buf.dtype == t["type"].lower() and list(buf.shape) == t["shape"], name
+        ours = buf.numpy().view(np.uint8).tobytes()
+        if name.endswith(".ssm_a") and hashlib.sha256(ours).hexdigest() != t["sha256"]:
+            meta, blobs = golden(variant)  # its F32 tensor, as at --outtype f32
+            _assert_ssm_a(ours, blobs[{x["name"]: x for x in meta["outtypes"]["f32"]["tensors"]}[name]["blob"]], name)
+        else:
+            assert hashlib.sha256(ours).hexdigest() == t["sha256"], f"{name} (f16): bytes differ from the converter's"
+
+
 @pytest.mark.parametrize("variant", QWEN_VARIANTS)
 def test_qwen_default_dtypes_match_q8_0_converter(dev, variant) -> None:
     """Our defaults (Q8_0 experts, F32 dense) against --outtype q8_0 / f32."""

@@ -191,7 +191,7 @@ def test_gemma4_tokenizer_without_tokens(tmp_path: Path) -> None:
     tok["added_tokens"] = []
     (d / "tokenizer.json").write_text(json.dumps(tok))
     dev = Device._isolated("host")
-    for dense in ("f32", "bf16", "q8_0"):
+    for dense in ("f32", "bf16", "f16", "q8_0"):
         m = hf2q.gemma4.load(d, dev, dense_dtype=dense, progress=False)
         assert m.embed_tokens.shape[0] == 0 and m.embed_tokens.byte_len == 0
         assert m.verify()["buffers"] == len(m)

@@ -293,7 +293,7 @@ def test_dtype_selection(dense: str, expert: str) -> None:
 
 def test_bad_dtype_option() -> None:
     with pytest.raises(ValueError, match="dense_dtype"):
-        plan_qwen35_moe(tiny_specs(), tiny(), dense_dtype="f16")
+        plan_qwen35_moe(tiny_specs(), tiny(), dense_dtype="f8_e4m3")
     with pytest.raises(ValueError, match="expert_dtype"):
         plan_qwen35_moe(tiny_specs(), tiny(), expert_dtype="q3_k")
 

@@ -45,7 +45,7 @@ __all__ = ["Piece", "Scale", "UnitTranspose", "TensorPlan", "LoadPlan", "CONVERT
 #: The device formats a family offers for the tensors it converts (its
 #: ``dense_dtype`` / ``expert_dtype`` / ``dtype`` options): every family and
 #: the command line read this one tuple.
-CONVERT_DTYPES: tuple[str, ...] = ("f32", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+CONVERT_DTYPES: tuple[str, ...] = ("f32", "bf16", "f16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
 
 
 @dataclass(frozen=True)

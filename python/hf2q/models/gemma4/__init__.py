@@ -175,7 +175,7 @@ def load(path: PathLike, device: Device | str | None = None, *, expert_dtype: st
     """Load a Gemma 4 checkpoint (directory with ``config.json``, single file
     or sharded) into device buffers. ``expert_dtype`` (None: ``"q8_0"``)
     applies to ``ffn_gate_up_exps`` / ``ffn_down_exps``, ``dense_dtype``
-    (None: ``"f32"``; ``"bf16"`` or ``"q8_0"``) to every other tensor llama.cpp
+    (None: ``"f32"``; ``"bf16"``, ``"f16"``, ``"q8_0"``, ...) to every other tensor llama.cpp
     would quantize; the rest stays F32. On failure every buffer is freed.
     ``check_finite=True``: a NaN/Inf weight kept as it is raises
     NonFiniteError (quantized tensors always refuse them; docs/RELIABILITY.md).

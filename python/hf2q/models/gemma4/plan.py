@@ -235,7 +235,7 @@ def plan_gemma4(ckpt: Any, cfg: Gemma4Config, *, dense_dtype: str = "f32", exper
     :class:`~hf2q.safetensors.Checkpoint`, or anything with ``keys()`` and
     ``[name]`` giving ``.dtype`` / ``.shape``), in llama.cpp's GGUF names.
 
-    ``dense_dtype`` / ``expert_dtype``: ``"f32"``, ``"bf16"`` or ``"q8_0"``;
+    ``dense_dtype`` / ``expert_dtype``: one of :data:`hf2q.plan.CONVERT_DTYPES`;
     the tensors llama.cpp keeps in F32 (norms, 1-D tensors, router, scales,
     ``rope_freqs``) are F32 under every choice. ``directory``: where to look
     for the tokenizer (default: the checkpoint's directory)."""

@@ -16,7 +16,7 @@ __all__ = ["GenericConfig", "DTYPE_POLICIES"]
 #: bf16 / f16 / q8_0 (and the k-quants) the way llama.cpp's
 #: ``convert_hf_to_gguf.py --outtype`` would (f16: its ``--outtype f16``, the
 #: tensors bf16 would make BF16 made F16, rounded to nearest even from float32).
-DTYPE_POLICIES = ("keep", *CONVERT_DTYPES[:2], "f16", *CONVERT_DTYPES[2:])
+DTYPE_POLICIES = ("keep", *CONVERT_DTYPES)
 
 
 def _strings(v: Any) -> tuple[str, ...]:

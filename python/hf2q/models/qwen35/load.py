@@ -100,7 +100,7 @@ def load(path: PathLike, device: Device | str | None = None, expert_dtype: str |
     single-file or sharded) into inference-ready device buffers.
 
     ``expert_dtype`` (None: ``"q8_0"``) applies to the expert stacks,
-    ``dense_dtype`` (None: ``"f32"``; ``"bf16"`` or ``"q8_0"``; with ``"q8_0"`` the
+    ``dense_dtype`` (None: ``"f32"``; ``"bf16"``, ``"f16"``, ``"q8_0"``, ...; with ``"q8_0"`` the
     same tensors are quantized as by ``convert_hf_to_gguf.py --outtype q8_0``)
     to the other matrices; norms, ``ssm_*`` and routers stay F32. ``mtp``:
     keep (None: when present), require (True) or drop (False) the MTP block.

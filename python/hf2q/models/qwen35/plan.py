@@ -519,7 +519,7 @@ def plan_qwen35_moe(
     ``mtp``: ``None`` (default) keeps the MTP block when the checkpoint has
     ``mtp.*`` tensors, ``True`` requires it, ``False`` drops every ``mtp.*``.
     ``dense_dtype``/``expert_dtype``: device dtypes of the dense and expert
-    classes (``"f32"``, ``"bf16"`` or ``"q8_0"``); the F32 class is always F32.
+    classes (one of :data:`hf2q.plan.CONVERT_DTYPES`); the F32 class is always F32.
     """
     select_device_dtype("dense", dense_dtype, expert_dtype)  # validates both options
     cfg = config
