@@ -39,7 +39,7 @@ CHECKPOINTS = {
     "gemma4_dense_ple": DATA / "gemma4" / "gemma4_dense_ple" / "hf",
 }
 IDS = torch.tensor([[2, 17, 5, 33, 8, 61, 40, 3, 11, 25]])
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 # ---------------------------------------------------------------- state_dict
@@ -147,7 +147,7 @@ def models():
     return get
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
 def test_logits_bit_identical(models, name: str, dtype: str) -> None:
     ours, theirs = models(name, dtype)
@@ -157,6 +157,29 @@ def test_logits_bit_identical(models, name: str, dtype: str) -> None:
         b = theirs(IDS).logits
     assert a.dtype == b.dtype == DTYPES[dtype]
     assert torch.isfinite(a).all() and a.float().std() > 0  # a comparison of something
+    assert torch.equal(a, b), f"max |diff| {(a.float() - b.float()).abs().max()}"
+
+
+def test_f16_keeps_the_modules_transformers_keeps_in_float32(tmp_path: Path) -> None:
+    """``dtype="f16"`` of a model whose class keeps modules in float32 under
+    float16 only (gpt-oss: its norms, ``_keep_in_fp32_modules``): those stay
+    float32, as in ``from_pretrained(dtype=torch.float16)``, and the logits
+    are the same bits. (A tiny gpt-oss saved by transformers, bf16.)"""
+    cfg = transformers.GptOssConfig(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                    num_experts_per_tok=2, max_position_embeddings=128, sliding_window=8,
+                                    layer_types=["sliding_attention", "full_attention"])
+    assert transformers.GptOssForCausalLM._keep_in_fp32_modules  # what this test is about
+    torch.manual_seed(0)
+    transformers.GptOssForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "gptoss")
+    ours = htf.from_pretrained(tmp_path / "gptoss", Device._isolated("host"), dtype="f16")
+    theirs = _reference(tmp_path / "gptoss", torch.float16)
+    kept = {n for n, p in theirs.named_parameters() if p.dtype == torch.float32}
+    assert len(kept) == 5  # two norms a layer and the last one
+    assert {n: p.dtype for n, p in ours.named_parameters()} == {n: p.dtype for n, p in theirs.named_parameters()}
+    with torch.no_grad():
+        a, b = ours(IDS).logits, theirs(IDS).logits
+    assert a.dtype == torch.float16 and a.float().std() > 0
     assert torch.equal(a, b), f"max |diff| {(a.float() - b.float()).abs().max()}"
 
 

@@ -48,7 +48,7 @@ MIN_TRANSFORMERS = (5, 0)
 
 #: ``dtype`` argument -> torch dtype (``keep``: what transformers' own
 #: ``dtype="auto"`` picks, the config's ``dtype``).
-_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 #: torch dtype -> hf2q device format.
 _FORMATS = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
             torch.uint8: "u8"}
@@ -131,7 +131,7 @@ def _torch_dtype(dtype: str, config: Any) -> torch.dtype:
     if dtype in _DTYPES:
         return _DTYPES[dtype]
     if dtype != "keep":
-        raise ValueError(f"dtype must be one of keep, bf16, f32, got {dtype!r}")
+        raise ValueError(f"dtype must be one of keep, bf16, f16, f32, got {dtype!r}")
     for cfg in (config, getattr(config, "get_text_config", lambda: None)()):
         d = getattr(cfg, "dtype", None) if cfg is not None else None
         if isinstance(d, str):
@@ -292,8 +292,9 @@ def from_pretrained(path_or_repo: PathLike, device: Any = None, *, dtype: str = 
     as ``"cuda"`` or ``"host"``/``"cpu"``; default :meth:`hf2q.Device.default`).
 
     ``dtype``: ``"keep"`` (the config's dtype, as transformers'
-    ``dtype="auto"``), ``"bf16"`` or ``"f32"``; modules transformers keeps in
-    float32 stay float32, as they do there. Returns the model in eval mode,
+    ``dtype="auto"``), ``"bf16"``, ``"f16"`` or ``"f32"``; modules transformers
+    keeps in float32 (under float16 also ``_keep_in_fp32_modules``) stay
+    float32, as they do there. Returns the model in eval mode,
     its buffers (with their load summary) as ``model.hf2q_model``.
 
     Raises :class:`HandoffError` for what transformers or the hand-off
