@@ -105,6 +105,19 @@ def build_cuda_emulator(out_dir):
     return out
 
 
+def hung_in_sanitizer_runtime(stacks: str) -> bool:
+    """Whether a hung child's threads' stacks (gdb's backtraces) show one
+    of them waiting on a lock of the sanitizer runtime itself
+    (``__sanitizer::Mutex::Lock``, ``StaticSpinMutex::LockSlow``, ...), and
+    only under the sanitizer run (``HF2Q_UNDER_SANITIZER=1``): see
+    :func:`wait_child`."""
+    import os
+    import re
+
+    return (os.environ.get("HF2Q_UNDER_SANITIZER") == "1"
+            and re.search(r"\b__sanitizer::\w*(Mutex|Lock)\w*::Lock(Slow)?\s*\(", stacks) is not None)
+
+
 def wait_child(pid: int, end: float) -> int | str:
     """A forked child's exit code (``os.waitstatus_to_exitcode``), or
     ``"hang"`` once ``time.monotonic()`` passes ``end`` (the child killed):
@@ -112,15 +125,18 @@ def wait_child(pid: int, end: float) -> int | str:
 
     Before a hung child is killed, every thread's native stack (gdb, where
     installed) goes to stderr, so the failure shows where it waited. Under
-    the sanitizer run (``HF2Q_UNDER_SANITIZER=1``) a child stuck on a lock of
-    the sanitizer runtime itself returns ``"hang in the sanitizer runtime"``:
-    the preloaded libasan (GCC 12's) takes no lock around ``fork()``, so a
-    child forked while another thread of the parent held its allocator's
-    lock waits for it forever (LLVM's runtime locks it across a fork since
-    18, llvm/llvm-project#75290). glibc's malloc, which the normal suite
-    runs, is fork-safe."""
+    the sanitizer run (``HF2Q_UNDER_SANITIZER=1``) a child with a thread stuck
+    on a lock of the sanitizer runtime itself (:func:`hung_in_sanitizer_runtime`)
+    returns ``"hang in the sanitizer runtime"``: the preloaded libasan
+    (GCC 12's) takes no lock around ``fork()``, so a child forked while
+    another thread of the parent held one of its locks (its allocator's,
+    seen in CI) waits for it forever (LLVM's runtime locks them across a
+    fork since 18, llvm/llvm-project#75290). glibc's malloc, which the
+    normal suite runs, is fork-safe. gdb attaches to the child as a
+    sibling: where Yama restricts ptrace to ancestors, the child must allow
+    it (``fork_and_wait`` does, ``PR_SET_PTRACER``); else no stacks, and a
+    plain ``"hang"``."""
     import os
-    import re
     import shutil
     import signal
     import subprocess
@@ -147,8 +163,7 @@ def wait_child(pid: int, end: float) -> int | str:
             os.waitpid(pid, 0)
             frames = "\n".join(line for line in stacks.splitlines() if line.startswith(("#", "Thread ")))
             sys.stderr.write(f"hung child {pid}, its threads' stacks:\n{frames or '(gdb gave none)'}\n")
-            if (os.environ.get("HF2Q_UNDER_SANITIZER") == "1"
-                    and re.search(r"\b__sanitizer::\w*(Mutex|Lock)\w*::Lock(Slow)?\s*\(", frames)):
+            if hung_in_sanitizer_runtime(frames):
                 return "hang in the sanitizer runtime"
             return "hang"
         time.sleep(0.005)
