@@ -46,7 +46,7 @@ def _bytes(buf: hf2q.Buffer) -> bytes:
     return buf.numpy().view(np.uint8).tobytes()
 
 
-@pytest.mark.parametrize("dense_dtype", ["f32", "bf16", "q8_0"])
+@pytest.mark.parametrize("dense_dtype", ["f32", "bf16", "f16", "q8_0"])
 def test_every_tensor_equals_the_reference(dev, ckpts, dense_dtype):
     model = qwen35.load(ckpts["plain"], device=dev, dense_dtype=dense_dtype, progress=False)
     cfg = Qwen35Config.from_file(ckpts["plain"] / "config.json")

@@ -235,8 +235,11 @@ def test_device_dtypes() -> None:
     assert np.array_equal(to_device_dtype(y, "bf16").view(np.uint16), y.astype(BF16).view(np.uint16))
     with pytest.raises(ValueError):
         device_nbytes((3, 48), "q8_0")
+    assert np.array_equal(to_device_dtype(y, "f16").view(np.uint16), y.astype(np.float16).view(np.uint16))
+    assert np.array_equal(to_device_dtype(x.astype(BF16), "f16").view(np.uint16),
+                          x.astype(BF16).astype(np.float32).astype(np.float16).view(np.uint16))
     with pytest.raises(ValueError):
-        to_device_dtype(y, "f16")
+        to_device_dtype(y, "q4_0")
     assert as_source_array(x.view(np.uint16), "BF16").dtype == BF16
     with pytest.raises(TypeError):
         as_source_array(x, "F32")

@@ -363,12 +363,17 @@ def _own(x: np.ndarray | None, consume: bool) -> bool:
 def to_device_dtype(x: np.ndarray, dtype: str, *, name: str | None = None) -> np.ndarray:
     """Logical array -> device representation: ``"f32"`` float32 (exact widening),
     ``"bf16"`` bfloat16 (exact from BF16; round-to-nearest-even from F16/F32),
-    ``"q8_0"`` ggml Q8_0 bytes (uint8, gguf-py layout :func:`hf2q.formats.storage_shape`)."""
+    ``"f16"`` float16 (from the float32 value, nearest even: the converter's
+    ``--outtype f16`` cast), ``"q8_0"`` ggml Q8_0 bytes (uint8, gguf-py layout
+    :func:`hf2q.formats.storage_shape`)."""
     x = np.asarray(x)
     if dtype == "f32":
         return _widen(x) if x.dtype != F32 else np.ascontiguousarray(x)
     if dtype == "bf16":
         return np.ascontiguousarray(x if is_bf16(x.dtype) else _widen(x).astype(bf16()))
+    if dtype == "f16":
+        with np.errstate(over="ignore"):  # beyond 65504: inf, as numpy's cast in the converter
+            return np.ascontiguousarray(_widen(x).astype(np.float16))
     if dtype == "q8_0":
         from ... import ops
 
