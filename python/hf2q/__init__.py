@@ -105,8 +105,8 @@ def load(path: "str | os.PathLike[str]", device: "Device | str | None" = None, *
     (``"cuda"``, ``"cuda:1"``, ``"host"``, ...) or None (:meth:`Device.default`);
     one not given as a Device is opened while the checkpoint is opened and
     planned. ``options`` go to the family's loader: ``dtype``
-    (generic: ``keep``/``f32``/``bf16``/``q8_0``/``q4_0``/``q4_k``/``q5_k``/``q6_k``), ``expert_dtype`` /
-    ``dense_dtype`` / ``mtp`` (Qwen3.5 MoE), ``recipe`` (Qwen3.5 MoE, Gemma 4,
+    (generic: ``keep``/``f32``/``bf16``/``f16``/``q8_0``/``q4_0``/``q4_k``/``q5_k``/``q6_k``), ``expert_dtype`` /
+    ``dense_dtype`` (Qwen3.5 MoE, Gemma 4: the same formats but ``keep``) / ``mtp`` (Qwen3.5 MoE), ``recipe`` (Qwen3.5 MoE, Gemma 4,
     generic: ``q4_k_m`` / ``q4_k_s`` / ``q5_k_m`` / ``q6_k`` / ``q8_0``, each
     tensor's format as llama-quantize chooses it, docs/KQUANTS.md). ``path`` may be a Hugging Face
     repo id in the local cache (``revision``, ``download``: see

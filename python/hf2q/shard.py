@@ -315,7 +315,7 @@ def _check_splittable(e: TensorPlan, names: set[str]) -> None:
                                                 n.startswith(e.name.removesuffix("weight") + "weight_scale")
                                                 for n in names if n != e.name):
         raise ShardError(f"{e.name}: an FP8 weight kept as FP8 (dtype 'keep') is not sliced with its block "
-                         "scales; shard FP8 checkpoints with dtype 'bf16', 'f32' or 'q8_0'", tensor=e.name,
+                         "scales; shard FP8 checkpoints with dtype 'bf16', 'f16', 'f32' or 'q8_0'", tensor=e.name,
                          reason="fp8 kept with scales")
 
 

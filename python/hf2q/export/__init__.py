@@ -139,9 +139,9 @@ def _planner(family: str) -> Any:
 
 def _f16_plan(planner: Any, ckpt: Any, config: Mapping[str, Any],
               options: dict[str, Any]) -> tuple[LoadPlan, Any, set[str]]:
-    """``--outtype f16``: the families plan F32 / BF16 / Q8_0 only. The
-    tensors that ``--outtype bf16`` makes BF16 (the converter's rule is the
-    same for both) are planned in F32 (exact from BF16 / F16 sources, the
+    """``--outtype f16``, as the converter makes it whatever the family: the
+    tensors that ``--outtype bf16`` makes BF16 (its rule is the same for
+    both) are planned in F32 (exact from BF16 / F16 sources, the
     families' transforms computed in F32 as the converter computes them) and
     rounded to F16 (nearest even, numpy's cast, as the converter's) while
     they are written. Returns the F32 plan and the names to round. The

@@ -1,6 +1,6 @@
 """The generic family: any safetensors checkpoint without a family of its
 own loads with its own tensor names, each tensor kept in its dtype or
-converted by ``dtype`` (``keep`` | ``f32`` | ``bf16`` | ``q8_0``; see
+converted by ``dtype`` (``keep`` | ``f32`` | ``bf16`` | ``f16`` | ``q8_0`` | a k-quant; see
 :mod:`hf2q.models.generic.plan`)."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ kept in its dtype or converted by a simple policy.
 able to hold: f32, f16, bf16, u8, i32; bool -> u8 and i8 / i16 / u16 -> i32 are
 widened losslessly).
 
-``"f32"`` / ``"bf16"`` / ``"q8_0"``: floating-point tensors are converted as
+``"f32"`` / ``"bf16"`` / ``"f16"`` / ``"q8_0"`` (and the k-quants): floating-point tensors are converted as
 llama.cpp's ``convert_hf_to_gguf.py --outtype <t>`` converts a model it has no
 special rules for: a tensor that is 1-D once its size-1 dimensions are
 dropped, whose name does not end in ``.weight``, or whose name ends in
