@@ -1380,3 +1380,40 @@ def test_many_distinct_dtypes_or_metadata_keys_stay_linear(tmp_path: Path) -> No
     save_file({"w": np.zeros(2, np.float32)}, str(g), metadata=meta)
     with hst.open(g) as h:
         assert h.metadata == meta and h.keys() == ["w"]
+
+
+def test_read_bits_are_the_files_elements_as_unsigned_integers(tmp_path: Path) -> None:
+    """``read_bits``: each tensor the safetensors package (torch) wrote, as
+    unsigned integers of its element's width in its shape, equal to torch's
+    own bits; a fresh process reading BF16 and FP8 this way imports no
+    ml_dtypes; sub-byte dtypes are refused."""
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import save_file as save_torch
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 5, generator=g)
+    tensors = {"bf16": x.to(torch.bfloat16), "f16": x.to(torch.float16), "f32": x, "e4m3": x.to(torch.float8_e4m3fn),
+               "e5m2": x.to(torch.float8_e5m2), "i64": torch.arange(4), "scalar": torch.tensor(2.5, dtype=torch.bfloat16)}
+    path = tmp_path / "m.safetensors"
+    save_torch(tensors, str(path))
+    bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
+            torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8, torch.int64: torch.int64}
+    with hst.open_checkpoint(path) as ck:
+        for name, t in tensors.items():
+            got = ck.read_bits(name)
+            want = t.view(bits[t.dtype]).numpy()
+            assert got.dtype == np.dtype(f"<u{t.element_size()}") and got.shape == tuple(t.shape), name
+            assert got.tobytes() == want.tobytes(), name
+    code = ("import sys, hf2q.safetensors as hst\n"
+            f"with hst.open_checkpoint({str(path)!r}) as ck:\n"
+            "    n = sum(int(ck.read_bits(k).sum()) for k in ('bf16', 'e4m3', 'e5m2'))\n"
+            "print('ml_dtypes' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+    f4 = tmp_path / "f4.safetensors"
+    raw_file(f4, b'{"p":{"dtype":"F4","shape":[4],"data_offsets":[0,2]}}', b"\0\0")
+    with hst.open_checkpoint(f4) as ck, pytest.raises(TypeError, match="not whole bytes"):
+        ck.read_bits("p")

@@ -1174,15 +1174,11 @@ def _read_scaled(ckpt: Checkpoint, piece: Piece) -> tuple[np.ndarray, str, np.nd
     import ml_dtypes (0.5-1.3 s) inside the load."""
     sc = piece.scale
     assert sc is not None
-    winfo, sinfo = ckpt[piece.tensor], ckpt[sc.tensor]
-    wfmt, sfmt = formats.from_safetensors(winfo.dtype), formats.from_safetensors(sinfo.dtype)
-    w = np.empty(winfo.shape, np.uint8)
-    ckpt.read_into(piece.tensor, w)
-    s = np.empty(formats.numel(sinfo.shape), sfmt.bits_dtype)
-    ckpt.read_into(sc.tensor, s)
+    w, s = ckpt.read_bits(piece.tensor), ckpt.read_bits(sc.tensor).reshape(-1)
     s = np.broadcast_to(s, (formats.numel(sc.grid),)).reshape(sc.grid) if s.size == 1 else s.reshape(sc.grid)
     ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
-    return w, wfmt.name, s, sfmt.name
+    return (w, formats.from_safetensors(ckpt[piece.tensor].dtype).name, s,
+            formats.from_safetensors(ckpt[sc.tensor].dtype).name)
 
 
 def _scale_as_f32(bits: np.ndarray, fmt: str) -> np.ndarray:
@@ -1203,8 +1199,7 @@ def _mxfp4_array(ckpt: Checkpoint, piece: Piece, to: str, check_finite: bool = F
     sc = piece.scale
     assert sc is not None
     blocks = ckpt.read_array(piece.tensor)
-    exps = np.empty(ckpt[sc.tensor].shape, np.uint8)  # (raw: F8_E8M0 as a typed array would import ml_dtypes)
-    ckpt.read_into(sc.tensor, exps)
+    exps = ckpt.read_bits(sc.tensor)  # (F8_E8M0 as a typed array would import ml_dtypes)
     ckpt.file_for(sc.tensor).check_unchanged(sc.tensor)
     packed = repack_mxfp4(blocks, exps)
     if to == "mxfp4":

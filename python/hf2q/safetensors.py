@@ -830,10 +830,25 @@ class SafetensorsFile:
     def read_array(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a new numpy array of its dtype and shape (BF16 and
         F8 kinds via ``ml_dtypes``). Sub-byte dtypes (F4, F6) are not supported."""
-        info = self[name]
-        dt = _numpy_dtype(info.dtype)
+        dt = _numpy_dtype(self[name].dtype)
         if dt is None:
-            raise TypeError(f"tensor '{name}' has dtype {info.dtype}, which has no numpy equivalent")
+            raise TypeError(f"tensor '{name}' has dtype {self[name].dtype}, which has no numpy equivalent")
+        return self._new_array(name, dt)
+
+    def read_bits(self, name: str) -> np.ndarray:
+        """Tensor ``name``'s stored bits as a new array of its shape: unsigned
+        integers of its element's width (``uint8`` for FP8, ``uint16`` for
+        BF16 / F16, ...; :attr:`hf2q.formats.Format.bits_dtype`). Unlike
+        :meth:`read_array`, reading BF16 or FP8 this way imports no
+        ``ml_dtypes`` (0.5-1.3 s in a fresh process). Sub-byte dtypes (F4,
+        F6) are not supported."""
+        fmt = formats.from_safetensors(self[name].dtype)
+        if fmt.itemsize == 0:
+            raise TypeError(f"tensor '{name}' has dtype {self[name].dtype}, whose elements are not whole bytes")
+        return self._new_array(name, fmt.bits_dtype)
+
+    def _new_array(self, name: str, dt: np.dtype) -> np.ndarray:
+        info = self[name]
         if not numpy_representable(info.shape, dt.itemsize):
             # Valid safetensors (a zero-element tensor may have a 2^64-1
             # dimension), but numpy cannot build the array.
@@ -986,6 +1001,9 @@ class Checkpoint:
 
     def read_array(self, name: str) -> np.ndarray:
         return self.file_for(name).read_array(name)
+
+    def read_bits(self, name: str) -> np.ndarray:
+        return self.file_for(name).read_bits(name)
 
     @property
     def closed(self) -> bool:
