@@ -328,13 +328,13 @@ def test_a_buffer_its_pieces_do_not_cover_is_zeroed() -> None:
     short = TensorPlan("d", (4, 32), "f32", (Piece("s", "F32", (3, 32)),))
     assert export._fully_written(whole) and export._fully_written(halves)
     assert not export._fully_written(gap) and not export._fully_written(short)
-    u = export._layout([[whole, gap]], 100)[0]
+    u = export._layout([[whole, gap]], set(), 100)[0]
     assert u.offsets == [100, 640] and u.end == 1152 and u.last  # each tensor padded to 32 bytes
     ws, we = u.window(4096)
     assert (ws, we) == (0, 4096)
-    assert export._unwritten(u, ws, we - ws, 100) == [(612, 4096)]  # whole's padding on, gap, tail
-    u = export._layout([[gap, whole]], 100)[0]
-    assert export._unwritten(u, 0, 4096, 100) == [(100, 640), (1152, 4096)]
+    assert export._unwritten(u, ws, we - ws, 100, set()) == [(612, 4096)]  # whole's padding on, gap, tail
+    u = export._layout([[gap, whole]], set(), 100)[0]
+    assert export._unwritten(u, 0, 4096, 100, set()) == [(100, 640), (1152, 4096)]
 
 
 def test_qwen_convert_reads_bf16_as_bits_and_imports_no_ml_dtypes(tmp_path) -> None:

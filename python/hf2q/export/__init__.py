@@ -73,6 +73,8 @@ DIRECT_ALIGN = 4096
 WINDOW_UNZEROED = True
 #: Through the page cache: writeback is started for windows of at least this many bytes.
 WRITEBACK_MIN = 1 << 20
+#: Elements rounded from F32 to F16 at a time (``--outtype f16``).
+HALF_CHUNK = 1 << 22
 
 
 class ConvertError(Hf2qError):
@@ -135,6 +137,21 @@ def _planner(family: str) -> Any:
     return plan
 
 
+def _f16_plan(planner: Any, ckpt: Any, config: Mapping[str, Any],
+              options: dict[str, Any]) -> tuple[LoadPlan, Any, set[str]]:
+    """``--outtype f16``, as the converter makes it whatever the family: the
+    tensors that ``--outtype bf16`` makes BF16 (its rule is the same for
+    both) are planned in F32 (exact from BF16 / F16 sources, the
+    families' transforms computed in F32 as the converter computes them) and
+    rounded to F16 (nearest even, numpy's cast, as the converter's) while
+    they are written. Returns the F32 plan and the names to round. The
+    family options given still win for their tensors."""
+    a, cfg = planner(ckpt, config, "f32", options)
+    b, _ = planner(ckpt, config, "bf16", options)
+    to_half = {e.name for e in b if e.dtype == "bf16"}
+    return a, cfg, {e.name for e in a if e.name in to_half and e.dtype == "f32"}
+
+
 def _generic_planner(ckpt: Any, config: Mapping[str, Any], outtype: str,
                      options: dict[str, Any]) -> tuple[LoadPlan, Any]:
     from .generic import plan_generic_gguf
@@ -158,7 +175,7 @@ _FAMILIES = {
 
 
 # ----------------------------------------------------------------------------- the file
-def _tensor_infos(entries: list[TensorPlan], ggml_dims: bool = False) -> list[TensorInfo]:
+def _tensor_infos(entries: list[TensorPlan], half: set[str], ggml_dims: bool = False) -> list[TensorInfo]:
     """Each entry's tensor info; ``ggml_dims``: the shape as ggml counts its
     dimensions (numpy's leading 1s dropped, ``ggml_n_dims``), as
     llama-quantize writes it (the converter keeps ``[1, 32]``)."""
@@ -166,13 +183,14 @@ def _tensor_infos(entries: list[TensorPlan], ggml_dims: bool = False) -> list[Te
 
     out = []
     for e in entries:
-        ggml = formats.get(e.dtype).gguf_type
+        dtype = "f16" if e.name in half else e.dtype
+        ggml = formats.get(dtype).gguf_type
         if ggml < 0:
-            raise UnsupportedModelError(f"{e.name}: format {e.dtype} has no GGUF type")
+            raise UnsupportedModelError(f"{e.name}: format {dtype} has no GGUF type")
         shape = tuple(e.shape)
         if ggml_dims and shape:
             shape = shape[len(shape) - ggml_n_dims(shape):]
-        out.append(TensorInfo(e.name, shape, ggml, formats.nbytes(e.shape, e.dtype)))
+        out.append(TensorInfo(e.name, shape, ggml, formats.nbytes(e.shape, dtype)))
     return out
 
 
@@ -198,7 +216,7 @@ class _Unit:
     start: int
     end: int
     offsets: list[int]  # file offset of each entry's bytes
-    out_bytes: list[int]  # bytes each entry has in the file
+    out_bytes: list[int]  # bytes each entry has in the file (an F16-rounded entry: half its F32 buffer)
     last: bool = False  # the file's last window: written whole, padded to the alignment
 
     def window(self, align: int) -> tuple[int, int]:
@@ -208,7 +226,7 @@ class _Unit:
         return self.start // align * align, padded(self.end, align)
 
 
-def _layout(units: list[list[TensorPlan]], head_len: int) -> list[_Unit]:
+def _layout(units: list[list[TensorPlan]], half: set[str], head_len: int) -> list[_Unit]:
     """Where every unit's entries go in the file: back to back from the end
     of the header, each padded to ALIGNMENT (a stack's parts are ALIGNMENT
     multiples: no padding between them, _parts)."""
@@ -218,7 +236,7 @@ def _layout(units: list[list[TensorPlan]], head_len: int) -> list[_Unit]:
         start = 0 if i == 0 else pos
         offs, sizes = [], []
         for e in u:
-            n = formats.nbytes(e.shape, e.dtype)
+            n = formats.nbytes(e.shape, "f16" if e.name in half else e.dtype)
             offs.append(pos)
             sizes.append(n)
             pos = padded(pos + n, ALIGNMENT)
@@ -251,14 +269,15 @@ def _fully_written(e: TensorPlan) -> bool:
     return end >= formats.numel(e.shape)
 
 
-def _unwritten(unit: _Unit, wstart: int, wlen: int, head_len: int) -> list[tuple[int, int]]:
+def _unwritten(unit: _Unit, wstart: int, wlen: int, head_len: int, half: set[str]) -> list[tuple[int, int]]:
     """The byte ranges of a window nothing writes (padding, the last page's
     tail, a buffer the loader may leave partly unwritten): zeroed before the
     loader runs, as the file's bytes there are zeros. The writer copies in
-    the header (first window) or the carried page."""
+    the header (first window) or the carried page, and writes F16 roundings
+    whole."""
     kept = [(0, head_len if unit.start == 0 else unit.start - wstart)]
     for e, off, n in zip(unit.entries, unit.offsets, unit.out_bytes):
-        if _fully_written(e):
+        if e.name in half or _fully_written(e):
             kept.append((off - wstart, off - wstart + n))
     out, pos = [], 0
     for a, b in sorted(kept):
@@ -408,7 +427,8 @@ class _Output:
 class _Writer(threading.Thread):
     """Finishes each executed window in file order and hands it to the
     output: the previous window's last partial page (``carry``) copied to
-    its start, the header into the first; then everything up to its own last partial page (all of
+    its start, the header into the first, F32 buffers rounded to F16 into
+    their place; then everything up to its own last partial page (all of
     it, padded, for the last window) is written, and that page is carried
     over. The in-flight budget is released as windows are written."""
 
@@ -432,19 +452,20 @@ class _Writer(threading.Thread):
             job = self.jobs.get()
             if job is None:
                 return
-            unit, window, budget = job
+            unit, window, halves, budget = job
             try:
                 if self.error is None:
-                    self._finish(unit, window, budget)
+                    self._finish(unit, window, halves, budget)
                     budget = 0  # the output releases it
             except BaseException as e:  # handed to the main thread
                 self.error = e
             finally:
+                halves.clear()
                 del job, window
                 if budget:
                     self._release(budget)
 
-    def _finish(self, unit: _Unit, window: Any, budget: int) -> None:
+    def _finish(self, unit: _Unit, window: Any, halves: list[tuple[Any, int, int]], budget: int) -> None:
         wstart, wend = unit.window(DIRECT_ALIGN)
         win = window._storage_bytes(0, window.byte_len)
         if unit.start == 0:
@@ -453,6 +474,13 @@ class _Writer(threading.Thread):
         if len(self.carry) != c:  # pragma: no cover - the layout makes them equal
             raise AssertionError(f"carry of {len(self.carry)} bytes, window needs {c}")
         win[:c] = np.frombuffer(self.carry, dtype=np.uint8)
+        while halves:  # each F32 buffer dropped once rounded
+            buf, off, n = halves.pop(0)
+            x = buf.numpy().reshape(-1)
+            dst = win[off - wstart:off - wstart + n].view(np.float16)
+            for i in range(0, len(x), HALF_CHUNK):
+                dst[i:i + HALF_CHUNK] = x[i:i + HALF_CHUNK]  # round to nearest even, as astype
+            del buf, x
         cut = wend - wstart if unit.last else unit.end // DIRECT_ALIGN * DIRECT_ALIGN - wstart
         self.carry = b"" if unit.last else win[cut:unit.end - wstart].tobytes()
         del win
@@ -596,7 +624,11 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
 
     with open_checkpoint(src_path) as ckpt:
         _refuse_an_input_as_output(out_path, ckpt, src_path if src_path.is_dir() else src_path.parent)
-        plan, cfg = planner(ckpt, config, outtype, dict(options))
+        half: set[str] = set()
+        if outtype == "f16" and recipe is None:
+            plan, cfg, half = _f16_plan(planner, ckpt, config, dict(options))
+        else:
+            plan, cfg = planner(ckpt, config, outtype, dict(options))
         kv = md.KVList(arch)
         kv.string("general.architecture", arch)
         md.general(kv, name if name is not None else str(default_name))
@@ -618,7 +650,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             kv.remove("general.file_type")
             kv.u32("general.quantization_version", md.QUANTIZATION_VERSION)
             kv.u32("general.file_type", FILE_TYPES[recipe])
-        infos = _tensor_infos(entries, ggml_dims=recipe is not None)
+        infos = _tensor_infos(entries, half, ggml_dims=recipe is not None)
         try:
             head, _offsets = encode_header(kv.items(), infos, ALIGNMENT)
         except GGUFEncodeError as e:
@@ -655,7 +687,7 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             raise mark_system_failure(ConvertError(f"{out_path}: cannot create {tmp.name} there: {e.strerror or e}",
                                                    path=out_path), e) from None
         bar = progress_bar(total, "hf2q convert", progress)
-        layout = _layout(units, len(head))
+        layout = _layout(units, half, len(head))
         if layout[-1].end != total:  # pragma: no cover - the header's offsets and the layout's agree
             raise AssertionError(f"layout ends at {layout[-1].end}, the header says {total}")
         try:
@@ -673,8 +705,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
             writer.start()
             for unit in layout:
                 wstart, wend = unit.window(DIRECT_ALIGN)
-                placed = [(o - wstart, e.shape, e.dtype) for e, o in zip(unit.entries, unit.offsets)]
-                reserved = wend - wstart
+                placed = [(o - wstart, e.shape, e.dtype) for e, o in zip(unit.entries, unit.offsets)
+                          if e.name not in half]
+                extra_bytes = sum(e.nbytes for e in unit.entries if e.name in half)  # their F32 buffers
+                reserved = wend - wstart + extra_bytes
                 writer.reserve(reserved, budget)
                 if writer.error is not None or writer.out.error is not None:
                     writer._release(reserved)
@@ -682,10 +716,10 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                 window, bufs = device._alloc_window(wend - wstart, placed, zero=not WINDOW_UNZEROED)
                 if WINDOW_UNZEROED:  # a reused range holds old bytes: zeros where nothing writes
                     win = window._storage_bytes(0, wend - wstart)
-                    for a, b in _unwritten(unit, wstart, wend - wstart, len(head)):
+                    for a, b in _unwritten(unit, wstart, wend - wstart, len(head), half):
                         win[a:b] = 0
                     del win
-                where = {e.name: b for e, b in zip(unit.entries, bufs)}
+                where = {e.name: b for e, b in zip((e for e in unit.entries if e.name not in half), bufs)}
                 del bufs
 
                 def alloc(es: list[TensorPlan], where: dict[str, Any] = where) -> list[Any]:
@@ -697,9 +731,11 @@ def convert(src: PathLike, out: PathLike, outtype: str = "q8_0", *, force: bool 
                 except BaseException:
                     writer._release(reserved)
                     raise
+                halves = [(held.bufs[e.name], o, n) for e, o, n in zip(unit.entries, unit.offsets, unit.out_bytes)
+                          if e.name in half]
                 del held, where, alloc
-                writer.jobs.put((unit, window, reserved))
-                del window
+                writer.jobs.put((unit, window, halves, reserved))
+                del window, halves
             writer.jobs.put(None)
             writer.join()
             if writer.error is None:

@@ -176,7 +176,7 @@ def _scaled(ckpt: Any, config: Mapping[str, Any], arch: str) -> Any:
 def plan_generic_gguf(ckpt: Any, config: Mapping[str, Any], outtype: str,
                       options: dict[str, Any]) -> tuple[LoadPlan, GenericGGUF]:
     """The GGUF tensors of a Llama / Mistral / Qwen3 / Qwen3-MoE checkpoint
-    for ``outtype`` (``f32``, ``bf16``, ``f16`` or ``q8_0``), in the converter's
+    for ``outtype`` (``f32``, ``bf16`` or ``q8_0``), in the converter's
     per-tensor order (the file's order is :func:`~hf2q.export.order.converter_order`).
     ``options``: ``recipe`` (module doc)."""
     unknown = sorted(set(options) - set(OPTIONS))
